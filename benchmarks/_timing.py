@@ -1,0 +1,65 @@
+"""Timing helpers shared by the benchmark scripts (median wall time, CUDA-synchronized)."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def median_seconds(
+    fn: Callable[[], object],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    device: str = "cpu",
+    budget_s: float = 30.0,
+) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs.
+
+    CUDA work is synchronized before each clock read. Stops early (at least one timed run) once
+    ``budget_s`` seconds have been spent timing, so huge sizes do not take minutes.
+    """
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    sync()
+    times: list[float] = []
+    spent = 0.0
+    while len(times) < repeats and (not times or spent < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+        spent += times[-1]
+    return statistics.median(times)
+
+
+def machine_line(device: str = "cpu") -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = f", {torch.cuda.get_device_name()}" if device.startswith("cuda") else ""
+    return (
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu}{gpu}, "
+        f"python {platform.python_version()}"
+    )
+
+
+def fmt_ms(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,279 @@
+"""Projection benchmark: exact (sort, linear) and soft Pi_C vs torch.sort, a generic QP solver, qpth.
+
+    python -m benchmarks.projection                  # full run (~2 min on 2 cores), writes the plot
+    python -m benchmarks.projection --quick          # small sizes, seconds (smoke test)
+
+Prints three tables measured in one run and writes ``projection.md`` and ``projection.png`` into
+``--out``. Targets (issue 2): linear at n = 1e6 <= 0.1 x torch.sort; exact at n = 1e4 >= 1000x
+faster than the generic QP solver; batched 64 x 256 >= 100x faster than qpth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+from pathlib import Path
+
+import torch
+
+from benchmarks._timing import fmt_ms, machine_line, markdown_table, median_seconds
+from projections import project_onto_c, soft_project_onto_c
+from projections.soft import DIFFSORT_MAX_N
+
+SOFT_STRENGTH = 1e-2
+
+
+def _data(n: int, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.zeros((), device=device), torch.randn(n, generator=gen).to(device)
+
+
+def time_sizes(sizes: list[int], repeats: int, device: str) -> list[dict]:
+    has_torchsort = importlib.util.find_spec("torchsort") is not None
+    rows = []
+    for n in sizes:
+        eps, tau = _data(n, device)
+        r = {"n": n}
+
+        def t(fn, eps=eps, tau=tau):
+            return median_seconds(lambda: fn(eps, tau), repeats=repeats, device=device)
+
+        r["torch.sort"] = t(lambda eps, tau: torch.sort(tau, descending=True))
+        r["sort"] = t(lambda eps, tau: project_onto_c(eps, tau, method="sort"))
+        r["linear"] = t(lambda eps, tau: project_onto_c(eps, tau, method="linear"))
+        r["soft smooth"] = t(lambda eps, tau: soft_project_onto_c(eps, tau, strength=SOFT_STRENGTH))
+        r["soft sort (torchsort)"] = (
+            t(
+                lambda eps, tau: soft_project_onto_c(
+                    eps, tau, strength=SOFT_STRENGTH, method="sort", sort_backend="torchsort"
+                )
+            )
+            if has_torchsort
+            else None
+        )
+        r["soft sort (diffsort)"] = (
+            t(
+                lambda eps, tau: soft_project_onto_c(
+                    eps, tau, strength=SOFT_STRENGTH, method="sort", sort_backend="diffsort"
+                )
+            )
+            if n <= DIFFSORT_MAX_N
+            else None
+        )
+        rows.append(r)
+        print(f"  n={n:.0e} done", flush=True)
+    return rows
+
+
+def time_qp_solver(n: int, repeats: int) -> dict:
+    """A generic QP solver (cvxpy, default QP solver and OSQP) on the same projection problem."""
+    import cvxpy as cp
+
+    eps, tau = _data(n, "cpu")
+    gamma = tau.double().numpy()
+    e, t = cp.Variable(), cp.Variable(n)
+    prob = cp.Problem(cp.Minimize(cp.square(e - 0.0) + cp.sum_squares(t - gamma)), [e >= 0, t <= e])
+    out = {"n": n}
+    for solver in ["CLARABEL", "OSQP"]:
+        # time of prob.solve() as a user calls it (canonicalization included) and solver-only
+        out[f"cvxpy {solver}"] = median_seconds(
+            lambda s=solver: prob.solve(solver=s), repeats=repeats, warmup=1
+        )
+        out[f"{solver} solver-only"] = prob.solver_stats.solve_time
+        e_ref = float(e.value)
+    e_ours, _ = project_onto_c(eps.double(), tau.double())
+    out["abs diff of eps"] = abs(e_ref - float(e_ours))
+    out["ours (auto)"] = median_seconds(lambda: project_onto_c(eps, tau), repeats=max(repeats, 20))
+    out["ours (sort)"] = median_seconds(
+        lambda: project_onto_c(eps, tau, method="sort"), repeats=max(repeats, 20)
+    )
+    return out
+
+
+def time_batched(rows: int, n: int, repeats: int) -> dict | None:
+    """Batched rows x n: ours vs qpth's batched primal-dual interior point QP (forward, fwd+bwd)."""
+    if importlib.util.find_spec("qpth") is None:
+        return None
+    from qpth.qp import QPFunction, QPSolvers
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, n + 1, generator=gen, dtype=torch.float64)
+    q = 2 * torch.eye(n + 1, dtype=torch.float64)
+    g = torch.zeros(n + 1, n + 1, dtype=torch.float64)
+    g[0, 0] = -1.0
+    g[1:, 0] = -1.0
+    g[1:, 1:] = torch.eye(n, dtype=torch.float64)
+    h = torch.zeros(n + 1, dtype=torch.float64)
+    empty = torch.empty(0, dtype=torch.float64)
+    qp = QPFunction(verbose=-1, eps=1e-10, maxIter=50, solver=QPSolvers.PDIPM_BATCHED)
+
+    def qpth_fwd(x=x):
+        return qp(q, -2 * x, g, h, empty, empty)
+
+    def qpth_fwd_bwd():
+        xr = x.clone().requires_grad_()
+        qp(q, -2 * xr, g, h, empty, empty).sum().backward()
+
+    def ours(method, x=x):
+        return project_onto_c(x[:, 0], x[:, 1:], method=method)
+
+    def ours_fwd_bwd():
+        xr = x.clone().requires_grad_()
+        e, t = project_onto_c(xr[:, 0], xr[:, 1:], method="sort")
+        (e.sum() + t.sum()).backward()
+
+    z = qpth_fwd()
+    e, t = ours("sort")
+    out = {
+        "shape": f"{rows} x {n}",
+        "max abs diff": float((z - torch.cat([e[:, None], t], 1)).abs().max()),
+    }
+    out["qpth fwd"] = median_seconds(qpth_fwd, repeats=repeats)
+    out["qpth fwd+bwd"] = median_seconds(qpth_fwd_bwd, repeats=repeats)
+    for m in ["sort", "linear", "auto"]:
+        out[f"ours {m} fwd"] = median_seconds(lambda m=m: ours(m), repeats=max(repeats, 50))
+    out["ours sort fwd+bwd"] = median_seconds(ours_fwd_bwd, repeats=max(repeats, 50))
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = [k for k in rows[0] if k != "n"]
+    for k in keys:
+        pts = [(r["n"], r[k]) for r in rows if r[k] is not None]
+        if pts:
+            ax.loglog(
+                *zip(*pts, strict=True),
+                marker="o",
+                label=k,
+                linestyle="--" if k == "torch.sort" else "-",
+            )
+    ax.set_xlabel("n (coordinates of tau)")
+    ax.set_ylabel("median time [s]")
+    ax.set_title("Projection onto C (one vector)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    ap.add_argument("--sizes", type=str, default=None, help="comma list, e.g. 1e3,1e4")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    args = ap.parse_args(argv)
+    if args.sizes:
+        sizes = [int(float(s)) for s in args.sizes.split(",")]
+    else:
+        sizes = [1_000, 10_000] if args.quick else [10**k for k in range(3, 8)]
+    repeats = args.repeats or (2 if args.quick else 7)
+    qp_n = 1_000 if args.quick else 10_000
+    batch = (8, 64) if args.quick else (64, 256)
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+
+    print(
+        f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs.\n",
+        flush=True,
+    )
+    rows = time_sizes(sizes, repeats, args.device)
+    keys = [k for k in rows[0] if k != "n"]
+    t1 = markdown_table(
+        ["n", *[f"{k} [ms]" for k in keys], "linear / torch.sort", "sort / torch.sort"],
+        [
+            [
+                f"1e{round(math.log10(r['n']))}" if r["n"] > 0 else "0",
+                *[fmt_ms(r[k]) for k in keys],
+                f"{r['linear'] / r['torch.sort']:.3f}",
+                f"{r['sort'] / r['torch.sort']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+    qp = time_qp_solver(qp_n, 3 if args.quick else 5)
+    t2 = markdown_table(
+        [
+            "n",
+            "cvxpy+Clarabel solve() [ms]",
+            "Clarabel solver-only [ms]",
+            "cvxpy+OSQP solve() [ms]",
+            "ours auto [ms]",
+            "ours sort [ms]",
+            "speed-up vs Clarabel (solve / ours auto)",
+            "vs solver-only",
+            "abs diff eps",
+        ],
+        [
+            [
+                f"{qp['n']}",
+                fmt_ms(qp["cvxpy CLARABEL"]),
+                fmt_ms(qp["CLARABEL solver-only"]),
+                fmt_ms(qp["cvxpy OSQP"]),
+                fmt_ms(qp["ours (auto)"]),
+                fmt_ms(qp["ours (sort)"]),
+                f"{qp['cvxpy CLARABEL'] / qp['ours (auto)']:.0f}x",
+                f"{qp['CLARABEL solver-only'] / qp['ours (auto)']:.0f}x",
+                f"{qp['abs diff of eps']:.1e}",
+            ]
+        ],
+    )
+    b = time_batched(*batch, repeats=3 if args.quick else 5)
+    if b is None:
+        t3 = "qpth is not installed: batched comparison skipped."
+    else:
+        t3 = markdown_table(
+            [
+                "batch",
+                "qpth fwd [ms]",
+                "qpth fwd+bwd [ms]",
+                "ours sort fwd [ms]",
+                "ours linear fwd [ms]",
+                "ours auto fwd [ms]",
+                "ours sort fwd+bwd [ms]",
+                "speed-up fwd (qpth / ours auto)",
+                "speed-up fwd+bwd",
+                "max abs diff",
+            ],
+            [
+                [
+                    b["shape"],
+                    fmt_ms(b["qpth fwd"]),
+                    fmt_ms(b["qpth fwd+bwd"]),
+                    fmt_ms(b["ours sort fwd"]),
+                    fmt_ms(b["ours linear fwd"]),
+                    fmt_ms(b["ours auto fwd"]),
+                    fmt_ms(b["ours sort fwd+bwd"]),
+                    f"{b['qpth fwd'] / b['ours auto fwd']:.0f}x",
+                    f"{b['qpth fwd+bwd'] / b['ours sort fwd+bwd']:.0f}x",
+                    f"{b['max abs diff']:.1e}",
+                ]
+            ],
+        )
+    report = "\n\n".join(
+        [
+            f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs; "
+            f"soft strength {SOFT_STRENGTH}; n/a = backend not installed or above its size limit.",
+            "## One vector of n coordinates\n\n" + t1,
+            "## Generic QP solver\n\n" + t2,
+            "## Batched\n\n" + t3,
+        ]
+    )
+    print("\n" + report.split("\n\n", 2)[2])
+    (args.out / "projection.md").write_text(report + "\n")
+    plot(rows, args.out / "projection.png")
+    print(f"\nwrote {args.out / 'projection.md'} and {args.out / 'projection.png'}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (spec sec. 4).
+
+.. math::
+    \Pi_C(\delta, \gamma) = \arg\min_{(e, t) \in C} (e - \delta)^2 + \lVert t - \gamma \rVert^2
+                         = (e^*, \min(\gamma, e^*)),\qquad e^* = \max(0, r),\ h(r) = 0.
+
+The root ``r`` is found without autograd (by sort or in expected linear time, see
+:mod:`projections._roots`); :func:`_apply_threshold` then rebuilds ``e*`` from ``r``'s active set
+``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of spec sec. 4 a.e.:
+``d e*/d delta = d e*/d gamma_i = 1 / (|A| + 1)`` for ``i in A`` when ``r > 0`` (0 otherwise);
+clipped coordinates follow ``e*``, the others pass through with identity.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _checks
+from ._roots import root_linear, root_sort, root_sort_grouped, root_top_prefix
+
+# Up to this many coordinates per row (grouped: in all), "auto" uses the sort: one fused sort
+# beats the linear method's passes on short rows. Crossovers measured on 2 CPU cores
+# (docs/projection.md): one row ~1e3 (a tie), 64 rows between 128 and 256, grouped ~1e4.
+AUTO_SORT_MAX_N = 192
+AUTO_GROUPED_SORT_MAX_N = 8192
+# The linear method first tries the exact root from the TOP_M largest coordinates (topk): it is
+# exact whenever fewer than TOP_M coordinates are clipped. torch.topk is linear in n up to ~2e6
+# on CPU and much slower beyond (measured), where the Newton passes start at once.
+TOP_M = 64
+TOP_MAX_N = 1 << 21
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def project_onto_c(
+    eps: Tensor, tau: Tensor, *, method: str = "auto", groups: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    r"""Euclidean projection of ``(eps, tau)`` onto C (spec sec. 4), differentiable a.e.
+
+    Args:
+        eps: ``(...,)`` -- the point's ``delta``; with ``groups``, ``(G,)``: one ``eps_g`` per group.
+        tau: ``(..., n)`` -- the point's ``gamma``, batched over leading dims; with ``groups``, ``(n,)``.
+        method: ``"sort"`` (O(n log n): sort + cumsum + max of the top-i averages), ``"linear"``
+            (expected O(n), no full sort) or ``"auto"`` (sort for rows of at most
+            ``AUTO_SORT_MAX_N`` -- grouped: ``AUTO_GROUPED_SORT_MAX_N`` -- coordinates, else linear).
+        groups: optional int64 ``(n,)`` with values in ``[0, G)``: coordinate ``i`` is constrained
+            by ``tau_i <= eps[groups[i]]`` (one projection per group, solved jointly).
+
+    Returns:
+        ``(eps_p, tau_p)`` with the dtype, device and shapes of the inputs, which are not modified.
+        ``n = 0`` is allowed (then only ``eps`` is clipped at 0).
+
+    Raises:
+        ValueError: non-tensor or integer input, NaN/inf, mismatched shapes/dtypes/devices,
+            ``groups`` of the wrong dtype/shape or out of range, unknown ``method``.
+    """
+    method = _checks.check_method(method)
+    if groups is None:
+        eps, tau = _checks.check_pair(eps, tau)
+    else:
+        eps, tau, groups = _checks.check_grouped(eps, tau, groups)
+    out_dtype = eps.dtype
+    if out_dtype in _LOW_PRECISION:  # sums of half-precision values are too coarse
+        eps, tau = eps.float(), tau.float()
+    r = projection_root(eps, tau, method=method, groups=groups, _checked=True)
+    e, t = _apply_threshold(eps, tau, r, groups)
+    return e.to(out_dtype), t.to(out_dtype)
+
+
+@torch.no_grad()
+def project_onto_c_(
+    eps: Tensor, tau: Tensor, *, method: str = "auto", groups: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """In-place :func:`project_onto_c` (e.g. on ``nn.Parameter``s, once per epoch); returns them.
+
+    Runs under ``torch.no_grad()``, so it is not part of any graph -- the per-epoch step of
+    Algorithm 3 (spec sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
+    project_onto_c(eps, tau)``.
+    """
+    e, t = project_onto_c(eps, tau, method=method, groups=groups)
+    eps.copy_(e)
+    tau.copy_(t)
+    return eps, tau
+
+
+def projection_root(
+    eps: Tensor,
+    tau: Tensor,
+    *,
+    method: str = "auto",
+    groups: Tensor | None = None,
+    _checked: bool = False,
+) -> Tensor:
+    """The root ``r`` of ``h`` (spec sec. 4) per row or group, without autograd; ``e* = max(0, r)``."""
+    if not _checked:
+        method = _checks.check_method(method)
+        if groups is None:
+            eps, tau = _checks.check_pair(eps, tau)
+        else:
+            eps, tau, groups = _checks.check_grouped(eps, tau, groups)
+    n = tau.shape[-1]
+    if method == "auto":
+        limit = AUTO_SORT_MAX_N if groups is None else AUTO_GROUPED_SORT_MAX_N
+        method = "linear" if n > limit else "sort"
+    if groups is not None:
+        if method == "sort":
+            return root_sort_grouped(eps.detach(), tau.detach(), groups)
+        return root_linear(eps.detach(), tau.detach(), groups)
+    if method == "sort":
+        return root_sort(eps.detach(), tau.detach())
+    return _root_linear_rows(eps.detach(), tau.detach())
+
+
+def _root_linear_rows(eps: Tensor, tau: Tensor) -> Tensor:
+    """Linear-time root per row: exact from the top ``TOP_M`` values when possible, else Newton
+    passes (with random pivots) from that lower bound; rows become groups of one flat vector."""
+    batch, n = eps.shape, tau.shape[-1]
+    d = eps.reshape(-1)
+    g = tau.reshape(d.shape[0], n)
+    if d.numel() == 0 or n == 0:
+        return d.clone().reshape(batch)
+    lo = k_lo = None
+    if TOP_M < n <= TOP_MAX_N:
+        r, exact = root_top_prefix(d, g, TOP_M)
+        if bool(exact.all() if exact.numel() > 1 else exact):
+            return r.reshape(batch)
+        todo = (~exact).nonzero()[:, 0]
+        d, g, lo = d[todo], g[todo], r[todo]
+        k_lo = torch.full_like(lo, float(TOP_M))
+    else:
+        r = todo = None
+    rows = d.shape[0]
+    row_ids = None if rows == 1 else torch.arange(rows, device=g.device).repeat_interleave(n)
+    r_rest = root_linear(d, g.reshape(-1), row_ids, lo=lo, k_lo=k_lo)
+    if r is None:
+        return r_rest.reshape(batch)
+    return r.index_put((todo,), r_rest).reshape(batch)
+
+
+def _apply_threshold(
+    eps: Tensor, tau: Tensor, r: Tensor, groups: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(max(0, r), min(tau, max(0, r)))``, rebuilt differentiably from ``r``'s active set.
+
+    Without grad this is two elementwise ops. With grad, ``r`` is recomputed as
+    ``(delta + sum_{i in A} gamma_i) / (|A| + 1)`` over ``A = {gamma_i > r}`` -- equal in value,
+    and its autograd is the Jacobian of spec sec. 4.
+    """
+    expand = (lambda x: x[groups]) if groups is not None else (lambda x: x.unsqueeze(-1))
+    need_grad = torch.is_grad_enabled() and (eps.requires_grad or tau.requires_grad)
+    if not need_grad:
+        e = r.clamp_min(0)
+        return e, torch.minimum(tau, expand(e))
+    active = tau > expand(r)
+    zero = torch.zeros((), dtype=tau.dtype, device=tau.device)
+    if groups is None:
+        s = torch.where(active, tau, zero).sum(-1)
+        k = active.sum(-1)
+    else:
+        s = torch.zeros_like(eps).index_add(0, groups, torch.where(active, tau, zero))
+        k = torch.bincount(groups[active], minlength=eps.shape[0])
+    e = ((eps + s) / (k + 1).to(eps.dtype)).clamp_min(0)
+    clipped = tau > expand(e.detach())
+    return e, torch.where(clipped, expand(e), tau)
