@@ -40,3 +40,13 @@ def test_main_job_runs(tmp_path):
     assert "linear / torch.sort" in proc.stdout
     assert (tmp_path / "projection.md").stat().st_size > 0
     assert (tmp_path / "projection.png").stat().st_size > 0
+
+
+def test_regularizer_snippet_runs(capsys):
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Use the regularizer in your own training loop", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert 10 <= len([line for line in code.splitlines() if line.strip()]) <= 15
+    exec(compile(code, "README.md", "exec"), {})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["0", "1", "2"]

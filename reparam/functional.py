@@ -1,0 +1,143 @@
+r"""The math of the F-beta S-measure regularizer as plain tensor functions (spec sec. 1-3).
+
+Scale-free LP (3') of the spec, for one positive shape class with ``n`` positives ``S+`` and the
+negatives ``S-`` (one-vs-rest), scores ``u = w . a(x) + b``:
+
+.. math::
+    \min\ \beta^2 \epsilon + \tfrac1n \sum_{j \in S^-} \phi(\epsilon + u_j)
+    \quad\text{s.t.}\quad \tau_i \le \epsilon,\ \tau_i \le u_i\ (i \in S^+),\
+    \tfrac1n \textstyle\sum_{S^+} \tau_i = 1,\ \epsilon \ge 0.                      \qquad (3')
+
+It has the optimal value of the paper's LP (3) (``sum tau = 1``): multiplying every variable of (3)
+by ``n`` maps one onto the other (spec sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+NEGATIVE_LOSSES = ("hinge", "squared_hinge", "logistic")
+
+
+def negative_loss(z: Tensor, kind: str = "hinge") -> Tensor:
+    """``phi(z)`` for the negatives' term ``phi(eps + u_j)`` (paper, Remark 3).
+
+    hinge ``max(0, z)`` (the LP); squared hinge ``max(0, z)^2``; logistic ``log(1 + e^z)``.
+    """
+    if kind == "hinge":
+        return torch.relu(z)
+    if kind == "squared_hinge":
+        return torch.relu(z) ** 2
+    if kind == "logistic":
+        return F.softplus(z)
+    raise ValueError(f"negative_loss must be one of {NEGATIVE_LOSSES}, got {kind!r}")
+
+
+def minibatch_lagrangian(
+    eps: Tensor,
+    tau_pos: Tensor,
+    lam_pos: Tensor,
+    u_pos: Tensor,
+    mu: Tensor,
+    u_neg: Tensor,
+    *,
+    beta: float,
+    scale: float,
+    kind: str = "hinge",
+) -> Tensor:
+    r"""The minibatch estimate ``L_B`` of spec sec. 3 for one positive class.
+
+    .. math::
+        L_B = \beta^2 \epsilon + \frac{N}{nB}\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i
+              - \lambda_i u_i) + \sum_{j \in B^-} \phi(\epsilon + u_j)\Big]
+
+    with ``scale = N / (n B)``. Over the batches of an epoch it averages to the full Lagrangian
+    (4') plus ``mu`` (the ``-mu`` of (4') is a constant).
+    """
+    pos = ((mu + lam_pos) * tau_pos - lam_pos * u_pos).sum()
+    neg = negative_loss(eps + u_neg, kind).sum()
+    return beta**2 * eps + scale * (pos + neg)
+
+
+def augmented_minibatch_lagrangian(
+    eps: Tensor,
+    tau_pos: Tensor,
+    lam_pos: Tensor,
+    u_pos: Tensor,
+    mu: Tensor,
+    u_neg: Tensor,
+    mean_tau: Tensor,
+    *,
+    beta: float,
+    scale: float,
+    rho: float,
+    kind: str = "hinge",
+) -> Tensor:
+    r"""Method-of-multipliers version of ``L_B`` (``rho > 0``).
+
+    The linear terms of the dualized constraints become their augmented forms: for
+    ``g_i = tau_i - u_i <= 0``, ``psi(g, lambda) = (max(0, lambda + rho g)^2 - lambda^2) / (2 rho)``
+    (estimated on the batch like ``L_B``); for ``mean tau = 1`` (``mean_tau`` over *all* positives,
+    ``tau`` being a parameter), ``mu (mean tau - 1) + rho/2 (mean tau - 1)^2``. The matching dual
+    step is ``lambda <- max(0, lambda + rho g)``, ``mu <- mu + rho (mean tau - 1)``.
+    """
+    g = tau_pos - u_pos
+    psi = (torch.relu(lam_pos + rho * g) ** 2 - lam_pos**2) / (2 * rho)
+    neg = negative_loss(eps + u_neg, kind).sum()
+    c = mean_tau - 1
+    return beta**2 * eps + scale * (psi.sum() + neg) + mu * c + 0.5 * rho * c**2
+
+
+def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
+    """Smallest ``eps >= 0`` with ``mean_i min(eps, u_i) >= 1`` (spec sec. 2); ``None`` if none.
+
+    ``g(e) = mean min(e, u_i)`` is increasing and piecewise linear with maximum ``mean u`` (at
+    ``e >= max u``), so a solution exists iff ``mean u >= 1``. With ``u`` ascending and ``k``
+    values below ``e``: ``g(e) = (u_1 + ... + u_k + (n - k) e) / n = 1`` gives
+    ``e_k = (n - S_k) / (n - k)``, valid when ``u_k <= e_k <= u_{k+1}``; the smallest valid one.
+    """
+    n = u_pos.numel()
+    if n == 0:
+        return None
+    u = torch.sort(u_pos.detach().double()).values
+    if float(u.mean()) < 1.0:
+        return None
+    s = torch.cat([u.new_zeros(1), torch.cumsum(u, 0)[:-1]])  # S_k, k = 0..n-1
+    k = torch.arange(n, dtype=u.dtype, device=u.device)
+    e = (n - s) / (n - k)
+    lower = torch.cat([u.new_full((1,), -float("inf")), u[:-1]])
+    valid = (e >= lower - 1e-12 * (1 + lower.abs())) & (e <= u + 1e-12 * (1 + u.abs()))
+    if not bool(valid.any()):  # only through rounding at the very top: g(max u) = mean u ~ 1
+        return u[-1].clamp_min(0).to(u_pos.dtype)
+    return e[valid].min().clamp_min(0).to(u_pos.dtype)
+
+
+def lp_objective(eps: Tensor, u_neg: Tensor, n_pos: int, beta: float) -> Tensor:
+    """The objective of (3') for the hinge: ``beta^2 eps + (1/n) sum_{S-} max(0, eps + u_j)``."""
+    return beta**2 * eps + torch.relu(eps + u_neg).sum() / n_pos
+
+
+def certified_fbeta_bound(u_pos: Tensor, u_neg: Tensor, beta: float) -> float | None:
+    r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (spec sec. 2).
+
+    .. math:: F_\beta(u > 0) \ge \frac{1 + \beta^2}{1 + v},\quad
+              v = \beta^2 \epsilon + \tfrac1n \sum_{S^-} \max(0, \epsilon + u_j)
+
+    ``None`` (no certificate) when no feasible ``eps > 0`` exists, i.e. ``mean u_pos < 1``.
+    """
+    eps = best_feasible_eps(u_pos)
+    if eps is None or float(eps) <= 0:
+        return None
+    v = float(lp_objective(eps.double(), u_neg.detach().double(), u_pos.numel(), beta))
+    return (1 + beta**2) / (1 + v)
+
+
+def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float) -> float:
+    """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)."""
+    tp = float((u_pos > 0).sum())
+    fn = float(u_pos.numel()) - tp
+    fp = float((u_neg > 0).sum())
+    den = (1 + beta**2) * tp + beta**2 * fn + fp
+    return (1 + beta**2) * tp / den if den > 0 else 0.0

@@ -1,0 +1,266 @@
+"""FBetaRegularizer: the minibatch Lagrangian, dual ascent, projection schedule, state, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from projections import project_onto_c
+from reparam import FBetaRegularizer, ShapeHead
+from reparam import functional as fn
+
+
+def _setup(n=60, seed=0, p_pos=0.4, **kwargs):
+    gen = torch.Generator().manual_seed(seed)
+    labels = (torch.rand(n, generator=gen) < p_pos).long()
+    labels[:2] = torch.tensor([0, 1])
+    reg = FBetaRegularizer(labels, **kwargs)
+    with torch.no_grad():  # a generic state, not the initial one
+        reg.eps.fill_(1.3)
+        reg.tau.copy_(torch.randn(reg.tau.shape, generator=gen))
+        reg.lam.copy_(torch.rand(reg.lam.shape, generator=gen))
+        reg.mu.fill_(-0.7)
+    return reg, labels, gen
+
+
+def _full_lagrangian(reg, u, labels, kind="hinge"):
+    """(4') in float64, computed independently of the module's code path."""
+    pos, neg = labels == 1, labels == 0
+    n = int(pos.sum())
+    eps, tau = reg.eps.double()[0], reg.tau.double()
+    lam, mu = reg.lam.double(), reg.mu.double()[0]
+    order = pos.nonzero()[:, 0]  # tau slots follow dataset order of the positives
+    u_pos, u_neg = u.double()[order], u.double()[neg]
+    return (
+        reg.beta**2 * eps
+        + fn.negative_loss(eps + u_neg, kind).sum() / n
+        + mu * (tau.mean() - 1)
+        + (lam * (tau - u_pos)).sum() / n
+    )
+
+
+@pytest.mark.parametrize("kind", ["hinge", "squared_hinge", "logistic"])
+@pytest.mark.parametrize("batch", [1, 6, 20])
+def test_minibatch_estimate_is_unbiased(kind, batch):
+    reg, labels, gen = _setup(negative_loss=kind)
+    u = torch.randn(60, generator=gen)
+    perm = torch.randperm(60, generator=gen)
+    with torch.no_grad():
+        mean_lb = torch.stack([reg(u[idx], idx) for idx in perm.split(batch)]).double().mean()
+    expected = (_full_lagrangian(reg, u, labels, kind) + reg.mu.double()[0]).detach()
+    assert float(mean_lb) == pytest.approx(float(expected), rel=1e-5, abs=1e-5)
+
+
+def test_gradients_match_closed_forms():
+    reg, labels, gen = _setup()
+    head = ShapeHead(3)
+    x = torch.randn(60, 3, generator=gen)
+    idx = torch.arange(0, 60, 3)  # a batch of 20 with positives and negatives
+    loss = reg(head(x[idx]), idx)
+    loss.backward()
+    n, big_n, b = float(reg.n_pos[0]), 60, idx.numel()
+    scale = big_n / (n * b)
+    with torch.no_grad():
+        u = head(x[idx])
+        pos = labels[idx] == 1
+        slots = reg.slot[idx[pos]]
+        # d/dtau_i = scale (mu + lambda_i) on the batch's positives, 0 elsewhere
+        g_tau = torch.zeros_like(reg.tau)
+        g_tau[slots] = scale * (reg.mu[0] + reg.lam[slots])
+        torch.testing.assert_close(reg.tau.grad, g_tau)
+        # d/deps = beta^2 + scale sum_neg 1[eps + u_j > 0]
+        act = (reg.eps[0] + u[~pos] > 0).float()
+        torch.testing.assert_close(reg.eps.grad, (1 + scale * act.sum()).reshape(1))
+        # d/dw = scale (-sum_pos lambda_i a_i + sum_neg 1[eps + u_j > 0] a_j)
+        a = x[idx]
+        g_w = scale * (-(reg.lam[slots, None] * a[pos]).sum(0) + (act[:, None] * a[~pos]).sum(0))
+        torch.testing.assert_close(head.linear.weight.grad[0], g_w)
+
+
+def test_dual_step_uses_remembered_scores_and_keeps_lambda_nonnegative():
+    reg, _labels, gen = _setup(dual_lr_lambda=0.5, dual_lr_mu=0.25, projection="none")
+    u = torch.randn(60, generator=gen) * 3
+    for idx in torch.arange(60).split(7):
+        reg(u[idx], idx)  # the forward pass records the scores: no extra pass needed
+    lam0, mu0, tau = reg.lam.clone(), reg.mu.clone(), reg.tau.detach().clone()
+    u_pos = u[reg.pos_index]
+    reg.end_epoch_()
+    torch.testing.assert_close(reg.lam, (lam0 + 0.5 * (tau - u_pos)).clamp_min(0))
+    assert bool((reg.lam >= 0).all()) and bool((reg.lam == 0).any())  # some were clipped at 0
+    torch.testing.assert_close(reg.mu, mu0 + 0.25 * (tau.mean() - 1))
+
+
+def test_inverse_epoch_schedule_uses_c_over_e():
+    reg, _, _ = _setup(dual_lr_lambda=0.3, dual_lr_mu=0.06, dual_schedule="inverse_epoch")
+    steps = [reg.dual_step_sizes(e) for e in (1, 2, 3)]
+    assert steps == [pytest.approx(x) for x in [(0.3, 0.06), (0.15, 0.03), (0.1, 0.02)]]
+    reg.scores.zero_()
+    reg.seen_ever.fill_(True)
+    for e in (1, 2, 3):
+        mu0, tau = reg.mu.clone(), reg.tau.detach().clone()
+        reg.end_epoch_()  # mode "epoch": projection first, then the dual step with 0.06 / e
+        tau = reg.tau.detach()
+        torch.testing.assert_close(reg.mu, mu0 + 0.06 / e * (tau.mean() - 1))
+    assert int(reg.epoch) == 3
+
+
+def test_augmented_lagrangian_steps_with_rho():
+    reg, _, gen = _setup(rho=0.7, projection="none")
+    assert reg.dual_step_sizes(1) == (0.7, 0.7)
+    u = torch.randn(60, generator=gen)
+    reg(u, torch.arange(60))
+    lam0, tau = reg.lam.clone(), reg.tau.detach().clone()
+    reg.end_epoch_()
+    torch.testing.assert_close(reg.lam, (lam0 + 0.7 * (tau - u[reg.pos_index])).clamp_min(0))
+    # the loss is the method-of-multipliers form, finite and differentiable
+    loss = reg(u[:10].requires_grad_(), torch.arange(10))
+    loss.backward()
+    assert torch.isfinite(loss) and reg.tau.grad is not None
+
+
+@pytest.mark.parametrize("mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0)])
+def test_projection_count_per_epoch(mode, per_epoch):
+    reg, _, gen = _setup(projection=mode)
+    opt = torch.optim.SGD(reg.parameters(), lr=0.1)
+    u = torch.randn(60, generator=gen)
+    for _epoch in range(2):
+        for idx in torch.arange(60).split(10):  # 6 steps
+            loss = reg(u[idx], idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            reg.after_step_()
+        reg.end_epoch_()
+        assert reg.stats()["projections_last_epoch"] == per_epoch
+    assert reg.stats()["projections"] == 2 * per_epoch
+    if mode in ("epoch", "step"):  # (eps, tau) in C right after the projection
+        assert float(reg.eps) >= 0 and bool((reg.tau <= reg.eps).all())
+
+
+def test_inline_mode_differentiates_through_the_projection():
+    reg, _, gen = _setup(projection="inline")
+    with torch.no_grad():
+        reg.eps.fill_(-0.5)  # infeasible raw parameters: the loss sees Pi_C of them
+    e, t = reg.constrained_parameters()
+    pe, pt = project_onto_c(reg.eps.detach()[0], reg.tau.detach())
+    torch.testing.assert_close(e.detach()[0], pe)
+    torch.testing.assert_close(t.detach(), pt)
+    reg(torch.randn(8, generator=gen), torch.arange(8)).backward()
+    assert reg.tau.grad is not None and reg.eps.grad is not None
+    soft = FBetaRegularizer(reg.shape_labels, projection="inline", inline_strength=0.05)
+    soft(torch.randn(8, generator=gen), torch.arange(8)).backward()
+    assert soft.tau.grad is not None
+
+
+def test_multiclass_is_the_mean_of_one_vs_rest_terms():
+    gen = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 3, (45,), generator=gen)
+    labels[:3] = torch.tensor([0, 1, 2])
+    multi = FBetaRegularizer(labels, positive_classes=(1, 2))
+    ones = [FBetaRegularizer((labels == c).long()) for c in (1, 2)]
+    scores = torch.randn(45, 3, generator=gen)
+    idx = torch.randperm(45, generator=gen)[:16]
+    expected = (ones[0](scores[idx, 1], idx) + ones[1](scores[idx, 2], idx)) / 2
+    torch.testing.assert_close(multi(scores[idx], idx), expected)
+    with torch.no_grad():  # the grouped projection projects each class onto its own eps
+        multi.tau.copy_(torch.randn(multi.tau.shape, generator=gen) * 3)
+        multi.eps.copy_(torch.tensor([-1.0, 0.5]))
+    tau0, eps0 = multi.tau.detach().clone(), multi.eps.detach().clone()
+    multi.project_()
+    for j in range(2):
+        e, t = project_onto_c(eps0[j], tau0[multi.tau_group == j])
+        torch.testing.assert_close(multi.eps[j].detach(), e)
+        torch.testing.assert_close(multi.tau.detach()[multi.tau_group == j], t)
+    assert len(multi.stats()["eps_per_class"]) == 2
+
+
+def test_batches_without_positives_or_negatives():
+    reg, labels, _ = _setup()
+    for idx in [(labels == 0).nonzero()[:5, 0], (labels == 1).nonzero()[:5, 0]]:
+        u = torch.randn(idx.numel(), requires_grad=True)
+        loss = reg(u, idx)
+        loss.backward()
+        assert torch.isfinite(loss) and torch.isfinite(u.grad).all()
+    assert torch.isfinite(reg(torch.empty(0), torch.empty(0, dtype=torch.int64)))
+
+
+def test_state_dict_round_trip_continues_identically():
+    reg, _, gen = _setup(projection="epoch")
+    u = torch.randn(60, generator=gen)
+    reg(u, torch.arange(60))
+    reg.end_epoch_()
+    clone = FBetaRegularizer(reg.shape_labels)
+    clone.load_state_dict(copy.deepcopy(reg.state_dict()))
+    for (k, a), (_, b) in zip(reg.state_dict().items(), clone.state_dict().items(), strict=True):
+        assert torch.equal(a, b), k
+    for r in (reg, clone):
+        r(u[:20], torch.arange(20))
+        r.end_epoch_()
+    assert torch.equal(reg.lam, clone.lam) and torch.equal(reg.mu, clone.mu)
+    assert clone.stats() == reg.stats()
+
+
+def test_low_precision_network_keeps_float32_state(device):
+    reg, _, gen = _setup()
+    model = torch.nn.ModuleDict({"head": ShapeHead(4), "reg": reg}).to(device, torch.bfloat16)
+    assert model["head"].linear.weight.dtype == torch.bfloat16
+    for t in [*reg.parameters(), *(b for b in reg.buffers() if b.is_floating_point())]:
+        assert t.dtype == torch.float32 and t.device.type == device
+    x = torch.randn(10, 4, generator=gen).to(device, torch.bfloat16)
+    loss = reg(model["head"](x), torch.arange(10, device=device))
+    assert loss.dtype == torch.float32
+    loss.backward()
+    assert reg.tau.grad.dtype == torch.float32
+
+
+def test_shape_head_pools_feature_maps():
+    head = ShapeHead(8, num_scores=3)
+    assert head(torch.randn(2, 8, 5, 7)).shape == (2, 3)
+    assert ShapeHead(8)(torch.randn(4, 8)).shape == (4,)
+    with pytest.raises(ValueError, match=r"features must have shape \(B, 8\)"):
+        head(torch.randn(2, 7))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"shape_labels": torch.zeros(5, dtype=torch.int64)}, "class 1 has 0 positive"),
+        (
+            {"shape_labels": torch.ones(5, dtype=torch.int64)},
+            "class 1 has 5 positive and 0 negative",
+        ),
+        ({"shape_labels": torch.tensor([0.0, 1.0])}, "shape_labels must be an int64 tensor"),
+        ({"beta": 0.0}, "beta must be a finite number > 0"),
+        ({"projection": "sometimes"}, "projection must be one of"),
+        ({"projection_method": "bisect"}, "projection_method must be one of"),
+        ({"negative_loss": "l1"}, "negative_loss must be one of"),
+        ({"dual_schedule": "cosine"}, "dual_schedule must be one of"),
+        ({"dual_lr_lambda": -1.0}, "dual_lr_lambda must be a finite number >= 0"),
+        ({"rho": float("nan")}, "rho must be a finite number >= 0"),
+        ({"positive_classes": (1, 1)}, "positive_classes must be distinct"),
+    ],
+)
+def test_bad_construction(kwargs, match):
+    kwargs = {"shape_labels": torch.tensor([0, 1, 1, 0])} | kwargs
+    with pytest.raises(ValueError, match=match):
+        FBetaRegularizer(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "scores, idx, match",
+    [
+        (torch.randn(3), torch.tensor([0, 1, 99]), r"idx must hold dataset indices in \[0, 60\)"),
+        (torch.randn(3), torch.tensor([0, -1, 2]), r"idx must hold dataset indices"),
+        (torch.randn(3), torch.tensor([0.0, 1.0, 2.0]), "idx must be an int64 tensor"),
+        (torch.randn(3, 4, 5), torch.tensor([0, 1, 2]), "scores must have shape"),
+        (torch.randn(3), torch.tensor([0, 1]), "same batch size"),
+        (torch.tensor([1.0, float("nan"), 0.0]), torch.tensor([0, 1, 2]), "scores must be finite"),
+        (torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2]), "scores must be a floating-point"),
+    ],
+)
+def test_bad_batches(scores, idx, match):
+    reg, _, _ = _setup()
+    with pytest.raises(ValueError, match=match):
+        reg(scores, idx)
