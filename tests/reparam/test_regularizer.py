@@ -136,7 +136,7 @@ def test_projection_count_per_epoch(mode, per_epoch):
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
     if mode in ("epoch", "step"):  # (eps, tau) in C right after the projection
-        assert float(reg.eps) >= 0 and bool((reg.tau <= reg.eps).all())
+        assert float(reg.eps.detach()) >= 0 and bool((reg.tau <= reg.eps).all())
 
 
 def test_inline_mode_differentiates_through_the_projection():
