@@ -126,7 +126,6 @@ class FBetaRegularizer(nn.Module):
         self.register_buffer("lam", torch.zeros(n_pos))
         self.register_buffer("mu", torch.full((p,), -(beta**2) if mu_init is None else mu_init))
         self.register_buffer("scores", torch.zeros(n_total, p))  # remembered u, one column/class
-        self.register_buffer("seen", torch.zeros(n_total, dtype=torch.bool))  # this epoch
         self.register_buffer("seen_ever", torch.zeros(n_total, dtype=torch.bool))
         self.register_buffer("epoch", torch.zeros((), dtype=torch.int64))  # epochs completed
         self.register_buffer("projections", torch.zeros((), dtype=torch.int64))
@@ -149,7 +148,6 @@ class FBetaRegularizer(nn.Module):
             return (self.eps * 0.0).sum() + (u * 0.0).sum()
         with torch.no_grad():
             self.scores[idx] = u.detach()
-            self.seen[idx] = True
             self.seen_ever[idx] = True
         eps, tau = self.constrained_parameters()
         cls = self.class_of[idx]
@@ -228,7 +226,6 @@ class FBetaRegularizer(nn.Module):
         self.epoch += 1
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
-        self.seen.zero_()
 
     def dual_step_sizes(self, epoch: int) -> tuple[float, float]:
         """``(eta_lambda, eta_mu)`` for epoch ``epoch`` (1-based)."""
