@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,3 +36,26 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(params=DEVICES)
 def device(request) -> str:
     return request.param
+
+
+MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
+
+
+@pytest.fixture(scope="session")
+def digits_smnist(tmp_path_factory) -> Path:
+    """A small S-MNIST built from scikit-learn's digits (first 300 per split)."""
+    from data_prep import smnist
+
+    out = tmp_path_factory.mktemp("smnist-digits")
+    smnist.prepare(out, smnist.Options(source="digits", limit=300), log=lambda *_: None)
+    return out
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    if not all((MNIST_DIR / f"{n}.gz").is_file() for n in (
+        "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
+    )):  # fmt: skip
+        pytest.skip(f"real MNIST not found at {MNIST_DIR}")
+    return MNIST_DIR

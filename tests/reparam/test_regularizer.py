@@ -264,3 +264,32 @@ def test_bad_batches(scores, idx, match):
     reg, _, _ = _setup()
     with pytest.raises(ValueError, match=match):
         reg(scores, idx)
+
+
+@pytest.mark.parametrize("kind", ["hinge", "squared_hinge", "logistic"])
+def test_fused_batch_lagrangian_equals_the_reference_and_passes_gradcheck(kind):
+    """The hot path (one autograd node) vs ``minibatch_lagrangian`` on the split batch."""
+    gen = torch.Generator().manual_seed(3)
+    n_pos, batch = 9, 12
+    eps = torch.tensor(0.4, dtype=torch.float64, requires_grad=True)
+    tau = torch.randn(n_pos, dtype=torch.float64, generator=gen).requires_grad_()
+    u = torch.randn(batch, dtype=torch.float64, generator=gen).requires_grad_()
+    lam = torch.rand(n_pos, dtype=torch.float64, generator=gen)
+    mu = torch.tensor(-0.8, dtype=torch.float64)
+    is_pos = torch.tensor([1, 0, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1], dtype=torch.bool)
+    slots = torch.tensor([4, 0, 2, 7, 0, 0, 4, 0, 1, 0, 0, 8])  # slot 4 twice: gradients add up
+    kw = dict(beta=0.7, scale=1.9, kind=kind)
+    fused = fn.batch_lagrangian(eps, tau, u, lam, mu, is_pos, slots, **kw)
+    ref = fn.minibatch_lagrangian(
+        eps, tau[slots[is_pos]], lam[slots[is_pos]], u[is_pos], mu, u[~is_pos], **kw
+    )
+    torch.testing.assert_close(fused, ref)
+    g_fused = torch.autograd.grad(fused, (eps, tau, u))
+    g_ref = torch.autograd.grad(ref, (eps, tau, u))
+    for a, b in zip(g_fused, g_ref, strict=True):
+        torch.testing.assert_close(a, b)
+    u_off = (u.detach() + 0.05).requires_grad_()  # keep eps + u away from the hinge's kink
+    assert torch.autograd.gradcheck(
+        lambda e, t, v: fn.batch_lagrangian(e, t, v, lam, mu, is_pos, slots, **kw),
+        (eps, tau, u_off),
+    )

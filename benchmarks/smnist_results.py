@@ -1,0 +1,174 @@
+"""S-MNIST results table on the real MNIST: baseline vs the F-beta regularizer, 3 seeds each.
+
+    python -m benchmarks.smnist_results --mnist-dir ../shared/data/mnist --jobs 2
+
+Builds ``data/smnist`` if needed, trains every (variant, seed) of the grid below with
+``python -m train``'s loop (each in its own process, one thread each, ``--jobs`` at a time; a run
+whose ``metrics.json`` is complete is reused, so an interrupted sweep resumes), then writes
+``docs/results.md`` (mean +- sd over seeds) and ``docs/figures/smnist_results.png`` (the paper's
+Fig. 3: test accuracy per epoch, projections per epoch ``epoch`` vs ``step``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import data_prep.torchvision_compat  # noqa: F401
+from data_prep import smnist
+
+PAPER = ["regularizer.dual_lr_lambda=1e-3", "regularizer.dual_lr_mu=1e-5"]
+TUNED = [
+    "regularizer.projection=inline",
+    "regularizer.dual_lr_lambda=0.1",
+    "regularizer.dual_lr_mu=0.1",
+]  # fmt: skip  (docs/regularizer.md)
+
+
+def grid(mlp_epochs: int) -> list[tuple[str, str, list[str]]]:
+    """``(name, config, overrides)`` of every variant."""
+    out = [("linear baseline", "configs/smnist_linear.yaml", ["regularizer.name=none"])]
+    for alpha in ("1e-2", "1e-3", "1e-4"):
+        for mode in ("epoch", "step"):
+            out.append((f"linear a={alpha} {mode}", "configs/smnist_linear.yaml",
+                        ["regularizer.name=fbeta", f"regularizer.alpha={alpha}",
+                         f"regularizer.projection={mode}", *PAPER]))  # fmt: skip
+    out.append(("linear a=1e-3 tuned", "configs/smnist_linear.yaml",
+                ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *TUNED]))  # fmt: skip
+    mlp = ["train.epochs=" + str(mlp_epochs)]
+    out.append(("mlp baseline", "configs/smnist_mlp.yaml", ["regularizer.name=none", *mlp]))
+    for name, extra in (("epoch", ["regularizer.projection=epoch", *PAPER]),
+                        ("step", ["regularizer.projection=step", *PAPER]), ("tuned", TUNED)):  # fmt: skip
+        out.append((f"mlp a=1e-3 {name}", "configs/smnist_mlp.yaml",
+                    ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *extra, *mlp]))  # fmt: skip
+    return out
+
+
+def _run_one(args: tuple[str, list[str], str]) -> str:
+    config_path, overrides, out = args
+    import torch
+
+    from train import config as config_mod
+    from train.loop import run
+
+    torch.set_num_threads(1)
+    cfg = config_mod.load(config_path, [*overrides, f"train.out={out}", "train.progress=false",
+                                        "train.checkpoint=false"])  # fmt: skip
+    run(cfg, log=lambda *_: None)
+    return out
+
+
+def _complete(out: Path, epochs: int | None = None) -> bool:
+    try:
+        m = json.loads((out / "metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return m["final"]["epochs"] == m["config"]["train"]["epochs"]
+
+
+def _ms(xs: list[float], fmt: str = ".2f", scale: float = 100.0) -> str:
+    xs = [x * scale for x in xs if x is not None]
+    if not xs:
+        return "n/a"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):{fmt}} ± {sd:{fmt}}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mnist-dir", type=Path, default=Path("../shared/data/mnist"))
+    p.add_argument("--data", type=Path, default=Path("data/smnist"))
+    p.add_argument("--runs", type=Path, default=Path("runs/smnist_results"))
+    p.add_argument("--out", type=Path, default=Path("docs"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--mlp-epochs", type=int, default=10)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--only", default=None, help="substring: run only matching variants")
+    a = p.parse_args(argv)
+
+    smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
+    variants = [v for v in grid(a.mlp_epochs) if a.only is None or a.only in v[0]]
+    todo = []
+    for name, config_path, overrides in variants:
+        for seed in a.seeds:
+            out = a.runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
+            if not _complete(out):
+                if out.exists():
+                    for f in sorted(out.rglob("*"), reverse=True):
+                        f.unlink() if f.is_file() else f.rmdir()
+                todo.append((config_path, [*overrides, f"train.seed={seed}",
+                                           f"data.path={a.data}"], str(out)))  # fmt: skip
+    print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
+    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        for done in pool.map(_run_one, todo):
+            print("done", done, flush=True)
+
+    rows, curves = [], {}
+    for name, _, _ in variants:
+        ms = []
+        for seed in a.seeds:
+            out = a.runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
+            ms.append(json.loads((out / "metrics.json").read_text()))
+        curves[name] = ms
+        f = [m["final"] for m in ms]
+        rows.append(
+            f"| {name} | {_ms([x['test_accuracy'] for x in f])} "
+            f"| {_ms([x['test_accuracy_small'] for x in f])} "
+            f"| {_ms([x['test_accuracy_big'] for x in f])} "
+            f"| {_ms([x['test_accuracy_gap'] for x in f])} "
+            f"| {_ms([x['test_shape_fbeta'] for x in f], '.3f', 1.0) if 'baseline' not in name else 'n/a'} "
+            f"| {_ms([x.get('reg_certified_fbeta') for x in f], '.3f', 1.0)} "
+            f"| {_ms([x.get('reg_projections') for x in f], '.0f', 1.0)} "
+            f"| {_ms([x['train_seconds_total'] for x in f], '.0f', 1.0)} |"
+        )
+    header = (
+        "| variant | test acc % | small % | big % | gap (pp) | shape-head F1 (test) "
+        "| certified F1 bound (train) | projections | train time (s) |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    table = header + "\n" + "\n".join(rows)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "figures").mkdir(exist_ok=True)
+    (a.out / "figures" / "smnist_results.md").write_text(
+        f"<!-- python -m benchmarks.smnist_results --seeds {' '.join(map(str, a.seeds))} "
+        f"--mlp-epochs {a.mlp_epochs} -->\n{table}\n"
+    )
+    _plot(curves, a.out / "figures" / "smnist_results.png")
+    print(table)
+    return 0
+
+
+def _plot(curves: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, model in zip(axes[:2], ("linear", "mlp"), strict=True):
+        for name, ms in curves.items():
+            if not name.startswith(model) or ("a=1e-2" in name or "a=1e-4" in name):
+                continue
+            acc = [[h["test_accuracy"] * 100 for h in m["history"]] for m in ms]
+            mean = [statistics.mean(col) for col in zip(*acc, strict=True)]
+            ax.plot(range(1, len(mean) + 1), mean, label=name)
+        ax.set(title=f"{model}: test accuracy (mean of seeds)", xlabel="epoch", ylabel="%")
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    for name, ms in curves.items():
+        if name.startswith("linear a=1e-3") and ("epoch" in name or "step" in name):
+            proj = [h["reg_projections"] for h in ms[0]["history"]]
+            ax.plot(range(1, len(proj) + 1), proj, label=name)
+    ax.set(title="projections (cumulative)", xlabel="epoch", yscale="log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

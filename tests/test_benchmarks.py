@@ -1,0 +1,20 @@
+"""Benchmark scripts run and write their tables (smoke tests: no timing is asserted)."""
+
+from __future__ import annotations
+
+from benchmarks import overhead, projection
+
+
+def test_projection_benchmark_quick(tmp_path, capsys):
+    projection.main(["--quick", "--out", str(tmp_path)])
+    assert "linear / torch.sort" in capsys.readouterr().out
+    assert (tmp_path / "projection.md").stat().st_size > 0
+    assert (tmp_path / "projection.png").stat().st_size > 0
+
+
+def test_overhead_benchmark_quick(tmp_path, digits_smnist, capsys):
+    assert overhead.main(["--quick", "--epochs", "1", "--data", str(digits_smnist),
+                          "--out", str(tmp_path)]) == 0  # fmt: skip
+    text = (tmp_path / "overhead.md").read_text()
+    assert "linear, batch 100 (paper)" in text and "epoch end / epoch" in text
+    assert (tmp_path / "overhead.png").stat().st_size > 0

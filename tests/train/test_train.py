@@ -1,0 +1,145 @@
+"""The trainer end to end on small data: run folder contents, coupling, bad input, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import checkpoint
+from train import config as C
+from train.loop import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(data_path, out, *extra):
+    return C.load(ROOT / "configs" / "demo.yaml", [
+        f"data.path={data_path}", f"train.out={out}", "train.epochs=1", "train.progress=false",
+        *extra,
+    ])  # fmt: skip
+
+
+def test_one_epoch_with_the_regularizer_writes_the_run_folder(digits_smnist, tmp_path):
+    summary = run(_cfg(digits_smnist, tmp_path / "run", "regularizer.projection=epoch"),
+                  log=lambda *_: None)  # fmt: skip
+    out = tmp_path / "run"
+    assert C.load(out / "config.yaml").regularizer.name == "fbeta"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics == json.loads(json.dumps(summary))
+    (row,) = metrics["history"]
+    for key in ("test_accuracy", "test_accuracy_small", "test_accuracy_big", "test_accuracy_gap",
+                "test_shape_fbeta", "reg_eps", "reg_mu", "reg_lambda_mean", "reg_projections",
+                "train_seconds", "epoch_end_seconds", "eval_seconds"):  # fmt: skip
+        assert key in row, key
+    assert row["reg_projections"] == 1 and 0 <= row["test_accuracy"] <= 1
+    assert row["test_accuracy"] > 0.3  # 1 epoch on 600 digit images: well above chance
+    ckpt = checkpoint.load(out / "checkpoint.pt")
+    assert ckpt["epoch"] == 1 and ckpt["config"]["regularizer"]["name"] == "fbeta"
+    assert set(ckpt) >= {"model", "optimizer", "regularizer"}
+    assert int(ckpt["regularizer"]["epoch"]) == 1
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+
+
+def test_one_epoch_on_real_mnist(mnist_dir, tmp_path):
+    from data_prep import smnist
+
+    smnist.prepare(tmp_path / "data", smnist.Options(limit=1000), mnist_dir=mnist_dir,
+                   log=lambda *_: None)  # fmt: skip
+    cfg = C.load(ROOT / "configs" / "smnist_linear.yaml", [
+        f"data.path={tmp_path / 'data'}", f"train.out={tmp_path / 'run'}", "train.epochs=1",
+        "regularizer.name=fbeta", "train.progress=false",
+    ])  # fmt: skip
+    final = run(cfg, log=lambda *_: None)["final"]
+    assert final["test_accuracy"] > 0.5 and final["reg_projections"] == 1
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+
+
+def _classifier_after_one_epoch(data, out, model, reg):
+    cfg = _cfg(data, out, f"model.name={model}", f"regularizer.name={reg}",
+               "regularizer.alpha=1.0", "train.checkpoint=true")  # fmt: skip
+    run(cfg, log=lambda *_: None)
+    state = checkpoint.load(out / "checkpoint.pt")["model"]
+    return state["classifier.weight"]
+
+
+def test_linear_shape_node_cannot_change_the_classifier(digits_smnist, tmp_path):
+    """The paper's linear model: the extra node shares no weight with the 10 class outputs."""
+    base = _classifier_after_one_epoch(digits_smnist, tmp_path / "a", "linear", "none")
+    reg = _classifier_after_one_epoch(digits_smnist, tmp_path / "b", "linear", "fbeta")
+    assert torch.equal(base, reg)
+
+
+def test_mlp_regularizer_shapes_the_shared_representation(digits_smnist, tmp_path):
+    base = _classifier_after_one_epoch(digits_smnist, tmp_path / "a", "mlp", "none")
+    reg = _classifier_after_one_epoch(digits_smnist, tmp_path / "b", "mlp", "fbeta")
+    assert not torch.equal(base, reg)
+
+
+def test_existing_run_folder_is_not_overwritten(digits_smnist, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.json").write_text("{}")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        run(_cfg(digits_smnist, tmp_path / "run"), log=lambda *_: None)
+
+
+def test_default_run_folders_do_not_collide(digits_smnist, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg(digits_smnist, "x", "train.out=null", "train.checkpoint=false")
+    run(cfg, log=lambda *_: None)
+    run(cfg, log=lambda *_: None)
+    names = sorted(p.name for p in (tmp_path / "runs" / "demo").iterdir())
+    assert names == ["fbeta-a0.01-inline-seed0", "fbeta-a0.01-inline-seed0-2"]
+
+
+def test_missing_data_says_how_to_build_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"python -m data_prep\.smnist"):
+        run(_cfg(tmp_path / "nothing", tmp_path / "run"), log=lambda *_: None)
+
+
+def test_same_seed_same_result(digits_smnist, tmp_path):
+    a = run(_cfg(digits_smnist, tmp_path / "a"), log=lambda *_: None)["final"]
+    b = run(_cfg(digits_smnist, tmp_path / "b"), log=lambda *_: None)["final"]
+    keys = ("test_accuracy", "test_shape_fbeta", "reg_eps", "reg_mu", "reg_lambda_mean")
+    assert [a[k] for k in keys] == [b[k] for k in keys]
+
+
+def test_atomic_checkpoint_keeps_the_previous_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_atomic({"epoch": 1}, path)
+
+    def broken_save(obj, f):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_atomic({"epoch": 2}, path)
+    assert checkpoint.load(path) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_cli_trains_the_demo(digits_smnist, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "--config", "configs/demo.yaml", "--out", str(tmp_path / "r"),
+         f"data.path={digits_smnist}", "train.epochs=2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "epoch   2" in proc.stdout
+    history = json.loads((tmp_path / "r" / "metrics.json").read_text())["history"]
+    assert [h["epoch"] for h in history] == [1, 2]
+
+
+def test_cli_error_is_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "train", "--config", "configs/demo.yaml",
+         f"data.path={tmp_path}", "--out", str(tmp_path / "r")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "data_prep.smnist" in proc.stderr

@@ -1,0 +1,222 @@
+"""The config tree: YAML -> dataclass defaults -> command-line ``key=value`` overrides.
+
+Every section is a dataclass with typed defaults; loading rejects unknown keys (listing the valid
+ones) and values of the wrong type or outside their choices, with a ``ValueError`` naming the dotted
+key. The resolved tree is saved in the run folder (``config.yaml``) and in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class DataConfig:
+    kind: str = "smnist"  # data set: "smnist"
+    path: str = "data/smnist"  # folder written by `python -m data_prep.smnist`
+    train_subset: int | None = None  # use the first N training images (None: all)
+    test_subset: int | None = None
+    batch_size: int = 100
+    eval_batch_size: int = 2000
+    num_workers: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "linear"  # "linear" (the paper's) | "mlp"
+    hidden: list[int] = field(default_factory=lambda: [256])  # mlp hidden widths
+    shape_input: str = "features"  # shape head reads: "features" (pixels / last hidden) | "logits"
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # "adam" | "sgd"
+    lr: float = 1e-2
+    weight_decay: float = 0.0
+    momentum: float = 0.9  # sgd only
+    regularizer_lr: float | None = None  # lr of (eps, tau); None: same as lr
+
+
+@dataclass
+class RegularizerConfig:
+    """``FBetaRegularizer`` options (spec sec. 3b); ``name: none`` trains the baseline."""
+
+    name: str = "none"  # "none" | "fbeta"
+    alpha: float = 1e-3  # loss = task + alpha * L_B
+    beta: float = 1.0
+    positive_classes: list[int] = field(default_factory=lambda: [1])
+    projection: str = "epoch"  # "epoch" | "step" | "inline" | "none"
+    projection_method: str = "auto"
+    inline_strength: float = 0.0
+    negative_loss: str = "hinge"
+    dual_lr_lambda: float = 1e-3
+    dual_lr_mu: float = 1e-5
+    dual_schedule: str = "constant"
+    rho: float = 0.0
+    mu_init: float | None = None
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 40
+    seed: int = 0
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:1" ...
+    num_threads: int | None = None  # torch.set_num_threads; None: torch's default
+    out: str | None = None  # run folder; None: runs/<experiment>/<tag>
+    checkpoint: bool = True
+    progress: bool = True  # tqdm bar (shown only on a terminal)
+
+
+@dataclass
+class Config:
+    experiment: str = "smnist"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+CHOICES = {
+    "data.kind": ("smnist",),
+    "model.name": ("linear", "mlp"),
+    "model.shape_input": ("features", "logits"),
+    "optim.name": ("adam", "sgd"),
+    "regularizer.name": ("none", "fbeta"),
+    "regularizer.projection": ("epoch", "step", "inline", "none"),
+    "regularizer.projection_method": ("auto", "sort", "linear"),
+    "regularizer.negative_loss": ("hinge", "squared_hinge", "logistic"),
+    "regularizer.dual_schedule": ("constant", "inverse_epoch"),
+}
+POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr"}
+NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho"}
+
+
+def from_dict(raw: dict[str, Any]) -> Config:
+    """Build a validated ``Config`` from nested plain data (YAML)."""
+    cfg = _build(Config, raw, "")
+    _validate(cfg)
+    return cfg
+
+
+def load(path: str | Path, overrides: list[str] = ()) -> Config:
+    """Read a YAML config and apply ``key=value`` overrides (values parsed as YAML)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--config {path}: no such file")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"--config {path}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
+    for item in overrides:
+        set_dotted(raw, item)
+    return from_dict(raw)
+
+
+def set_dotted(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``a.b.c=value`` override to nested dicts (the value is parsed as YAML)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"override {item!r} must look like key=value, e.g. train.epochs=5")
+    *parents, leaf = key.strip().split(".")
+    node = raw
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {item!r}: {p!r} is not a section")
+    node[leaf] = yaml.safe_load(value) if value.strip() else None
+
+
+def save(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+# --- internals ----------------------------------------------------------------------------------
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ValueError(
+            f"unknown key{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(prefix + k for k in unknown)}; valid keys in {where}: {', '.join(names)}"
+        )
+    kwargs = {}
+    for name in names:
+        if name not in raw:
+            continue
+        hint, value, key = hints[name], raw[name], prefix + name
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value, key + ".")
+        else:
+            kwargs[name] = _coerce(value, hint, key)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{key} must be a list, got {value!r}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint is float and isinstance(value, str):  # YAML reads "1e-3" (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if hint in (int, str, bool) and type(value) is hint:
+        return value
+    raise ValueError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def _validate(cfg: Config) -> None:
+    flat = _flatten(cfg.to_dict())
+    for key, choices in CHOICES.items():
+        if flat[key] not in choices:
+            raise ValueError(f"{key} must be one of {choices}, got {flat[key]!r}")
+    for key in POSITIVE:
+        if not flat[key] > 0:
+            raise ValueError(f"{key} must be > 0, got {flat[key]!r}")
+    for key in NON_NEGATIVE:
+        if not flat[key] >= 0:
+            raise ValueError(f"{key} must be >= 0, got {flat[key]!r}")
+    for key in ("data.train_subset", "data.test_subset"):
+        if flat[key] is not None and flat[key] < 1:
+            raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
+    if cfg.model.name == "mlp" and (not cfg.model.hidden or min(cfg.model.hidden) < 1):
+        raise ValueError(
+            f"model.hidden must be a non-empty list of widths >= 1, got {cfg.model.hidden}"
+        )
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        else:
+            out[prefix + k] = v
+    return out
