@@ -68,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default="data/smnist", help="S-MNIST folder (data_prep.smnist)")
     p.add_argument("--epochs", type=int, default=5, help="timed epochs per setting (>= 5)")
     p.add_argument("--quick", action="store_true", help="first 10000 images, linear only")
+    p.add_argument("--only", default=None, help="substring: only the matching settings")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     a = p.parse_args(argv)
     settings = SETTINGS[:1] if a.quick else SETTINGS
+    settings = [s for s in settings if a.only is None or a.only in s[0]]
     rows, results = [], []
     for name, config_path, overrides in settings:
         extra = [f"data.path={a.data}", *overrides]
@@ -90,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown_table(header, rows)
     a.out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.overhead" + (" --quick" if a.quick else "")
+    cmd += f" --only '{a.only}'" if a.only else ""
     text = f"<!-- {cmd} --epochs {a.epochs} -->\n{machine_line()}; medians of {a.epochs} interleaved epochs\n\n{table}\n"
     (a.out / "overhead.md").write_text(text)
     _plot(results, a.out / "overhead.png")

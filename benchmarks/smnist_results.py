@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mlp-epochs", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default=None, help="substring: run only matching variants")
+    p.add_argument("--table-only", action="store_true", help="no training: tabulate finished runs")
     a = p.parse_args(argv)
 
     smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
@@ -96,27 +97,32 @@ def main(argv: list[str] | None = None) -> int:
     for name, config_path, overrides in variants:
         for seed in a.seeds:
             out = a.runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
-            if not _complete(out):
+            if not _complete(out) and not a.table_only:
                 if out.exists():
                     for f in sorted(out.rglob("*"), reverse=True):
                         f.unlink() if f.is_file() else f.rmdir()
                 todo.append((config_path, [*overrides, f"train.seed={seed}",
                                            f"data.path={a.data}"], str(out)))  # fmt: skip
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        for done in pool.map(_run_one, todo):
-            print("done", done, flush=True)
+    if not a.table_only:
+        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+            for done in pool.map(_run_one, todo):
+                print("done", done, flush=True)
 
     rows, curves = [], {}
     for name, _, _ in variants:
         ms = []
         for seed in a.seeds:
             out = a.runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
-            ms.append(json.loads((out / "metrics.json").read_text()))
+            if _complete(out):
+                ms.append(json.loads((out / "metrics.json").read_text()))
+        if not ms:
+            continue
         curves[name] = ms
         f = [m["final"] for m in ms]
+        seeds = "" if len(ms) == len(a.seeds) else f" ({len(ms)} seed{'s' if len(ms) > 1 else ''})"
         rows.append(
-            f"| {name} | {_ms([x['test_accuracy'] for x in f])} "
+            f"| {name}{seeds} | {_ms([x['test_accuracy'] for x in f])} "
             f"| {_ms([x['test_accuracy_small'] for x in f])} "
             f"| {_ms([x['test_accuracy_big'] for x in f])} "
             f"| {_ms([x['test_accuracy_gap'] for x in f])} "
@@ -151,7 +157,9 @@ def _plot(curves: dict[str, list[dict]], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ax, model in zip(axes[:2], ("linear", "mlp"), strict=True):
         for name, ms in curves.items():
-            if not name.startswith(model) or ("a=1e-2" in name or "a=1e-4" in name):
+            if not name.startswith(model) or "a=1e-2" in name or "a=1e-4" in name:
+                continue
+            if len({len(m["history"]) for m in ms}) != 1:
                 continue
             acc = [[h["test_accuracy"] * 100 for h in m["history"]] for m in ms]
             mean = [statistics.mean(col) for col in zip(*acc, strict=True)]
