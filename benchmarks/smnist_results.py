@@ -62,7 +62,7 @@ def _run_one(args: tuple[str, list[str], str]) -> str:
     return out
 
 
-def _complete(out: Path, epochs: int | None = None) -> bool:
+def _complete(out: Path) -> bool:
     try:
         m = json.loads((out / "metrics.json").read_text())
     except (OSError, json.JSONDecodeError):

@@ -31,17 +31,16 @@ import contextlib
 import gzip
 import hashlib
 import json
-import os
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import torchvision_compat  # noqa: F401  (before torchvision)
+from .atomic import atomic_path
 
 FORMAT_VERSION = 1
 NPZ_NAME, META_NAME, PLOT_NAME = "smnist.npz", "meta.json", "size_histograms.png"
@@ -268,25 +267,6 @@ def build(
 
 
 # --- writing --------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``final``; fsync and rename it over ``final`` on success."""
-    final = Path(final)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the usual mode
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
