@@ -59,3 +59,44 @@ def mnist_dir() -> Path:
     )):  # fmt: skip
         pytest.skip(f"real MNIST not found at {MNIST_DIR}")
     return MNIST_DIR
+
+
+# --- COCO-Stuff (tests/coco_fixture.py): a tiny official-format tree and caches built from it ---
+
+COCO_CACHE_SIZE = (24, 32)  # (H, W) of the session caches below; meta["image_size"] says so too
+
+
+@pytest.fixture(scope="session")
+def coco_root(tmp_path_factory) -> Path:
+    """A tiny COCO-Stuff 2017 in the official layout: 12 train and 6 val images (see coco_fixture)."""
+    from tests.coco_fixture import make_coco_fixture
+
+    return make_coco_fixture(tmp_path_factory.mktemp("coco-stuff"), n_train=12, n_val=6)
+
+
+def _coco_cache(tmp_path_factory, root: Path, name: str, **options) -> Path:
+    from data_prep import cocostuff
+
+    out = tmp_path_factory.mktemp(name)
+    opts = cocostuff.Options(out=out, root=root, size=COCO_CACHE_SIZE, workers=0, **options)
+    return cocostuff.prepare(opts, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def coco_cache_stuff(tmp_path_factory, coco_root) -> Path:
+    """``data_prep.cocostuff`` cache, setup ``stuff`` (92 classes, all-class shape labels, t = 0.05)."""
+    return _coco_cache(tmp_path_factory, coco_root, "coco-cache-stuff", setup="stuff")
+
+
+@pytest.fixture(scope="session")
+def coco_cache_sky(tmp_path_factory, coco_root) -> Path:
+    """``data_prep.cocostuff`` cache of the sky task (2 classes; images with sky only)."""
+    return _coco_cache(
+        tmp_path_factory, coco_root, "coco-cache-sky", setup="stuff", only="sky-other"
+    )
+
+
+@pytest.fixture(scope="session")
+def coco_cache_stuffthing(tmp_path_factory, coco_root) -> Path:
+    """``data_prep.cocostuff`` cache, setup ``stuffthing`` (171 classes, from the PNG maps)."""
+    return _coco_cache(tmp_path_factory, coco_root, "coco-cache-stuffthing", setup="stuffthing")

@@ -19,20 +19,27 @@ import yaml
 
 @dataclass
 class DataConfig:
-    kind: str = "smnist"  # data set: "smnist"
-    path: str = "data/smnist"  # folder written by `python -m data_prep.smnist`
+    kind: str = "smnist"  # data set: "smnist" | "cocostuff"
+    path: str = "data/smnist"  # folder written by `python -m data_prep.smnist` / `.cocostuff`
     train_subset: int | None = None  # use the first N training images (None: all)
-    test_subset: int | None = None
+    test_subset: int | None = None  # (cocostuff: the val split is the test split)
     batch_size: int = 100
     eval_batch_size: int = 2000
     num_workers: int = 0
+    hflip: bool = True  # cocostuff training: random horizontal flip (image and mask together)
+    scale_range: list[float] | None = None  # cocostuff training: scale jitter [lo, hi], then crop
 
 
 @dataclass
 class ModelConfig:
-    name: str = "linear"  # "linear" (the paper's) | "mlp"
+    # smnist: "linear" (the paper's) | "mlp"; cocostuff: any segmentation-models-pytorch
+    # architecture ("deeplabv3plus", "unet", ...) or "segnet" (VGG16-bn with pooling indices)
+    name: str = "linear"
     hidden: list[int] = field(default_factory=lambda: [256])  # mlp hidden widths
     shape_input: str = "features"  # shape head reads: "features" (pixels / last hidden) | "logits"
+    encoder: str = "resnet50"  # cocostuff: smp encoder name ("vgg16_bn" for segnet)
+    # cocostuff: "imagenet" (downloads once), null (random init) or a local weights file path
+    encoder_weights: str | None = "imagenet"
 
 
 @dataclass
@@ -42,6 +49,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     momentum: float = 0.9  # sgd only
     regularizer_lr: float | None = None  # lr of (eps, tau); None: same as lr
+    schedule: str = "constant"  # "constant" | "poly": lr * (1 - step / total_steps) ** 0.9
 
 
 @dataclass
@@ -72,6 +80,7 @@ class TrainConfig:
     out: str | None = None  # run folder; None: runs/<experiment>/<tag>
     checkpoint: bool = True
     progress: bool = True  # tqdm bar (shown only on a terminal)
+    log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
 
 
 @dataclass
@@ -88,10 +97,10 @@ class Config:
 
 
 CHOICES = {
-    "data.kind": ("smnist",),
-    "model.name": ("linear", "mlp"),
+    "data.kind": ("smnist", "cocostuff"),
     "model.shape_input": ("features", "logits"),
     "optim.name": ("adam", "sgd"),
+    "optim.schedule": ("constant", "poly"),
     "regularizer.name": ("none", "fbeta"),
     "regularizer.projection": ("epoch", "step", "inline", "none"),
     "regularizer.projection_method": ("auto", "sort", "linear"),
@@ -99,7 +108,9 @@ CHOICES = {
     "regularizer.dual_schedule": ("constant", "inverse_epoch"),
 }
 POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr"}
-NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho"}
+NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho",
+                "train.log_images"}  # fmt: skip
+SMNIST_MODELS = ("linear", "mlp")
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
@@ -206,6 +217,18 @@ def _validate(cfg: Config) -> None:
     for key in ("data.train_subset", "data.test_subset"):
         if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
+    smnist = cfg.data.kind == "smnist"
+    if smnist != (cfg.model.name in SMNIST_MODELS):
+        expected = (
+            f"one of {SMNIST_MODELS}" if smnist
+            else "a segmentation architecture (e.g. 'deeplabv3plus', 'segnet')"
+        )  # fmt: skip
+        raise ValueError(
+            f"model.name must be {expected} for data.kind {cfg.data.kind!r}, got {cfg.model.name!r}"
+        )
+    sr = cfg.data.scale_range
+    if sr is not None and not (len(sr) == 2 and 0 < sr[0] <= sr[1]):
+        raise ValueError(f"data.scale_range must be null or [lo, hi] with 0 < lo <= hi, got {sr}")
     if cfg.model.name == "mlp" and (not cfg.model.hidden or min(cfg.model.hidden) < 1):
         raise ValueError(
             f"model.hidden must be a non-empty list of widths >= 1, got {cfg.model.hidden}"

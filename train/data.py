@@ -1,22 +1,34 @@
 """Data sets for the trainer: every sample carries its dataset index (the regularizer needs it).
 
-S-MNIST lives in memory (uint8, 440 MB for the full build); batches are gathered by fancy
-indexing: the data set's ``__getitem__`` takes a list of indices and ``DataLoader`` runs with
-``batch_size=None`` over a ``BatchSampler`` (one indexing op per batch instead of one
-``__getitem__`` + collate per sample, ~100x less Python per epoch).
+Both data sets are indexed by batches: ``__getitem__`` takes a list of indices and ``DataLoader``
+runs with ``batch_size=None`` over a ``BatchSampler``.
+
+* S-MNIST lives in memory (uint8, 440 MB for the full build); a batch is one fancy-indexing op
+  (~100x less Python per epoch than one ``__getitem__`` + collate per sample).
+* COCO-Stuff is read from the memory-mapped cache of ``data_prep.cocostuff`` (already resized to
+  the training size; no JPEG decoding while training). Training batches get joint image/mask
+  augmentations from ``torchvision.transforms.v2`` per sample (flip, optional scale jitter + crop
+  with the mask padded by the ignore index). Images stay uint8 until the model (less to copy
+  between worker processes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torchvision import tv_tensors
+from torchvision.transforms import v2
 
-from data_prep import smnist
+from data_prep import cocostuff, smnist
 
 from .config import DataConfig
+
+IGNORE_INDEX = 255  # unlabelled pixels in the COCO-Stuff cache; the loss and metrics skip them
 
 
 class IndexedTensorDataset(Dataset):
@@ -36,24 +48,90 @@ class IndexedTensorDataset(Dataset):
         i = torch.as_tensor(idx, dtype=torch.int64)
         return {"index": i, **{k: v[i] for k, v in self.tensors.items()}}
 
+    @property
+    def shape_labels(self) -> Tensor:
+        return self.tensors["shape"]
+
+
+class SegmentationCacheDataset(Dataset):
+    """One split of a COCO-Stuff cache: ``ds[[i, ...]]`` -> ``image`` uint8 ``(B, 3, H, W)``,
+    ``label`` int64 ``(B, H, W)`` (255 = ignore), ``shape`` ``(B,)``, ``index`` ``(B,)``.
+
+    The arrays are memory-mapped lazily in each process (a pickled ``np.memmap`` would copy the
+    whole split into every DataLoader worker).
+    """
+
+    def __init__(self, root: str | Path, split: str, limit: int | None = None,
+                 augment: v2.Transform | None = None) -> None:  # fmt: skip
+        self.dir = Path(root) / split
+        shape = np.load(self.dir / "shape.npy")
+        self.n = len(shape) if limit is None else min(limit, len(shape))
+        self.shape_labels = torch.from_numpy(shape[: self.n].astype(np.int64))
+        self.augment = augment
+        self._arrays: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_arrays": None}
+
+    def _open(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._arrays is None:
+            self._arrays = (np.load(self.dir / "images.npy", mmap_mode="r"),
+                            np.load(self.dir / "labels.npy", mmap_mode="r"))  # fmt: skip
+        return self._arrays
+
+    def __getitem__(self, idx: list[int] | int) -> dict[str, Tensor]:
+        i = torch.as_tensor(idx, dtype=torch.int64).reshape(-1)
+        images, labels = self._open()
+        order = np.sort(i.numpy())  # sorted reads from the memmap, then back to batch order
+        back = np.searchsorted(order, i.numpy())
+        image = torch.from_numpy(np.ascontiguousarray(images[order][back])).permute(0, 3, 1, 2)
+        label = torch.from_numpy(np.ascontiguousarray(labels[order][back]))
+        if self.augment is not None:
+            pairs = [self.augment(tv_tensors.Image(a), tv_tensors.Mask(b))
+                     for a, b in zip(image, label, strict=True)]  # fmt: skip
+            image = torch.stack([p[0].as_subclass(Tensor) for p in pairs])
+            label = torch.stack([p[1].as_subclass(Tensor) for p in pairs])
+        return {"index": i, "image": image.contiguous(), "label": label.long(),
+                "shape": self.shape_labels[i]}  # fmt: skip
+
+
+def segmentation_augment(cfg: DataConfig, size: tuple[int, int]) -> v2.Transform | None:
+    """Joint image/mask training augmentation (the mask is resized NEAREST and padded with 255)."""
+    steps: list[v2.Transform] = []
+    if cfg.scale_range is not None:
+        steps += [
+            v2.ScaleJitter(size, scale_range=tuple(cfg.scale_range)),
+            v2.RandomCrop(size, pad_if_needed=True,
+                          fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE_INDEX}),
+        ]  # fmt: skip
+    if cfg.hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    return v2.Compose(steps) if steps else None
+
 
 @dataclass
 class DataBundle:
-    train: IndexedTensorDataset
-    test: IndexedTensorDataset
+    train: IndexedTensorDataset | SegmentationCacheDataset
+    test: IndexedTensorDataset | SegmentationCacheDataset
     meta: dict
     num_classes: int
     image_shape: tuple[int, int]
+    class_names: list[str] | None = None
 
     @property
     def train_shape_labels(self) -> Tensor:
-        return self.train.tensors["shape"]
+        return self.train.shape_labels
 
 
 def load_data(cfg: DataConfig) -> DataBundle:
     """Read the prepared cache for ``cfg.kind`` (first ``*_subset`` samples when set)."""
+    if cfg.kind == "cocostuff":
+        return _load_cocostuff(cfg)
     if cfg.kind != "smnist":
-        raise ValueError(f"data.kind must be 'smnist', got {cfg.kind!r}")
+        raise ValueError(f"data.kind must be 'smnist' or 'cocostuff', got {cfg.kind!r}")
     splits, meta = smnist.load(cfg.path)
     out = {}
     for split, limit in (("train", cfg.train_subset), ("test", cfg.test_subset)):
@@ -68,10 +146,21 @@ def load_data(cfg: DataConfig) -> DataBundle:
     return DataBundle(out["train"], out["test"], meta, num_classes=10, image_shape=canvas)
 
 
+def _load_cocostuff(cfg: DataConfig) -> DataBundle:
+    _, meta = cocostuff.load(cfg.path)  # validates the cache (complete, files present)
+    size = tuple(meta["image_size"])
+    train = SegmentationCacheDataset(cfg.path, "train", cfg.train_subset,
+                                     segmentation_augment(cfg, size))  # fmt: skip
+    test = SegmentationCacheDataset(cfg.path, "val", cfg.test_subset)
+    return DataBundle(train, test, meta, num_classes=meta["num_classes"], image_shape=size,
+                      class_names=meta.get("class_names"))  # fmt: skip
+
+
 def make_loader(
-    ds: IndexedTensorDataset, batch_size: int, *, shuffle: bool, seed: int = 0, num_workers: int = 0
+    ds: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0, num_workers: int = 0
 ) -> DataLoader:
-    """Batches of ``batch_size`` (last one smaller), reshuffled each epoch from ``seed``."""
+    """Batches of ``batch_size`` (last one smaller), reshuffled each epoch from ``seed``; worker
+    processes get seeds derived from ``seed`` too (augmentations are reproducible)."""
     generator = torch.Generator().manual_seed(seed)
     base = RandomSampler(ds, generator=generator) if shuffle else SequentialSampler(ds)
     return DataLoader(
@@ -80,4 +169,5 @@ def make_loader(
         batch_size=None,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(seed + 1),
     )

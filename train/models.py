@@ -1,4 +1,5 @@
-"""Models: the paper's linear S-MNIST classifier and an MLP, each with the shape node.
+"""Models: the paper's linear S-MNIST classifier and an MLP, each with the shape node; the
+segmentation networks (``seg_models``) behind a uint8-input wrapper.
 
 ``forward(x) -> (logits (B, 10), u (B,))``: ``u`` is the regularizer's score (the paper's extra
 node, ``reparam.ShapeHead``), read from the same forward pass: from the representation the
@@ -15,15 +16,25 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor, nn
 
 from reparam import ShapeHead
 
 from .config import ModelConfig
 
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what the smp / torchvision encoders were trained with
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
 
 class SMNISTNet(nn.Module):
-    def __init__(self, image_shape: tuple[int, int], num_classes: int, cfg: ModelConfig) -> None:
+    def __init__(
+        self,
+        image_shape: tuple[int, int],
+        num_classes: int,
+        cfg: ModelConfig,
+        shape_scores: int = 1,
+    ) -> None:
         super().__init__()
         width = math.prod(image_shape)
         layers: list[nn.Module] = [nn.Flatten()]
@@ -36,7 +47,8 @@ class SMNISTNet(nn.Module):
         self.body = nn.Sequential(*layers)
         self.classifier = nn.Linear(width, num_classes)
         self.shape_input = cfg.shape_input
-        self.shape_head = ShapeHead(width if cfg.shape_input == "features" else num_classes)
+        in_features = width if cfg.shape_input == "features" else num_classes
+        self.shape_head = ShapeHead(in_features, shape_scores)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x``: uint8 images ``(B, H, W)`` (scaled to [0, 1] here) or float."""
@@ -48,5 +60,29 @@ class SMNISTNet(nn.Module):
         return logits, u
 
 
-def build_model(cfg: ModelConfig, image_shape: tuple[int, int], num_classes: int) -> nn.Module:
-    return SMNISTNet(image_shape, num_classes, cfg)
+class SegmentationClassifier(nn.Module):
+    """A segmentation network fed uint8 images: ``(B, 3, H, W)`` uint8 -> ImageNet-normalized
+    float on the model's device (the loader ships uint8: 4x less to copy) -> ``(logits, u)``."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+        self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1) * 255)
+        self.register_buffer("inv_std", 1 / (torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) * 255))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        x = (x.to(self.mean.dtype) - self.mean) * self.inv_std
+        return self.net(x)
+
+
+def build_model(
+    cfg: ModelConfig, image_shape: tuple[int, int], num_classes: int, shape_scores: int = 1
+) -> nn.Module:
+    """S-MNIST: ``SMNISTNet``; otherwise a segmentation network (``train.seg_models``)."""
+    if cfg.name in ("linear", "mlp"):
+        return SMNISTNet(image_shape, num_classes, cfg, shape_scores)
+    from .seg_models import build_segmentation_model
+
+    net = build_segmentation_model(cfg.name, cfg.encoder, cfg.encoder_weights, num_classes,
+                                   shape_scores=shape_scores)  # fmt: skip
+    return SegmentationClassifier(net)

@@ -1,0 +1,232 @@
+"""COCO-Stuff: what the cache buys the loader, and what the regularizer costs a training step.
+
+    python -m benchmarks.segmentation --out docs/figures      # builds its own official-format data
+
+1. Loader throughput (images/s through a ``DataLoader`` with ``--workers`` processes, the trainer's
+   augmentations included): the memory-mapped cache of ``data_prep.cocostuff`` vs decoding each
+   JPEG, painting its RLE masks and resizing per sample (``data_prep.cocostuff.process_image``, the
+   work the cache does once). Without ``--root`` the images are a generated COCO-Stuff in the
+   official format at COCO's photo size (``--photo-size``, default 480x640, JPEG quality 90).
+2. Training step time, regularized / baseline, DeepLabV3+ with a ResNet-18 encoder (random init)
+   on CPU at 106x160, batch ``--batch``: the two trainers' steps are interleaved (base, reg, ...),
+   medians over ``--steps`` steps after warm-up; the regularizer has one state per training image
+   of COCO-Stuff train2017 (118287, half of them positive) and runs in mode ``epoch``; its epoch
+   end (projection + dual step) is timed too and set against an epoch of 118287 images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import data_prep.torchvision_compat  # noqa: F401
+
+from ._timing import machine_line, markdown_table
+
+COCO_TRAIN_IMAGES = 118287
+
+
+def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, int], workers: int,
+                      batch: int, epochs: int, tmp: Path) -> dict[str, float]:  # fmt: skip
+    import numpy as np
+    import torch
+    from torch.utils.data import Dataset
+
+    from data_prep import cocostuff
+    from train.config import DataConfig
+    from train.data import SegmentationCacheDataset, make_loader, segmentation_augment
+
+    if root is None:
+        from tests.coco_fixture import make_coco_fixture
+
+        root = make_coco_fixture(tmp / "coco", n_train=n_images, n_val=2, size=photo_size)
+    options = cocostuff.Options(out=tmp / "cache", root=root, setup="stuff", limit=n_images,
+                                workers=workers)  # fmt: skip
+    start = time.perf_counter()
+    cocostuff.prepare(options, log=lambda *_: None)
+    prep_s = time.perf_counter() - start
+    size = tuple(options.size)
+    augment = segmentation_augment(DataConfig(kind="cocostuff", hflip=True), size)
+    cached = SegmentationCacheDataset(options.out, "train", augment=augment)
+
+    inputs = cocostuff.find_inputs(options)
+    src = cocostuff.read_split(inputs.annotations["train"], options)
+    keep = set(np.load(Path(options.out) / "train" / "image_ids.npy").tolist())
+    jobs = [
+        cocostuff.Job(
+            record=r,
+            segments=seg,
+            image_path=inputs.images["train"] / str(r["file_name"]),
+            map_path=None,
+            size=size,
+            interpolation=options.interpolation,
+            num_classes=92,
+        )
+        for r, seg in zip(src.records, src.segments, strict=True)
+        if r["id"] in keep
+    ]
+
+    class DecodePerSample(Dataset):
+        """The same batches as the cache, made from the JPEG + RLE masks of every sample."""
+
+        def __len__(self) -> int:
+            return len(jobs)
+
+        def __getitem__(self, idx: list[int]) -> dict[str, torch.Tensor]:
+            from torchvision import tv_tensors
+
+            images, labels = [], []
+            for i in idx:
+                image, label, _ = cocostuff.process_image(jobs[i])
+                a, b = augment(tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1)),
+                               tv_tensors.Mask(torch.from_numpy(label)))  # fmt: skip
+                images.append(a.as_subclass(torch.Tensor))
+                labels.append(b.as_subclass(torch.Tensor))
+            return {"image": torch.stack(images), "label": torch.stack(labels).long()}
+
+    def rate(ds: Dataset) -> float:
+        loader = make_loader(ds, batch, shuffle=True, seed=0, num_workers=workers)
+        for _ in loader:  # warm-up: worker start, page cache
+            pass
+        rates = []
+        for _ in range(epochs):
+            start = time.perf_counter()
+            n = sum(len(b["image"]) for b in loader)
+            rates.append(n / (time.perf_counter() - start))
+        return statistics.median(rates)
+
+    cache_rate, decode_rate = rate(cached), rate(DecodePerSample())
+    return {"images": len(jobs), "cache": cache_rate, "decode": decode_rate,
+            "ratio": cache_rate / decode_rate, "prep_s": prep_s}  # fmt: skip
+
+
+def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[str, float]:
+    import torch
+
+    from reparam import FBetaRegularizer
+    from train.config import ModelConfig, OptimConfig
+    from train.loop import task_loss
+    from train.models import build_model
+
+    torch.set_num_threads(threads)
+    h, w = 106, 160
+    shape_labels = torch.arange(COCO_TRAIN_IMAGES) % 2
+    trainers = {}
+    for name in ("base", "reg"):
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(name="deeplabv3plus", encoder="resnet18",
+                                        encoder_weights=None), (h, w), classes)  # fmt: skip
+        reg = FBetaRegularizer(shape_labels, projection="epoch") if name == "reg" else None
+        params = [{"params": list(model.parameters())}]
+        if reg is not None:
+            params.append({"params": list(reg.parameters()), "weight_decay": 0.0})
+        o = OptimConfig(name="sgd", lr=1e-2)
+        opt = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, fused=True)
+        trainers[name] = (model, reg, opt)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (batch, 3, h, w), dtype=torch.uint8, generator=gen)
+    y = torch.randint(0, classes, (batch, h, w), generator=gen)
+
+    def step(name: str, k: int) -> float:
+        model, reg, opt = trainers[name]
+        idx = torch.randperm(COCO_TRAIN_IMAGES, generator=torch.Generator().manual_seed(k))[:batch]
+        start = time.perf_counter()
+        logits, u = model(x)
+        loss = task_loss(logits, y)
+        if reg is not None:
+            loss = loss + 1e-3 * reg(u, idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if reg is not None:
+            reg.after_step_()
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"base": [], "reg": []}
+    for k in range(steps + 2):
+        for name in ("base", "reg") if k % 2 == 0 else ("reg", "base"):
+            t = step(name, k)
+            if k >= 2:  # warm-up
+                times[name].append(t)
+    reg = trainers["reg"][1]
+    ends = []
+    for _ in range(5):
+        start = time.perf_counter()
+        reg.end_epoch_()
+        ends.append(time.perf_counter() - start)
+    base, regd = statistics.median(times["base"]), statistics.median(times["reg"])
+    epoch_s = regd * COCO_TRAIN_IMAGES / batch
+    return {"base_s": base, "reg_s": regd, "ratio": regd / base, "extra_ms": (regd - base) * 1e3,
+            "end_s": statistics.median(ends), "end_fraction": statistics.median(ends) / epoch_s}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", type=Path, default=None, help="a COCO-Stuff root (default: generated)")
+    p.add_argument("--images", type=int, default=128, help="training images for the loader test")
+    p.add_argument("--photo-size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--loader-batch", type=int, default=16)
+    p.add_argument("--loader-epochs", type=int, default=3)
+    p.add_argument("--batch", type=int, default=8, help="training batch for the step timing")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per trainer")
+    p.add_argument("--classes", type=int, default=92)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    a = p.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        lo = loader_throughput(a.root, a.images, tuple(a.photo_size), a.workers, a.loader_batch,
+                               a.loader_epochs, Path(tmp))  # fmt: skip
+    print(f"loader: cache {lo['cache']:.0f} img/s, decode {lo['decode']:.1f} img/s, "
+          f"ratio {lo['ratio']:.1f}", flush=True)  # fmt: skip
+    st = step_overhead(a.batch, a.steps, a.classes, a.threads)
+    print(f"step: ratio {st['ratio']:.4f}", flush=True)
+    src = "generated " + "x".join(map(str, a.photo_size)) if a.root is None else str(a.root)
+    rows = [
+        [f"loader, {lo['images']} images ({src}), {a.workers} workers, batch {a.loader_batch}",
+         f"cache {lo['cache']:.0f} img/s", f"decode + resize {lo['decode']:.1f} img/s",
+         f"**{lo['ratio']:.1f}x**", "≥ 10x"],
+        [f"DeepLabV3+ resnet18 step, batch {a.batch}, 106x160, {a.classes} classes, CPU "
+         f"{a.threads} threads", f"regularized {st['reg_s']:.3f} s",
+         f"baseline {st['base_s']:.3f} s", f"**{st['ratio']:.4f}**", "≤ 1.03"],
+        [f"epoch end (projection of {COCO_TRAIN_IMAGES // 2} tau + dual step)",
+         f"{st['end_s'] * 1e3:.1f} ms", f"epoch ≈ {st['reg_s'] * COCO_TRAIN_IMAGES / a.batch / 60:.0f} min",
+         f"**{100 * st['end_fraction']:.5f} %**", "-"],
+    ]  # fmt: skip
+    table = markdown_table(["measurement", "with", "without", "ratio", "target"], rows)
+    cmd = "python -m benchmarks.segmentation" + ("" if a.root is None else f" --root {a.root}")
+    text = (f"<!-- {cmd} --images {a.images} --steps {a.steps} --batch {a.batch} -->\n"
+            f"{machine_line()}; cache prep of the loader set: {lo['prep_s']:.1f} s; step medians "
+            f"of {a.steps} interleaved steps (extra {st['extra_ms']:.1f} ms/step)\n\n{table}\n")  # fmt: skip
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "segmentation.md").write_text(text)
+    _plot(lo, st, a.out / "segmentation.png")
+    print(table)
+    return 0
+
+
+def _plot(lo: dict[str, float], st: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+    ax1.bar(["decode per sample", "cache"], [lo["decode"], lo["cache"]], color=["gray", "tab:blue"])
+    ax1.set_yscale("log")
+    ax1.set_ylabel("images / s")
+    ax1.set_title(f"loader: {lo['ratio']:.0f}x")
+    ax2.bar(["baseline", "regularized"], [st["base_s"], st["reg_s"]], color=["gray", "tab:blue"])
+    ax2.set_ylabel("s / step")
+    ax2.set_title(f"DeepLabV3+ r18 step: {st['ratio']:.3f}x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
