@@ -3,7 +3,8 @@
     python -m benchmarks.segmentation --out docs/figures      # builds its own official-format data
 
 1. Loader throughput (images/s through a ``DataLoader`` with ``--workers`` processes, the trainer's
-   augmentations included): the memory-mapped cache of ``data_prep.cocostuff`` vs decoding each
+   augmentations included; median of ``--loader-epochs`` passes of 32x / 2x the images drawn
+   with replacement, after a warm-up pass): the memory-mapped cache of ``data_prep.cocostuff`` vs decoding each
    JPEG, painting its RLE masks and resizing per sample (``data_prep.cocostuff.process_image``, the
    work the cache does once). Without ``--root`` the images are a generated COCO-Stuff in the
    official format at COCO's photo size (``--photo-size``, default 480x640, JPEG quality 90).
@@ -12,6 +13,7 @@
    medians over ``--steps`` steps after warm-up; the regularizer has one state per training image
    of COCO-Stuff train2017 (118287, half of them positive) and runs in mode ``epoch``; its epoch
    end (projection + dual step) is timed too and set against an epoch of 118287 images.
+3. Seconds per training step of the paper configs' models on this CPU (README numbers).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
 
     from data_prep import cocostuff
     from train.config import DataConfig
-    from train.data import SegmentationCacheDataset, make_loader, segmentation_augment
+    from train.data import ResumableBatchSampler, SegmentationCacheDataset, segmentation_augment
 
     if root is None:
         from tests.coco_fixture import make_coco_fixture
@@ -86,20 +88,24 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
                                tv_tensors.Mask(torch.from_numpy(label)))  # fmt: skip
                 images.append(a.as_subclass(torch.Tensor))
                 labels.append(b.as_subclass(torch.Tensor))
-            return {"image": torch.stack(images), "label": torch.stack(labels).long()}
+            return {"image": torch.stack(images), "label": torch.stack(labels)}
 
-    def rate(ds: Dataset) -> float:
-        loader = make_loader(ds, batch, shuffle=True, seed=0, num_workers=workers)
-        for _ in loader:  # warm-up: worker start, page cache
-            pass
+    def rate(ds: Dataset, samples: int) -> float:
+        """Images/s over one long pass of ``samples`` random images (as inside a real epoch of
+        118k images: no per-epoch worker restart), after a warm-up pass."""
+        order = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=samples,
+                                               generator=torch.Generator().manual_seed(0))  # fmt: skip
+        loader = torch.utils.data.DataLoader(ds, sampler=ResumableBatchSampler(order, batch),
+                                             batch_size=None, num_workers=workers,
+                                             persistent_workers=workers > 0)  # fmt: skip
         rates = []
-        for _ in range(epochs):
+        for _ in range(epochs + 1):
             start = time.perf_counter()
             n = sum(len(b["image"]) for b in loader)
             rates.append(n / (time.perf_counter() - start))
-        return statistics.median(rates)
+        return statistics.median(rates[1:])
 
-    cache_rate, decode_rate = rate(cached), rate(DecodePerSample())
+    cache_rate, decode_rate = rate(cached, 32 * n_images), rate(DecodePerSample(), 2 * n_images)
     return {"images": len(jobs), "cache": cache_rate, "decode": decode_rate,
             "ratio": cache_rate / decode_rate, "prep_s": prep_s}  # fmt: skip
 
@@ -164,20 +170,60 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
             "end_s": statistics.median(ends), "end_fraction": statistics.median(ends) / epoch_s}  # fmt: skip
 
 
+def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
+    """Seconds per regularized training step (forward, backward, SGD) of the paper configs'
+    models on this CPU at 106x160 (median of ``steps`` after one warm-up)."""
+    import torch
+
+    from reparam import FBetaRegularizer
+    from train.config import ModelConfig
+    from train.loop import task_loss
+    from train.models import build_model
+
+    torch.set_num_threads(threads)
+    out = []
+    for label, name, encoder, batch, classes in (
+        ("DeepLabV3+ resnet50 (cocostuff_deeplabv3plus.yaml), batch 8", "deeplabv3plus", "resnet50", 8, 92),
+        ("SegNet vgg16_bn (coco_sky_segnet.yaml), batch 7 (paper)", "segnet", "vgg16_bn", 7, 2),
+    ):  # fmt: skip
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(name=name, encoder=encoder, encoder_weights=None),
+                            (106, 160), classes)  # fmt: skip
+        reg = FBetaRegularizer(torch.arange(COCO_TRAIN_IMAGES) % 2)
+        opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
+        x = torch.randint(0, 256, (batch, 3, 106, 160), dtype=torch.uint8)
+        y = torch.randint(0, classes, (batch, 106, 160))
+        times = []
+        for k in range(steps + 1):
+            start = time.perf_counter()
+            logits, u = model(x)
+            loss = task_loss(logits, y) + 1e-3 * reg(u, torch.arange(batch) * 7 + k)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            times.append(time.perf_counter() - start)
+        out.append((label, statistics.median(times[1:])))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=None, help="a COCO-Stuff root (default: generated)")
     p.add_argument("--images", type=int, default=128, help="training images for the loader test")
     p.add_argument("--photo-size", type=int, nargs=2, default=(480, 640), metavar=("H", "W"))
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--loader-batch", type=int, default=16)
-    p.add_argument("--loader-epochs", type=int, default=3)
+    p.add_argument("--loader-batch", type=int, default=120, help="the paper's regularized batch")
+    p.add_argument("--loader-epochs", type=int, default=3, help="timed passes (median)")
     p.add_argument("--batch", type=int, default=8, help="training batch for the step timing")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per trainer")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per trainer")
     p.add_argument("--classes", type=int, default=92)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, no config timings (smoke)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     a = p.parse_args(argv)
+    if a.quick:
+        a.images, a.photo_size, a.loader_batch, a.loader_epochs = 8, (60, 80), 4, 1
+        a.batch, a.steps = 2, 1
     with tempfile.TemporaryDirectory() as tmp:
         lo = loader_throughput(a.root, a.images, tuple(a.photo_size), a.workers, a.loader_batch,
                                a.loader_epochs, Path(tmp))  # fmt: skip
@@ -185,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
           f"ratio {lo['ratio']:.1f}", flush=True)  # fmt: skip
     st = step_overhead(a.batch, a.steps, a.classes, a.threads)
     print(f"step: ratio {st['ratio']:.4f}", flush=True)
+    configs = [] if a.quick else config_step_times(a.threads)
     src = "generated " + "x".join(map(str, a.photo_size)) if a.root is None else str(a.root)
     rows = [
         [f"loader, {lo['images']} images ({src}), {a.workers} workers, batch {a.loader_batch}",
@@ -198,14 +245,18 @@ def main(argv: list[str] | None = None) -> int:
          f"**{100 * st['end_fraction']:.5f} %**", "-"],
     ]  # fmt: skip
     table = markdown_table(["measurement", "with", "without", "ratio", "target"], rows)
+    steps_table = markdown_table(["model, CPU, 106x160, regularized", "seconds per training step"],
+                                 [[name, f"{t:.2f}"] for name, t in configs])  # fmt: skip
     cmd = "python -m benchmarks.segmentation" + ("" if a.root is None else f" --root {a.root}")
     text = (f"<!-- {cmd} --images {a.images} --steps {a.steps} --batch {a.batch} -->\n"
             f"{machine_line()}; cache prep of the loader set: {lo['prep_s']:.1f} s; step medians "
-            f"of {a.steps} interleaved steps (extra {st['extra_ms']:.1f} ms/step)\n\n{table}\n")  # fmt: skip
+            f"of {a.steps} interleaved steps (extra {st['extra_ms']:.1f} ms/step)\n\n{table}\n\n"
+            f"{steps_table}\n")  # fmt: skip
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "segmentation.md").write_text(text)
     _plot(lo, st, a.out / "segmentation.png")
     print(table)
+    print(steps_table)
     return 0
 
 

@@ -203,7 +203,10 @@ def certified_fbeta_bound(u_pos: Tensor, u_neg: Tensor, beta: float) -> float | 
 def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float) -> float:
     """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)."""
     tp = float((u_pos > 0).sum())
-    fn = float(u_pos.numel()) - tp
-    fp = float((u_neg > 0).sum())
+    return fbeta_from_counts(tp, float(u_pos.numel()) - tp, float((u_neg > 0).sum()), beta)
+
+
+def fbeta_from_counts(tp: float, fn: float, fp: float, beta: float) -> float:
+    """``(1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)``; 0 when the denominator is 0."""
     den = (1 + beta**2) * tp + beta**2 * fn + fp
     return (1 + beta**2) * tp / den if den > 0 else 0.0

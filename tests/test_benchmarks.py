@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks import overhead, projection
+from benchmarks import overhead, projection, segmentation
 
 
 def test_projection_benchmark_quick(tmp_path, capsys):
@@ -18,3 +18,19 @@ def test_overhead_benchmark_quick(tmp_path, digits_smnist, capsys):
     text = (tmp_path / "overhead.md").read_text()
     assert "linear, batch 100 (paper)" in text and "epoch end / epoch" in text
     assert (tmp_path / "overhead.png").stat().st_size > 0
+
+
+def test_segmentation_benchmark_quick(tmp_path, capsys):
+    assert segmentation.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "segmentation.md").read_text()
+    assert "cache" in text and "decode + resize" in text and "DeepLabV3+ resnet18 step" in text
+    assert (tmp_path / "segmentation.png").stat().st_size > 0
+
+
+def test_scale_benchmark_quick(tmp_path):
+    from benchmarks import scale
+
+    assert scale.main(["--quick", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "scale.md").read_text()
+    assert "bf16 / fp32 time" in text and "2 / 1 throughput" in text
+    assert (tmp_path / "scale.png").stat().st_size > 0

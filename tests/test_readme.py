@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from train import checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,7 +47,7 @@ def test_main_job_runs(tmp_path):
     (run,) = (tmp_path / "runs" / "demo").iterdir()
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["final"]["test_accuracy"] > 0.9
-    assert (run / "checkpoint.pt").is_file() and (run / "config.yaml").is_file()
+    assert checkpoint.latest(run) is not None and (run / "config.yaml").is_file()
     assert (tmp_path / "data" / "smnist-digits" / "size_histograms.png").is_file()
 
 

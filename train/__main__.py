@@ -1,9 +1,16 @@
-"""``python -m train --config configs/<x>.yaml [--regularizer {none,fbeta}] [--alpha A] [key=value ...]``."""
+"""``python -m train --config configs/<x>.yaml [--regularizer {none,fbeta}] [--alpha A] [key=value ...]``.
+
+``python -m train --resume RUN_DIR [key=value ...]`` continues a run from its latest readable
+checkpoint (its saved config, with the overrides applied, e.g. ``train.epochs=60``; the saved
+``train.stop_after_steps`` that stopped it is dropped unless given again). Under
+``torchrun --nproc_per_node=K -m train ...`` every process runs this; rank 0 writes.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from . import config as config_mod
 
@@ -14,7 +21,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Train with or without the F-beta S-measure regularizer.",
         epilog="Overrides: dotted keys of the config tree, e.g. train.epochs=5 data.batch_size=64.",
     )
-    p.add_argument("--config", required=True, help="YAML file (configs/*.yaml)")
+    p.add_argument("--config", help="YAML file (configs/*.yaml)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run folder")
     p.add_argument("--regularizer", choices=("none", "fbeta"), help="= regularizer.name")
     p.add_argument("--alpha", type=float, help="= regularizer.alpha (weight of the regularizer)")
     p.add_argument("--out", help="= train.out (run folder; must be new or empty)")
@@ -26,8 +34,19 @@ def main(argv: list[str] | None = None) -> int:
                        ("train.out", a.out)):  # fmt: skip
         if value is not None:
             overrides.append(f"{key}={value}")
+    if (a.config is None) == (a.resume is None):
+        p.error("give exactly one of --config (a new run) and --resume RUN_DIR (continue a run)")
     try:
-        cfg = config_mod.load(a.config, overrides)
+        if a.resume is not None:
+            saved = Path(a.resume) / "config.yaml"
+            if not saved.is_file():
+                raise ValueError(f"--resume {a.resume}: no config.yaml (not a run folder?)")
+            if a.out is not None:
+                raise ValueError("--out cannot be combined with --resume (the run folder is kept)")
+            # train.stop_after_steps stopped the earlier invocation; this one goes on unless told
+            cfg = config_mod.load(saved, ["train.stop_after_steps=null", *overrides])
+        else:
+            cfg = config_mod.load(a.config, overrides)
     except ValueError as e:
         p.error(str(e))
     if a.print_config:
@@ -35,13 +54,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
         return 0
-    from .loop import run  # heavy imports only when training
+    from .loop import NonFiniteLossError, run  # heavy imports only when training
 
     try:
-        run(cfg)
+        run(cfg, resume=a.resume)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except (NonFiniteLossError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

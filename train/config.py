@@ -78,7 +78,12 @@ class TrainConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:1" ...
     num_threads: int | None = None  # torch.set_num_threads; None: torch's default
     out: str | None = None  # run folder; None: runs/<experiment>/<tag>
-    checkpoint: bool = True
+    checkpoint: bool = True  # write checkpoints (run/checkpoints/step-N.pt)
+    checkpoint_every: int | None = None  # also every N optimizer steps (None: per epoch only)
+    keep_checkpoints: int = 2  # the newest N are kept
+    stop_after_steps: int | None = None  # stop (with a checkpoint) after N steps; --resume goes on
+    precision: str = "fp32"  # network arithmetic: "fp32" | "bf16" | "fp16" (autocast; fp16 scaled)
+    nonfinite: str = "stop"  # NaN/inf loss: "stop" (error naming the step) | "skip" (count it)
     progress: bool = True  # tqdm bar (shown only on a terminal)
     log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
 
@@ -101,13 +106,16 @@ CHOICES = {
     "model.shape_input": ("features", "logits"),
     "optim.name": ("adam", "sgd"),
     "optim.schedule": ("constant", "poly"),
+    "train.precision": ("fp32", "bf16", "fp16"),
+    "train.nonfinite": ("stop", "skip"),
     "regularizer.name": ("none", "fbeta"),
     "regularizer.projection": ("epoch", "step", "inline", "none"),
     "regularizer.projection_method": ("auto", "sort", "linear"),
     "regularizer.negative_loss": ("hinge", "squared_hinge", "logistic"),
     "regularizer.dual_schedule": ("constant", "inverse_epoch"),
 }
-POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr"}
+POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr",
+            "train.keep_checkpoints"}  # fmt: skip
 NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho",
                 "train.log_images"}  # fmt: skip
 SMNIST_MODELS = ("linear", "mlp")
@@ -214,7 +222,8 @@ def _validate(cfg: Config) -> None:
     for key in NON_NEGATIVE:
         if not flat[key] >= 0:
             raise ValueError(f"{key} must be >= 0, got {flat[key]!r}")
-    for key in ("data.train_subset", "data.test_subset"):
+    for key in ("data.train_subset", "data.test_subset", "train.checkpoint_every",
+                "train.stop_after_steps"):  # fmt: skip
         if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
     smnist = cfg.data.kind == "smnist"

@@ -14,13 +14,23 @@ runs with ``batch_size=None`` over a ``BatchSampler``.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
 from torchvision import tv_tensors
 from torchvision.transforms import v2
 
@@ -55,15 +65,16 @@ class IndexedTensorDataset(Dataset):
 
 class SegmentationCacheDataset(Dataset):
     """One split of a COCO-Stuff cache: ``ds[[i, ...]]`` -> ``image`` uint8 ``(B, 3, H, W)``,
-    ``label`` int64 ``(B, H, W)`` (255 = ignore), ``shape`` ``(B,)``, ``index`` ``(B,)``.
+    ``label`` uint8 ``(B, H, W)`` (255 = ignore; widened on the device), ``shape`` ``(B,)``, ``index`` ``(B,)``.
 
     The arrays are memory-mapped lazily in each process (a pickled ``np.memmap`` would copy the
     whole split into every DataLoader worker).
     """
 
     def __init__(self, root: str | Path, split: str, limit: int | None = None,
-                 augment: v2.Transform | None = None) -> None:  # fmt: skip
+                 augment: v2.Transform | None = None, seed: int = 0) -> None:  # fmt: skip
         self.dir = Path(root) / split
+        self.seed = seed
         shape = np.load(self.dir / "shape.npy")
         self.n = len(shape) if limit is None else min(limit, len(shape))
         self.shape_labels = torch.from_numpy(shape[: self.n].astype(np.int64))
@@ -90,11 +101,16 @@ class SegmentationCacheDataset(Dataset):
         image = torch.from_numpy(np.ascontiguousarray(images[order][back])).permute(0, 3, 1, 2)
         label = torch.from_numpy(np.ascontiguousarray(labels[order][back]))
         if self.augment is not None:
-            pairs = [self.augment(tv_tensors.Image(a), tv_tensors.Mask(b))
-                     for a, b in zip(image, label, strict=True)]  # fmt: skip
+            # the random draws are a function of (seed, the batch's indices): the same with any
+            # number of loader workers and after a resume; the global RNG is left untouched
+            batch_seed = np.random.SeedSequence([self.seed, *i.tolist()]).generate_state(1)[0]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(batch_seed))
+                pairs = [self.augment(tv_tensors.Image(a), tv_tensors.Mask(b))
+                         for a, b in zip(image, label, strict=True)]  # fmt: skip
             image = torch.stack([p[0].as_subclass(Tensor) for p in pairs])
             label = torch.stack([p[1].as_subclass(Tensor) for p in pairs])
-        return {"index": i, "image": image.contiguous(), "label": label.long(),
+        return {"index": i, "image": image.contiguous(), "label": label,
                 "shape": self.shape_labels[i]}  # fmt: skip
 
 
@@ -126,10 +142,11 @@ class DataBundle:
         return self.train.shape_labels
 
 
-def load_data(cfg: DataConfig) -> DataBundle:
-    """Read the prepared cache for ``cfg.kind`` (first ``*_subset`` samples when set)."""
+def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
+    """Read the prepared cache for ``cfg.kind`` (first ``*_subset`` samples when set); ``seed``
+    drives the training augmentations (COCO-Stuff)."""
     if cfg.kind == "cocostuff":
-        return _load_cocostuff(cfg)
+        return _load_cocostuff(cfg, seed)
     if cfg.kind != "smnist":
         raise ValueError(f"data.kind must be 'smnist' or 'cocostuff', got {cfg.kind!r}")
     splits, meta = smnist.load(cfg.path)
@@ -146,26 +163,53 @@ def load_data(cfg: DataConfig) -> DataBundle:
     return DataBundle(out["train"], out["test"], meta, num_classes=10, image_shape=canvas)
 
 
-def _load_cocostuff(cfg: DataConfig) -> DataBundle:
+def _load_cocostuff(cfg: DataConfig, seed: int) -> DataBundle:
     _, meta = cocostuff.load(cfg.path)  # validates the cache (complete, files present)
     size = tuple(meta["image_size"])
     train = SegmentationCacheDataset(cfg.path, "train", cfg.train_subset,
-                                     segmentation_augment(cfg, size))  # fmt: skip
+                                     segmentation_augment(cfg, size), seed)  # fmt: skip
     test = SegmentationCacheDataset(cfg.path, "val", cfg.test_subset)
     return DataBundle(train, test, meta, num_classes=meta["num_classes"], image_shape=size,
                       class_names=meta.get("class_names"))  # fmt: skip
 
 
+class ResumableBatchSampler(BatchSampler):
+    """``BatchSampler`` whose next pass can start after ``skip`` batches (resume inside an epoch):
+    the sampler draws the epoch's order as usual and the first batches are not loaded at all."""
+
+    def __init__(self, sampler: Sampler | list[int], batch_size: int) -> None:
+        super().__init__(sampler, batch_size, drop_last=False)
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
 def make_loader(
-    ds: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0, num_workers: int = 0
-) -> DataLoader:
-    """Batches of ``batch_size`` (last one smaller), reshuffled each epoch from ``seed``; worker
-    processes get seeds derived from ``seed`` too (augmentations are reproducible)."""
-    generator = torch.Generator().manual_seed(seed)
-    base = RandomSampler(ds, generator=generator) if shuffle else SequentialSampler(ds)
+    ds: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0, num_workers: int = 0,
+    rank: int = 0, world: int = 1, distributed: bool = False,
+) -> DataLoader:  # fmt: skip
+    """Batches of ``batch_size`` (last one smaller) for this process.
+
+    One process: reshuffled each epoch by a generator seeded with ``seed`` (the order behind
+    docs/results.md). Under ``torch.distributed`` (``distributed=True``, any number of processes):
+    training uses ``DistributedSampler`` (permutation from ``seed + epoch``, call ``set_epoch``), so
+    global step ``t`` covers the same samples whatever the number of processes; evaluation takes
+    the disjoint shard ``range(rank, n, world)`` (no padding: every sample counted once).
+    """
+    if distributed and shuffle:
+        base: Sampler | list[int] = DistributedSampler(ds, num_replicas=world, rank=rank,
+                                                       shuffle=True, seed=seed)  # fmt: skip
+    elif distributed:
+        base = list(range(rank, len(ds), world))
+    elif shuffle:
+        base = RandomSampler(ds, generator=torch.Generator().manual_seed(seed))
+    else:
+        base = SequentialSampler(ds)
     return DataLoader(
         ds,
-        sampler=BatchSampler(base, batch_size, drop_last=False),
+        sampler=ResumableBatchSampler(base, batch_size),
         batch_size=None,
         num_workers=num_workers,
         persistent_workers=num_workers > 0,

@@ -39,8 +39,11 @@ class GroupedConfusion:
             m = group == g
             self.cm[g] += confusion_matrix(target[m].cpu(), pred[m].cpu(), self.num_classes)
 
+    def matrices(self) -> Tensor:
+        return self.cm
+
     def summary(self) -> dict[str, float | None]:
-        small, big = accuracy(self.cm[0]), accuracy(self.cm[1])
+        small, big = accuracy(self.cm[0]), accuracy(self.cm[-1])
         return {
             "accuracy": accuracy(self.cm.sum(0)),
             "accuracy_small": small,

@@ -38,7 +38,7 @@ def test_one_epoch_with_the_regularizer_writes_the_run_folder(digits_smnist, tmp
         assert key in row, key
     assert row["reg_projections"] == 1 and 0 <= row["test_accuracy"] <= 1
     assert row["test_accuracy"] > 0.3  # 1 epoch on 600 digit images: well above chance
-    ckpt = checkpoint.load(out / "checkpoint.pt")
+    ckpt = checkpoint.latest(out)[1]
     assert ckpt["epoch"] == 1 and ckpt["config"]["regularizer"]["name"] == "fbeta"
     assert set(ckpt) >= {"model", "optimizer", "regularizer"}
     assert int(ckpt["regularizer"]["epoch"]) == 1
@@ -56,14 +56,14 @@ def test_one_epoch_on_real_mnist(mnist_dir, tmp_path):
     ])  # fmt: skip
     final = run(cfg, log=lambda *_: None)["final"]
     assert final["test_accuracy"] > 0.5 and final["reg_projections"] == 1
-    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+    assert checkpoint.listing(tmp_path / "run")
 
 
 def _classifier_after_one_epoch(data, out, model, reg):
     cfg = _cfg(data, out, f"model.name={model}", f"regularizer.name={reg}",
                "regularizer.alpha=1.0", "train.checkpoint=true")  # fmt: skip
     run(cfg, log=lambda *_: None)
-    state = checkpoint.load(out / "checkpoint.pt")["model"]
+    state = checkpoint.latest(out)[1]["model"]
     return state["classifier.weight"]
 
 

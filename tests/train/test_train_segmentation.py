@@ -45,7 +45,7 @@ def test_deeplabv3plus_one_epoch_with_the_regularizer(coco_cache_stuff, tmp_path
     assert len(row["test_iou"]) == meta["num_classes"] == 92
     assert row["reg_projections"] == 1 and 0 <= row["test_miou"] <= 1
     assert C.load(out / "config.yaml").model.name == "deeplabv3plus"
-    ckpt = checkpoint.load(out / "checkpoint.pt")
+    ckpt = checkpoint.latest(out)[1]
     assert ckpt["epoch"] == 1 and ckpt["regularizer"] is not None
     events = list((out / "tb").glob("events.out.tfevents.*"))
     assert events and b"val/input_prediction_truth" in events[0].read_bytes()

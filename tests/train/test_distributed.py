@@ -1,0 +1,301 @@
+"""Several processes (gloo on CPU): K processes with the same global batch train like one.
+
+The processes are started with ``torch.multiprocessing.spawn`` (each joins the group from the
+torchrun variables, as ``train.distributed.init_from_env`` expects) and, once, with ``torchrun``
+itself. Each spawned rank saves what the test needs (its own model and regularizer, the indices
+it evaluated) to a file; the assertions run here, in the pytest process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from reparam import FBetaRegularizer
+from train import checkpoint, distributed, loop
+from train import config as C
+from train.data import load_data, make_loader
+from train.metrics import GroupedConfusion
+from train.models import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 600  # digits_smnist: 300 digits + their rescaled copies per split
+REG_STATE = ("eps", "tau", "lam", "mu", "scores")
+
+
+def _overrides(data: Path, out: Path) -> list[str]:
+    """demo.yaml as a test of the multi-process path: MLP (no batch norm), global batch 20
+    (divides 600: no sampler padding), two epochs so that the second trains on the dual variables
+    of the first, the projection at the epoch end and large dual steps."""
+    return [
+        f"data.path={data}", f"train.out={out}", "model.name=mlp", "model.hidden=[64]",
+        "data.batch_size=20", "data.eval_batch_size=64", "train.epochs=2", "train.device=cpu",
+        "regularizer.name=fbeta", "regularizer.alpha=0.1", "regularizer.projection=epoch",
+        "regularizer.dual_lr_lambda=0.1", "regularizer.dual_lr_mu=0.1", "train.num_threads=1",
+        "train.progress=false",
+    ]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join_env(rank: int, world: int, port: int) -> None:
+    """What ``torchrun`` puts in the environment of each process it starts."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))  # fmt: skip
+    torch.set_num_threads(1)
+
+
+def _spawn(fn: Callable[..., None], world: int, *args: Any) -> None:
+    mp.spawn(fn, args=(world, _free_port(), *args), nprocs=world, join=True)
+
+
+def _record(folder: str, rank: int, obj: dict[str, Any]) -> None:
+    torch.save(obj, Path(folder) / f"rank{rank}.pt")
+
+
+def _records(folder: Path, world: int) -> list[dict[str, Any]]:
+    return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+# --- spawned processes (module level: ``spawn`` imports this module in each child) --------------
+
+
+def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder: str) -> None:
+    """``loop.run`` as one rank of ``world``; saves this rank's final model, regularizer,
+    returned summary and the test indices each evaluation saw."""
+    _join_env(rank, world, port)
+    built: dict[str, Any] = {}
+    evaluated: list[list[int]] = []
+    build_model_, build_regularizer_, evaluate_ = (loop.build_model, loop.build_regularizer,
+                                                   loop.evaluate)  # fmt: skip
+
+    def keep(name: str, build: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            built[name] = build(*args, **kwargs)
+            return built[name]
+
+        return wrapped
+
+    def evaluate(model, loader, *args, **kwargs):
+        seen: list[int] = []
+        evaluated.append(seen)
+
+        def batches():
+            for batch in loader:
+                seen.extend(batch["index"].tolist())
+                yield batch
+
+        return evaluate_(model, batches(), *args, **kwargs)
+
+    loop.build_model = keep("model", build_model_)
+    loop.build_regularizer = keep("regularizer", build_regularizer_)
+    loop.evaluate = evaluate
+    summary = loop.run(C.load(ROOT / "configs" / "demo.yaml", overrides), log=lambda *_: None)
+    _record(folder, rank, {
+        "model": built["model"].state_dict(), "regularizer": built["regularizer"].state_dict(),
+        "summary": summary, "evaluated": evaluated,
+    })  # fmt: skip
+
+
+def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folder: str) -> None:
+    """The collectives of ``train.distributed`` on tiny tensors, and ``evaluate`` on one shard."""
+    _join_env(rank, world, port)
+    ctx = distributed.init_from_env("cpu")  # gloo, also for CUDA tensors (one GPU, 2 processes)
+    out: dict[str, Any] = {"ctx": (ctx.rank, ctx.world, ctx.local_rank, ctx.enabled, ctx.is_main)}
+    dev = torch.device(device)
+
+    # sync_scores_: rank 0 scored samples {0, 1}, rank 1 scored {1, 2}; nobody scored 3, whose
+    # remembered score (7) is already equal everywhere. Stale values elsewhere must not leak in.
+    reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]), projection="epoch").to(dev)
+    reg.scores[3] = 7.0
+    reg.scores[2 if rank == 0 else 0] = -100.0 - rank  # stale: this rank did not score it
+    idx, u = ([0, 1], [10.0, 20.0]) if rank == 0 else ([1, 2], [40.0, 30.0])
+    reg(torch.tensor(u, device=dev), torch.tensor(idx, device=dev))  # writes scores, seen_ever
+    written = torch.zeros(4, dtype=torch.bool)  # on the CPU, as the loop keeps it
+    written[idx] = True
+    distributed.sync_scores_(reg, written)
+    out["scores"], out["seen_ever"] = reg.scores.cpu(), reg.seen_ever.cpu()
+
+    # average_gradients_: the mean over ranks; a missing gradient counts as zeros
+    a = torch.nn.Parameter(torch.zeros(2, device=dev))
+    b = torch.nn.Parameter(torch.zeros(2, 2, device=dev))
+    a.grad = torch.tensor([1.0, 2.0], device=dev) * (rank + 1)
+    b.grad = None if rank == 0 else torch.full((2, 2), 4.0, device=dev)
+    distributed.average_gradients_([a, b])
+    out["grads"] = tuple(None if p.grad is None else p.grad.cpu() for p in (a, b))
+    out["all_reduce"] = distributed.all_reduce_(torch.tensor([rank + 1.0], device=dev)).cpu()
+    out["path"] = distributed.broadcast_path(Path("/from/rank0") if rank == 0 else None)
+
+    if device == "cpu":  # evaluate on this rank's shard; confusion matrices summed over ranks
+        totals: list[int] = []
+
+        class Counting(GroupedConfusion):
+            def summary(self):
+                totals.append(int(self.cm.sum()))
+                return super().summary()
+
+        loop.GroupedConfusion = Counting
+        out["evaluate"], out["eval_total"] = _evaluate_fixed_model(data, rank, world), totals
+    _record(folder, rank, out)
+    distributed.shutdown()
+
+
+def _evaluate_fixed_model(data: str, rank: int = 0, world: int = 1) -> dict[str, Any]:
+    """``evaluate`` of a seeded, untrained MLP: on shard ``rank`` of ``world`` under
+    ``torch.distributed``, on the whole test split without it."""
+    cfg = C.from_dict({"data": {"path": data}, "model": {"name": "mlp", "hidden": [32]}})
+    bundle = load_data(cfg.data)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, bundle.image_shape, bundle.num_classes)
+    loader = make_loader(bundle.test, 64, shuffle=False, rank=rank, world=world,
+                         distributed=world > 1)  # fmt: skip
+    return loop.evaluate(model, loader, torch.device("cpu"), bundle.num_classes)
+
+
+# --- training: 2 processes == 1 process ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runs(digits_smnist, tmp_path_factory) -> dict[int, tuple[Path, list[dict[str, Any]]]]:
+    """The same config trained under torch.distributed by 1 and by 2 processes: world ->
+    (run folder, per-rank records)."""
+    base = tmp_path_factory.mktemp("distributed")
+    found = {}
+    for world in (1, 2):
+        out, folder = base / f"run{world}", base / f"records{world}"
+        folder.mkdir()
+        _spawn(_train_worker, world, _overrides(digits_smnist, out), str(folder))
+        found[world] = (out, _records(folder, world))
+    return found
+
+
+def test_two_processes_train_like_one(runs):
+    (out1, _), (out2, _) = runs[1], runs[2]
+    one, two = checkpoint.latest(out1)[1], checkpoint.latest(out2)[1]
+    assert one["epoch"] == two["epoch"] == 2
+    assert one["global_step"] == two["global_step"] == 2 * N // 20  # global batch 20 in both
+    assert one["model"].keys() == two["model"].keys()
+    for k in one["model"]:
+        torch.testing.assert_close(two["model"][k], one["model"][k], rtol=0, atol=1e-5, msg=k)
+    r1, r2 = one["regularizer"], two["regularizer"]
+    for k in REG_STATE:
+        torch.testing.assert_close(r2[k], r1[k], rtol=0, atol=1e-5, msg=k)
+    assert torch.equal(r2["seen_ever"], r1["seen_ever"]) and bool(r1["seen_ever"].all())
+    assert int(r1["projections"]) == int(r2["projections"]) == 2
+    # the comparison means something: the dual step moved lambda and mu, and the second epoch
+    # trained on them
+    assert float(r1["lam"].max()) > 0.01 and float((r1["mu"] + 1).abs().max()) > 1e-3
+    m1, m2 = (json.loads((o / "metrics.json").read_text())["history"] for o in (out1, out2))
+    for h1, h2 in zip(m1, m2, strict=True):
+        assert h1["test_accuracy"] == h2["test_accuracy"]
+        assert h1["test_shape_fbeta"] == pytest.approx(h2["test_shape_fbeta"], abs=1e-9)
+        assert h1["train_loss"] == pytest.approx(h2["train_loss"], rel=1e-5)
+        assert h1["reg_loss"] == pytest.approx(h2["reg_loss"], rel=1e-4, abs=1e-6)
+        assert h1["reg_eps"] == pytest.approx(h2["reg_eps"], abs=1e-5)
+
+
+def test_every_rank_ends_with_the_same_state(runs):
+    _, (rank0, rank1) = runs[2]
+    for k in (*REG_STATE, "seen_ever", "epoch", "projections"):
+        assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k
+    for k in rank0["model"]:
+        assert torch.equal(rank0["model"][k], rank1["model"][k]), k
+    # rank 0 saved what it held
+    saved = checkpoint.latest(runs[2][0])[1]
+    for k in REG_STATE:
+        assert torch.equal(saved["regularizer"][k], rank0["regularizer"][k]), k
+
+
+def test_evaluation_counts_every_test_sample_once(runs):
+    _, (rank0, rank1) = runs[2]
+    assert len(rank0["evaluated"]) == len(rank1["evaluated"]) == 2  # once per epoch
+    for a, b in zip(rank0["evaluated"], rank1["evaluated"], strict=True):
+        assert not set(a) & set(b)
+        assert sorted(a + b) == list(range(N))
+    (single,) = runs[1][1]
+    assert all(sorted(seen) == list(range(N)) for seen in single["evaluated"])
+    # every rank reports the global metrics (summed confusion), equal to those of one process
+    keys = ("test_accuracy", "test_accuracy_small", "test_accuracy_big", "test_shape_fbeta")
+    final = [r["summary"]["final"] for r in (single, rank0, rank1)]
+    assert [f[k] for k in keys for f in final[1:]] == [final[0][k] for k in keys for _ in "01"]
+
+
+def test_torchrun_cli(digits_smnist, runs, tmp_path):
+    """``torchrun --nproc_per_node=2 -m train``: the same run as the spawned one; rank 0 logs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "train", "--config", "configs/demo.yaml",
+         *_overrides(digits_smnist, tmp_path / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("run folder ") == 1 and "2 process(es)" in proc.stdout
+    assert proc.stdout.count("epoch   2") == 1
+    final = json.loads((tmp_path / "run" / "metrics.json").read_text())["final"]
+    spawned = runs[2][1][0]["summary"]["final"]
+    assert final["test_accuracy"] == spawned["test_accuracy"]
+    assert final["reg_eps"] == pytest.approx(spawned["reg_eps"], abs=1e-6)
+
+
+# --- the collectives -----------------------------------------------------------------------------
+
+
+def test_collectives_on_two_processes(device, digits_smnist, tmp_path):
+    _spawn(_unit_worker, 2, device, str(digits_smnist), str(tmp_path))
+    rank0, rank1 = _records(tmp_path, 2)
+    assert rank0["ctx"] == (0, 2, 0, True, True) and rank1["ctx"] == (1, 2, 1, True, False)
+    for r in (rank0, rank1):
+        # sample 1: mean of both ranks' scores; 0 and 2: the one rank's; 3: kept
+        assert r["scores"][:, 0].tolist() == [10.0, 30.0, 30.0, 7.0]
+        assert r["seen_ever"].tolist() == [True, True, True, False]
+        torch.testing.assert_close(r["grads"][0], torch.tensor([1.5, 3.0]), rtol=0, atol=0)
+        torch.testing.assert_close(r["grads"][1], torch.full((2, 2), 2.0), rtol=0, atol=0)
+        assert r["all_reduce"].tolist() == [3.0]
+        assert r["path"] == Path("/from/rank0")
+    if device == "cpu":
+        whole = _evaluate_fixed_model(str(digits_smnist))
+        assert rank0["eval_total"] == rank1["eval_total"] == [N]  # summed, each sample once
+        assert rank0["evaluate"] == rank1["evaluate"] == whole
+
+
+def test_collectives_are_identities_in_one_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed.init_from_env("cpu") == distributed.Context()  # plain `python -m train`
+    assert not distributed.is_initialized()
+    reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]))
+    reg(torch.tensor([1.0, 2.0]), torch.tensor([0, 1]))
+    before = {k: v.clone() for k, v in reg.state_dict().items()}
+    distributed.sync_scores_(reg, torch.tensor([True, True, False, False]))
+    assert all(torch.equal(before[k], v) for k, v in reg.state_dict().items())
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = g = torch.tensor([1.0, 2.0])
+    distributed.average_gradients_([p])
+    assert p.grad is g and p.grad.tolist() == [1.0, 2.0]
+    assert distributed.all_reduce_(torch.tensor([3.0])).tolist() == [3.0]
+    assert not dist.is_initialized()
+
+
+def test_global_batch_must_divide_among_processes(digits_smnist, tmp_path, monkeypatch):
+    """Checked before anything is written: a corrected re-run may use the same folder."""
+    monkeypatch.setattr(distributed, "init_from_env", lambda device: distributed.Context(0, 2, 0))
+    out = tmp_path / "run"
+    cfg = C.load(ROOT / "configs" / "demo.yaml", [*_overrides(digits_smnist, out),
+                                                  "data.batch_size=25"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"data\.batch_size 25 .*divisible by .* processes 2"):
+        loop.run(cfg, log=lambda *_: None)
+    assert not out.exists() or not any(out.iterdir())

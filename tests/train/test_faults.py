@@ -1,0 +1,262 @@
+"""Runtime faults: a process killed while writing a checkpoint, corrupt checkpoints, ``--resume``
+without one, and non-finite losses / shape scores (``train.nonfinite: stop | skip``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import checkpoint
+from train.__main__ import main
+from train.data import load_data, make_loader
+from train.loop import NonFiniteLossError, run
+
+from .run_utils import (
+    ROOT,
+    all_finite,
+    assert_same_training_state,
+    final_checkpoint,
+    poison_training_forwards,
+    poison_training_samples,
+    quiet,
+    smnist_args,
+    smnist_cfg,
+    steps_per_epoch,
+    without_timing,
+)
+
+# A torch.save that, on its ``block_on``-th call, writes ``block_after`` bytes of the file, tells
+# the parent (a marker file) and then hangs until it is killed.
+STUCK_SAVE = """
+import os, sys, time, torch
+marker, block_on, block_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+real_save, calls = torch.save, [0]
+class Stuck:
+    def __init__(self, f):
+        self.f, self.n = f, 0
+    def write(self, b):
+        self.f.write(b)
+        self.n += len(b)
+        if self.n >= block_after:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            open(marker, "w").close()
+            time.sleep(600)
+        return len(b)
+    def flush(self):
+        self.f.flush()
+def save(obj, f, *args, **kwargs):
+    calls[0] += 1
+    return real_save(obj, Stuck(f) if calls[0] == block_on else f, *args, **kwargs)
+torch.save = save
+"""
+
+
+def _kill_when_stuck(code: str, args: list[str], marker: Path, timeout: float = 120) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", STUCK_SAVE + code, *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the writer never got stuck (rc {proc.returncode}): {err[-2000:]}")
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_sigkill_while_saving_keeps_the_previous_checkpoint(tmp_path):
+    run_dir, marker = tmp_path / "run", tmp_path / "stuck"
+    writer = (
+        "from train import checkpoint\n"
+        "run = sys.argv[4]\n"
+        "checkpoint.path_for(run, 1).parent.mkdir(parents=True)\n"
+        "checkpoint.save_atomic({'step': 1, 'w': torch.arange(10.0)}, checkpoint.path_for(run, 1))\n"
+        "checkpoint.save_atomic({'step': 2, 'w': torch.ones(1 << 22)}, checkpoint.path_for(run, 2))\n"
+    )  # 16 MiB, stuck after 1 MiB
+    _kill_when_stuck(writer, [str(marker), "2", str(1 << 20), str(run_dir)], marker)
+
+    folder = run_dir / "checkpoints"
+    assert not checkpoint.path_for(run_dir, 2).exists()  # no partial file under the final name
+    (tmp,) = folder.glob(".step-000000002.pt.*.tmp")  # the interrupted write, half done
+    assert tmp.stat().st_size >= 1 << 20
+    assert checkpoint.listing(run_dir) == [checkpoint.path_for(run_dir, 1)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the temp file is not even looked at
+        path, state = checkpoint.latest(run_dir)
+    assert path == checkpoint.path_for(run_dir, 1) and state["step"] == 1
+    assert torch.equal(state["w"], torch.arange(10.0))
+    checkpoint.prune(run_dir, keep=2)
+    assert sorted(p.name for p in folder.iterdir()) == ["step-000000001.pt"]
+
+
+def test_training_killed_mid_checkpoint_resumes_from_the_previous_one_exactly(
+    digits_smnist, tmp_path
+):
+    cfg = smnist_cfg(digits_smnist, tmp_path / "a")
+    per_epoch = steps_per_epoch(cfg)
+    run(cfg, log=quiet)
+    # checkpoints at steps 5, 10, per_epoch, 15, ...: the 4th write (mid-epoch 2) hangs, SIGKILL
+    out, marker = tmp_path / "b", tmp_path / "stuck"
+    assert 10 < per_epoch < 15
+    args = smnist_args(digits_smnist, out, "train.checkpoint_every=5")
+    code = "from train.__main__ import main\nmain(sys.argv[4:])\n"
+    _kill_when_stuck(code, [str(marker), "4", "4096", *args], marker)
+    assert [p.name for p in checkpoint.listing(out)] == [
+        checkpoint.path_for(out, s).name for s in (per_epoch, 10)
+    ]
+    assert list((out / "checkpoints").glob(".*.tmp"))
+    assert main(["--resume", str(out)]) == 0
+    assert not list((out / "checkpoints").glob(".*.tmp"))  # pruned with the next checkpoint
+    assert_same_training_state(final_checkpoint(tmp_path / "a"), final_checkpoint(out))
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path):
+    for step in (1, 2, 3):
+        path = checkpoint.path_for(tmp_path, step)
+        path.parent.mkdir(exist_ok=True)
+        checkpoint.save_atomic({"step": step, "w": torch.full((1000,), float(step))}, path)
+    newest = checkpoint.path_for(tmp_path, 3)
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated copy
+    with pytest.warns(UserWarning, match=r"step-000000003\.pt cannot be read .*older one"):
+        path, state = checkpoint.latest(tmp_path)
+    assert path == checkpoint.path_for(tmp_path, 2) and state["step"] == 2
+
+    checkpoint.path_for(tmp_path, 2).write_bytes(b"\x00" * 100)  # garbage, not a zip file
+    with pytest.warns(UserWarning) as record:
+        path, state = checkpoint.latest(tmp_path)
+    assert state["step"] == 1
+    assert sum("cannot be read" in str(w.message) for w in record) == 2
+    checkpoint.path_for(tmp_path, 1).write_bytes(b"")  # empty: every one unreadable
+    with pytest.warns(UserWarning) as record:
+        assert checkpoint.latest(tmp_path) is None
+    assert [re.search(r"step-00000000(\d)\.pt cannot be read", str(w.message))[1] for w in record] == ["3", "2", "1"]  # fmt: skip
+    assert checkpoint.latest(tmp_path / "nothing") is None
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(digits_smnist, tmp_path):
+    out = tmp_path / "run"
+    cfg = smnist_cfg(digits_smnist, out, "train.keep_checkpoints=3")
+    run(cfg, log=quiet)
+    per_epoch = steps_per_epoch(cfg)
+    newest = checkpoint.path_for(out, 2 * per_epoch)
+    complete = checkpoint.load(newest)
+    newest.write_bytes(newest.read_bytes()[:1000])
+    with pytest.warns(UserWarning, match="cannot be read"):
+        assert main(["--resume", str(out)]) == 0  # epoch 2 again, from the epoch-1 checkpoint
+    assert_same_training_state(complete, final_checkpoint(out))
+
+
+def test_resume_without_a_checkpoint_exits_2(digits_smnist, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(smnist_args(digits_smnist, out, "train.checkpoint=false")) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume") and "no readable checkpoint" in err
+    with pytest.raises(SystemExit) as e:
+        main(["--resume", str(tmp_path / "not-a-run")])
+    assert e.value.code == 2 and "no config.yaml (not a run folder?)" in capsys.readouterr().err
+
+
+# --- non-finite loss / shape score ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["logits", "u"])
+def test_nonfinite_stop_names_the_epoch_step_and_last_good_checkpoint(
+    digits_smnist, tmp_path, monkeypatch, target
+):
+    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.checkpoint_every=2")
+    per_epoch = steps_per_epoch(cfg)
+    poison_training_forwards(monkeypatch, [per_epoch + 7], target)
+    saved = [s for s in range(1, per_epoch + 7) if s % 2 == 0 or s == per_epoch]
+    last = checkpoint.path_for(tmp_path / "run", saved[-1])  # a mid-epoch one
+    assert saved[-1] > per_epoch
+    with pytest.raises(NonFiniteLossError, match=rf"at epoch 2 step 7 \(.*\); last good checkpoint: {re.escape(str(last))}\. .*train\.nonfinite=skip"):  # fmt: skip
+        run(cfg, log=quiet)
+    assert checkpoint.latest(tmp_path / "run")[0] == last
+    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    assert [h["epoch"] for h in history] == [1]
+
+
+def test_nonfinite_stop_after_a_resume_names_the_checkpoint_resumed_from(
+    digits_smnist, tmp_path, monkeypatch
+):
+    out = tmp_path / "run"
+    assert main(smnist_args(digits_smnist, out, "train.stop_after_steps=3")) == 0
+    poison_training_forwards(monkeypatch, [1])
+    last = re.escape(str(checkpoint.path_for(out, 3)))
+    with pytest.raises(NonFiniteLossError, match=rf"epoch 1 step 4 .*checkpoint: {last}\."):
+        run(smnist_cfg(digits_smnist, out), log=quiet, resume=out)
+
+
+def test_nonfinite_stop_exits_1_on_the_command_line(digits_smnist, tmp_path, monkeypatch, capsys):
+    poison_training_forwards(monkeypatch, [3])
+    assert main(smnist_args(digits_smnist, tmp_path / "run")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: non-finite loss or shape score at epoch 1 step 3")
+    assert "last good checkpoint: none yet" in err
+
+
+@pytest.mark.parametrize("target", ["logits", "u"])
+def test_nonfinite_skip_drops_exactly_the_bad_steps(digits_smnist, tmp_path, monkeypatch, target):
+    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.nonfinite=skip")
+    per_epoch = steps_per_epoch(cfg)
+    bad = [3, 8, per_epoch + 2]
+    poison_training_forwards(monkeypatch, bad, target)  # the regularizer would raise on inf u
+    summary = run(cfg, log=quiet)
+    assert [h["skipped_steps_total"] for h in summary["history"]] == [2, 3]
+    state = final_checkpoint(tmp_path / "run")
+    assert state["skipped_steps"] == 3 and state["global_step"] == 2 * per_epoch - 3
+    reg = state["regularizer"]
+    assert all_finite(reg) and all_finite(state["model"])
+    for name in ("lam", "mu", "eps", "tau", "scores"):
+        assert bool(torch.isfinite(reg[name]).all()), name
+    assert int(reg["epoch"]) == 2 and bool(reg["seen_ever"].any())
+
+
+def test_skipped_steps_and_epoch_loss_survive_a_mid_epoch_resume(
+    digits_smnist, tmp_path, monkeypatch
+):
+    """A poisoned (NaN) sample in step 2 of epoch 1 and somewhere in epoch 2; run B stops after
+    global step 4 (batch 5 of epoch 1: one step already skipped) and resumes."""
+    cfg = smnist_cfg(digits_smnist, tmp_path / "a", "train.nonfinite=skip")
+    epoch_1 = list(make_loader(load_data(cfg.data).train, cfg.data.batch_size, shuffle=True,
+                               seed=cfg.train.seed).sampler)  # fmt: skip
+    poison_training_samples(monkeypatch, [epoch_1[1][0]])
+    run(cfg, log=quiet)
+    out = tmp_path / "b"
+    run(smnist_cfg(digits_smnist, out, "train.nonfinite=skip", "train.stop_after_steps=4"),
+        log=quiet)  # fmt: skip
+    stopped = final_checkpoint(out)
+    assert (stopped["global_step"], stopped["step_in_epoch"]) == (4, 5)
+    run(smnist_cfg(digits_smnist, out, "train.nonfinite=skip"), log=quiet, resume=out)
+    a, b = final_checkpoint(tmp_path / "a"), final_checkpoint(out)
+    assert a["skipped_steps"] == 2
+    assert_same_training_state(a, b)
+    ha = without_timing(json.loads((tmp_path / "a" / "metrics.json").read_text())["history"])
+    hb = without_timing(json.loads((out / "metrics.json").read_text())["history"])
+    assert [h["skipped_steps_total"] for h in hb] == [1, 2] and ha == hb
+
+
+def test_diverging_lr_stops_the_cli_with_exit_1(digits_smnist, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "train",
+         *smnist_args(digits_smnist, tmp_path / "run", "optim.lr=1e38", "regularizer.name=none")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: non-finite loss or shape score at epoch 1 step ")
+    assert "last good checkpoint: none yet" in last

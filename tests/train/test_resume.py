@@ -1,0 +1,171 @@
+"""Exact resume (CPU, bit for bit): 2N steps in one run == N steps, then ``python -m train
+--resume`` in a fresh process for the rest; periodic checkpoints and their pruning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import checkpoint
+from train import config as C
+from train.__main__ import main
+from train.loop import run
+
+from .run_utils import (
+    TINY,
+    assert_bitwise_equal,
+    assert_same_training_state,
+    cli,
+    final_checkpoint,
+    quiet,
+    smnist_args,
+    smnist_cfg,
+    steps_per_epoch,
+    without_timing,
+)
+
+REG_STATE = ("eps", "tau", "lam", "mu", "scores", "seen_ever", "epoch", "projections",
+             "projections_epoch", "projections_last_epoch")  # fmt: skip
+
+
+def _metrics(run_dir: Path) -> dict:
+    return without_timing(json.loads((run_dir / "metrics.json").read_text()))
+
+
+def _stop_then_resume(args: list[str], out: Path, stop: int) -> dict:
+    """Run ``args`` in this process until global step ``stop``, then finish it with
+    ``python -m train --resume`` in a fresh process; returns the checkpoint at the stop."""
+    assert main([*args, f"train.stop_after_steps={stop}"]) == 0
+    stopped = final_checkpoint(out)
+    assert stopped["global_step"] == stop
+    proc = cli("--resume", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resuming from {checkpoint.path_for(out, stop)}" in proc.stdout
+    return stopped
+
+
+STOPS = {  # where run B stops, from the steps per epoch
+    "mid-epoch-1-then-across-the-epoch-boundary": lambda per_epoch: 5,
+    "mid-epoch-2-after-a-dual-step": lambda per_epoch: per_epoch + 5,
+    "at-the-epoch-boundary": lambda per_epoch: per_epoch,
+}
+
+
+@pytest.mark.parametrize(
+    ("where", "projection"),
+    [
+        ("mid-epoch-1-then-across-the-epoch-boundary", "inline"),
+        ("mid-epoch-2-after-a-dual-step", "epoch"),
+        ("at-the-epoch-boundary", "step"),
+    ],
+)
+def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
+    digits_smnist, tmp_path, where, projection
+):
+    extra = (f"regularizer.projection={projection}",)
+    cfg = smnist_cfg(digits_smnist, tmp_path / "a", *extra)
+    per_epoch = steps_per_epoch(cfg)
+    stop = STOPS[where](per_epoch)
+    assert per_epoch > 5
+    run(cfg, log=quiet)
+    a = final_checkpoint(tmp_path / "a")
+    assert a["global_step"] == 2 * per_epoch and a["epoch"] == 2
+
+    b_dir = tmp_path / "b"
+    stopped = _stop_then_resume(smnist_args(digits_smnist, b_dir, *extra), b_dir, stop)
+    assert (stopped["epoch"], stopped["step_in_epoch"]) == divmod(stop, per_epoch)
+    b = final_checkpoint(b_dir)
+    assert b["global_step"] == 2 * per_epoch and b["epoch"] == 2
+    # the comparison is not vacuous: the state moved after the stop, the regularizer is all there
+    assert not torch.equal(stopped["model"]["classifier.weight"], b["model"]["classifier.weight"])
+    assert set(REG_STATE) <= set(b["regularizer"]) and b["optimizer"]["state"]
+    assert int(b["regularizer"]["epoch"]) == 2 and bool(b["regularizer"]["seen_ever"].all())
+    assert not torch.equal(b["regularizer"]["lam"], torch.zeros_like(b["regularizer"]["lam"]))
+
+    assert_same_training_state(a, b)
+    for name in REG_STATE:  # named again so that a failure says which one
+        assert_bitwise_equal(a["regularizer"][name], b["regularizer"][name], name)
+    ma, mb = _metrics(tmp_path / "a"), _metrics(b_dir)
+    assert ma["history"] == mb["history"] and ma["final"] == mb["final"]
+    assert [h["epoch"] for h in mb["history"]] == [1, 2]
+
+
+def test_cocostuff_augmented_poly_schedule_stop_and_resume_is_bitwise_exact(
+    coco_cache_stuff, tmp_path
+):
+    """DeepLabV3+ (random-init ResNet-18, dropout in ASPP), hflip + scale jitter, poly lr schedule,
+    the regularizer: 2 epochs of batches of 4, stopped after step 2 and resumed in a fresh process."""
+
+    def args(out: Path) -> list[str]:
+        return ["--config", str(TINY), "--out", str(out), "--regularizer", "fbeta", "--alpha",
+                "0.1", f"data.path={coco_cache_stuff}", "data.batch_size=4", "optim.schedule=poly",
+                "data.hflip=true", "data.scale_range=[0.75, 1.25]", "train.epochs=2",
+                "train.progress=false", "train.num_threads=1", "train.log_images=0"]  # fmt: skip
+
+    per_epoch = steps_per_epoch(C.load(TINY, [f"data.path={coco_cache_stuff}"]))
+    assert per_epoch >= 3
+    assert main(args(tmp_path / "a")) == 0
+    a = final_checkpoint(tmp_path / "a")
+    assert a["global_step"] == 2 * per_epoch and a["scheduler"]["last_epoch"] == 2 * per_epoch
+
+    stopped = _stop_then_resume(args(tmp_path / "b"), tmp_path / "b", stop=2)
+    assert stopped["epoch"] == 0 and stopped["step_in_epoch"] == 2
+    assert stopped["scheduler"]["last_epoch"] == 2
+    b = final_checkpoint(tmp_path / "b")
+    assert_same_training_state(a, b)
+    lr = [g["lr"] for g in b["optimizer"]["param_groups"]]
+    assert lr == [g["lr"] for g in a["optimizer"]["param_groups"]] and lr[0] < 1e-3
+    assert _metrics(tmp_path / "a")["history"] == _metrics(tmp_path / "b")["history"]
+
+
+@pytest.mark.parametrize("every", ["5", "steps-per-epoch"])
+def test_checkpoint_every_writes_mid_epoch_checkpoints_prunes_and_resumes_exactly(
+    digits_smnist, tmp_path, monkeypatch, every
+):
+    """Every ``checkpoint_every`` steps a checkpoint (plus one per epoch end), the newest
+    ``keep_checkpoints`` kept; a run that crashed after the last mid-epoch one resumes exactly
+    (with ``every`` = steps per epoch that one was written after the epoch's last step, before
+    the epoch end)."""
+    per_epoch = steps_per_epoch(smnist_cfg(digits_smnist, tmp_path / "run"))
+    every = 5 if every == "5" else per_epoch
+    cfg = smnist_cfg(digits_smnist, tmp_path / "run", f"train.checkpoint_every={every}",
+                     "train.keep_checkpoints=2")  # fmt: skip
+    saved, keep = [], tmp_path / "copies"
+    keep.mkdir()
+    save_atomic = checkpoint.save_atomic
+
+    def recording_save(obj, path):
+        save_atomic(obj, path)
+        saved.append((obj["global_step"], obj["epoch"], obj["step_in_epoch"]))
+        shutil.copy(path, keep / f"{len(saved)}.pt")  # every checkpoint as it was written
+
+    monkeypatch.setattr(checkpoint, "save_atomic", recording_save)
+    run(cfg, log=quiet)
+    total = 2 * per_epoch
+    mid = [
+        (s, (s - 1) // per_epoch, (s - 1) % per_epoch + 1) for s in range(every, total + 1, every)
+    ]
+    ends = [(per_epoch, 1, 0), (total, 2, 0)]
+    assert saved == sorted(mid + ends, key=lambda t: (t[0], -t[2]))  # a mid-epoch one comes first
+    newest = [
+        checkpoint.path_for(tmp_path / "run", s)
+        for s in (total, max(s for s, *_ in mid if s < total))
+    ]
+    assert checkpoint.listing(tmp_path / "run") == newest
+    assert not list((tmp_path / "run" / "checkpoints").glob(".*"))  # no temp files left
+
+    # a crash after the last mid-epoch checkpoint of epoch 2: the run folder holds only it
+    last_mid = max(i for i, (_, epoch, k) in enumerate(saved) if k and epoch == 1)
+    crashed = tmp_path / "crashed"
+    (crashed / "checkpoints").mkdir(parents=True)
+    C.save(C.load(tmp_path / "run" / "config.yaml", [f"train.out={crashed}"]),
+           crashed / "config.yaml")  # fmt: skip
+    shutil.copy(keep / f"{last_mid + 1}.pt", checkpoint.path_for(crashed, saved[last_mid][0]))
+    monkeypatch.setattr(checkpoint, "save_atomic", save_atomic)
+    assert main(["--resume", str(crashed)]) == 0
+    assert_same_training_state(final_checkpoint(tmp_path / "run"), final_checkpoint(crashed))
+    assert _metrics(tmp_path / "run")["history"] == _metrics(crashed)["history"]

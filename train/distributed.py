@@ -1,0 +1,127 @@
+"""Several processes (``torchrun --nproc_per_node=K -m train ...``): ``torch.distributed`` glue.
+
+How the regularizer stays identical on every rank (spec sec. 3b; ``reparam`` itself knows nothing
+about processes):
+
+* ``(eps, tau)`` are ordinary parameters with dense gradients; after ``backward`` they are averaged
+  over ranks (``average_gradients_``), exactly as DDP averages the network's. ``L_B`` is a mean over
+  the local batch (its scale uses the local batch size) and its sample-free terms are the same on
+  every rank, so the average equals the gradient of the global batch. The same optimizer step
+  then runs on every rank: ``eps, tau`` stay equal.
+* The remembered scores ``u_i`` are written by the rank that saw sample ``i``. Before the epoch's
+  dual step, ``sync_scores_`` sums, over ranks, the scores each rank wrote this epoch (and how
+  many ranks wrote each one: 2 for the samples ``DistributedSampler`` repeats to even out the
+  shards) and every rank takes the mean; ``seen_ever`` is OR-reduced. The projection and the dual
+  step are deterministic functions of equal inputs, so ``eps, tau, lambda, mu`` stay equal.
+* Metrics: confusion matrices and decision counts are summed over ranks (``all_reduce_``); the
+  evaluation shards ``range(rank, n, K)`` are disjoint and cover the split (no padding).
+
+Without ``torchrun`` (no ``WORLD_SIZE`` in the environment) nothing here initializes anything and
+every function is the identity.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Context:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1 or dist.is_initialized()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_from_env(device: str) -> Context:
+    """Join the process group that ``torchrun`` describes in the environment (NCCL on CUDA,
+    gloo on CPU); a plain ``python -m train`` returns the single-process context."""
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        if dist.is_initialized():
+            return Context(dist.get_rank(), dist.get_world_size(), _local_rank())
+        return Context()
+    cuda = device != "cpu" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(_local_rank())
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return Context(dist.get_rank(), dist.get_world_size(), _local_rank())
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def broadcast_path(path: Path | None) -> Path:
+    """Rank 0's ``path`` on every rank (rank 0 chooses the run folder)."""
+    if not is_initialized():
+        assert path is not None
+        return path
+    box = [str(path) if path is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_(t: Tensor) -> Tensor:
+    """Sum ``t`` over ranks in place (identity in one process)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+@torch.no_grad()
+def average_gradients_(params: list[torch.nn.Parameter]) -> None:
+    """``p.grad <- mean over ranks`` (one flattened all-reduce for all of ``params``)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for p, g in zip(params, grads, strict=True):
+        n = g.numel()
+        p.grad = flat[offset : offset + n].view_as(g).clone()
+        offset += n
+
+
+@torch.no_grad()
+def sync_scores_(reg: torch.nn.Module, written: Tensor) -> None:
+    """Make the remembered scores of ``reg`` equal on every rank before its epoch end.
+
+    ``written``: bool ``(N,)``, the samples this rank scored this epoch. Each sample takes the
+    mean of the scores written for it (ranks that did not write it contribute nothing); samples no
+    rank wrote keep their value (equal everywhere already).
+    """
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    w = written.to(reg.scores.device, reg.scores.dtype).unsqueeze(1)  # written: on the CPU
+    total = reg.scores * w
+    count = w.clone()
+    dist.all_reduce(total)
+    dist.all_reduce(count)
+    reg.scores.copy_(torch.where(count > 0, total / count.clamp_min(1), reg.scores))
+    seen = reg.seen_ever.to(torch.uint8)
+    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+    reg.seen_ever.copy_(seen.bool())
