@@ -84,7 +84,7 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
             images, labels = [], []
             for i in idx:
                 image, label, _ = cocostuff.process_image(jobs[i])
-                a, b = augment(tv_tensors.Image(torch.from_numpy(image).permute(2, 0, 1)),
+                a, b = augment(tv_tensors.Image(torch.tensor(image).permute(2, 0, 1)),
                                tv_tensors.Mask(torch.from_numpy(label)))  # fmt: skip
                 images.append(a.as_subclass(torch.Tensor))
                 labels.append(b.as_subclass(torch.Tensor))

@@ -112,6 +112,13 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
     })  # fmt: skip
 
 
+def _resume_worker(rank: int, world: int, port: int, run_dir: str) -> None:
+    """``loop.run(..., resume=run_dir)`` as one rank of ``world`` (the saved config, no stop)."""
+    _join_env(rank, world, port)
+    cfg = C.load(Path(run_dir) / "config.yaml", ["train.stop_after_steps=null"])
+    loop.run(cfg, log=lambda *_: None, resume=run_dir)
+
+
 def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folder: str) -> None:
     """The collectives of ``train.distributed`` on tiny tensors, and ``evaluate`` on one shard."""
     _join_env(rank, world, port)
@@ -182,6 +189,27 @@ def runs(digits_smnist, tmp_path_factory) -> dict[int, tuple[Path, list[dict[str
         _spawn(_train_worker, world, _overrides(digits_smnist, out), str(folder))
         found[world] = (out, _records(folder, world))
     return found
+
+
+def test_two_processes_stop_and_resume_like_uninterrupted(runs, digits_smnist, tmp_path):
+    """2 processes stopped mid-epoch 2 (step 40 of 60: the epoch's scores so far are merged into
+    the checkpoint) and resumed by 2 new processes end exactly where the uninterrupted 2-process
+    run ends."""
+    out = tmp_path / "stopped"
+    folder = tmp_path / "records"
+    folder.mkdir()
+    _spawn(_train_worker, 2, [*_overrides(digits_smnist, out), "train.stop_after_steps=40"],
+           str(folder))  # fmt: skip
+    stopped = checkpoint.latest(out)[1]
+    assert (stopped["global_step"], stopped["epoch"], stopped["step_in_epoch"]) == (40, 1, 10)
+    _spawn(_resume_worker, 2, str(out))
+    resumed = checkpoint.latest(out)[1]
+    reference = checkpoint.latest(runs[2][0])[1]
+    assert resumed["global_step"] == reference["global_step"] == 60
+    for part in ("model", "regularizer"):
+        for key, value in reference[part].items():
+            assert torch.equal(resumed[part][key], value), f"{part}.{key}"
+    assert resumed["history"][-1]["test_accuracy"] == reference["history"][-1]["test_accuracy"]
 
 
 def test_two_processes_train_like_one(runs):
