@@ -182,8 +182,10 @@ class ResumableBatchSampler(BatchSampler):
         self.skip = 0
 
     def __iter__(self) -> Iterator[list[int]]:
+        # a generator: ``skip`` is taken at the first batch, not when iter() is called (the
+        # multi-process DataLoader calls iter() twice when it starts and drops the first one)
         skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
+        yield from itertools.islice(super().__iter__(), skip, None)
 
 
 def make_loader(

@@ -67,6 +67,12 @@ def build_regularizer(cfg: Config, shape_labels: torch.Tensor) -> FBetaRegulariz
     )  # fmt: skip
 
 
+def _shape_scores(positive_classes: list[int]) -> int:
+    """Columns of the shape head: 1 for one positive class, else one per shape class
+    (``FBetaRegularizer`` reads column ``c`` as the one-vs-rest score of class ``c``)."""
+    return 1 if len(positive_classes) == 1 else max(positive_classes) + 1
+
+
 def build_optimizer(cfg: Config, model: nn.Module, reg: nn.Module | None) -> torch.optim.Optimizer:
     o = cfg.optim
     groups = [{"params": list(model.parameters())}]
@@ -264,7 +270,7 @@ def evaluate(
                              batch["label"][:keep_images]))  # fmt: skip
         else:
             confusion.update(batch["label"], pred.cpu(), batch["shape"])
-        above = (u if u.dim() == 1 else u[:, 0]).float().cpu() > 0
+        above = (u if u.dim() == 1 else u[:, positive_class]).float().cpu() > 0
         pos = batch["shape"] == positive_class
         decisions += torch.stack([(above & pos).sum(), (~above & pos).sum(), (above & ~pos).sum()])
     confusion.cm = distributed.all_reduce_(confusion.matrices().to(device)).cpu()
@@ -336,7 +342,7 @@ def _run(cfg: Config, log: Callable[..., object], resume: str | Path | None,
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.train.device, ctx.local_rank if ctx.enabled else None)
     data = load_data(cfg.data, cfg.train.seed)
-    shape_scores = len(cfg.regularizer.positive_classes)
+    shape_scores = _shape_scores(cfg.regularizer.positive_classes)
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_scores).to(device)
     reg = build_regularizer(cfg, data.train_shape_labels)
     if reg is not None:

@@ -94,17 +94,20 @@ def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     assert [h["epoch"] for h in mb["history"]] == [1, 2]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
 def test_cocostuff_augmented_poly_schedule_stop_and_resume_is_bitwise_exact(
-    coco_cache_stuff, tmp_path
+    coco_cache_stuff, tmp_path, workers
 ):
     """DeepLabV3+ (random-init ResNet-18, dropout in ASPP), hflip + scale jitter, poly lr schedule,
-    the regularizer: 2 epochs of batches of 4, stopped after step 2 and resumed in a fresh process."""
+    the regularizer: 2 epochs of batches of 4, stopped after step 2 and resumed in a fresh process;
+    with 2 loader processes too (the augmentations are drawn from the batch's own seed)."""
 
     def args(out: Path) -> list[str]:
         return ["--config", str(TINY), "--out", str(out), "--regularizer", "fbeta", "--alpha",
                 "0.1", f"data.path={coco_cache_stuff}", "data.batch_size=4", "optim.schedule=poly",
                 "data.hflip=true", "data.scale_range=[0.75, 1.25]", "train.epochs=2",
-                "train.progress=false", "train.num_threads=1", "train.log_images=0"]  # fmt: skip
+                "train.progress=false", "train.num_threads=1", "train.log_images=0",
+                f"data.num_workers={workers}"]  # fmt: skip
 
     per_epoch = steps_per_epoch(C.load(TINY, [f"data.path={coco_cache_stuff}"]))
     assert per_epoch >= 3

@@ -128,3 +128,24 @@ def test_segmentation_config_errors(tmp_path):
     cfg = C.load(TINY, [f"data.path={tmp_path / 'nothing'}"])
     with pytest.raises(ValueError, match=r"data_prep\.cocostuff"):
         load_data(cfg.data)
+
+
+def test_three_shape_bins_train_one_vs_rest(coco_root, tmp_path):
+    """p = 3 shape classes (spec sec. 6): ``--thresholds 0.02 0.2``, one F-beta term per non-zero
+    bin (``regularizer.positive_classes=[1,2]``) on its own column of the shape head, mIoU
+    reported per bin."""
+    from data_prep import cocostuff
+
+    cache = cocostuff.prepare(cocostuff.Options(out=tmp_path / "cache", root=coco_root,
+                                                size=(24, 32), workers=0, thresholds=(0.02, 0.2)),
+                              log=lambda *_: None)  # fmt: skip
+    counts = json.loads((cache / "meta.json").read_text())["splits"]["train"]["shape_counts"]
+    assert set(counts) == {"0", "1", "2"} and min(counts.values()) > 0
+    out = tmp_path / "run"
+    metrics = _train_cli(cache, out, "regularizer.positive_classes=[1,2]")
+    (row,) = metrics["history"]
+    assert len(row["test_miou_per_group"]) == 3
+    assert row["test_miou_big"] == row["test_miou_per_group"][2]
+    ckpt = checkpoint.latest(out)[1]
+    assert ckpt["model"]["net.shape_head.linear.weight"].shape[0] == 3  # column c: bin c
+    assert ckpt["regularizer"]["mu"].shape == (2,) and ckpt["regularizer"]["scores"].shape[1] == 2
