@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -73,9 +72,9 @@ def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
 
 def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[str, float]:
     from data_prep import cocostuff
-    from tests.coco_fixture import make_coco_fixture
+    from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
 
-    root = make_coco_fixture(tmp / "coco", n_train=images, n_val=4, size=(120, 180))
+    root = write_synthetic_cocostuff(tmp / "coco", n_train=images, n_val=4, size=(120, 180))
     cocostuff.prepare(cocostuff.Options(out=tmp / "cache", root=root, setup="stuff", workers=2),
                       log=lambda *_: None)  # fmt: skip
     common = [
@@ -84,7 +83,6 @@ def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[
         "train.progress=false", "train.checkpoint=false", "train.log_images=0",
         "data.scale_range=null",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     rates = {}
     for name, launcher, threads in (
         ("1 process, 2 threads", [sys.executable, "-m", "train"], 2),
@@ -94,7 +92,7 @@ def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[
     ):  # fmt: skip
         out = tmp / name.split()[0]
         cmd = [*launcher, *common, f"train.num_threads={threads}", "--out", str(out)]
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
         history = json.loads((out / "metrics.json").read_text())["history"]

@@ -43,9 +43,9 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
     from train.data import ResumableBatchSampler, SegmentationCacheDataset, segmentation_augment
 
     if root is None:
-        from tests.coco_fixture import make_coco_fixture
+        from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
 
-        root = make_coco_fixture(tmp / "coco", n_train=n_images, n_val=2, size=photo_size)
+        root = write_synthetic_cocostuff(tmp / "coco", n_train=n_images, n_val=2, size=photo_size)
     options = cocostuff.Options(out=tmp / "cache", root=root, setup="stuff", limit=n_images,
                                 workers=workers)  # fmt: skip
     start = time.perf_counter()

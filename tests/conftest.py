@@ -61,17 +61,17 @@ def mnist_dir() -> Path:
     return MNIST_DIR
 
 
-# --- COCO-Stuff (tests/coco_fixture.py): a tiny official-format tree and caches built from it ---
+# --- COCO-Stuff (data_prep/cocostuff_synthetic.py): a tiny official-format tree and caches built from it ---
 
 COCO_CACHE_SIZE = (24, 32)  # (H, W) of the session caches below; meta["image_size"] says so too
 
 
 @pytest.fixture(scope="session")
 def coco_root(tmp_path_factory) -> Path:
-    """A tiny COCO-Stuff 2017 in the official layout: 12 train and 6 val images (see coco_fixture)."""
-    from tests.coco_fixture import make_coco_fixture
+    """A tiny COCO-Stuff 2017 in the official layout: 12 train and 6 val images (see data_prep.cocostuff_synthetic)."""
+    from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
 
-    return make_coco_fixture(tmp_path_factory.mktemp("coco-stuff"), n_train=12, n_val=6)
+    return write_synthetic_cocostuff(tmp_path_factory.mktemp("coco-stuff"), n_train=12, n_val=6)
 
 
 def _coco_cache(tmp_path_factory, root: Path, name: str, **options) -> Path:

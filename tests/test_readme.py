@@ -59,3 +59,22 @@ def test_regularizer_snippet_runs(capsys):
     exec(compile(code, "README.md", "exec"), {})
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[0] for line in lines] == ["0", "1", "2"]
+
+
+def test_offline_segmentation_commands_run(tmp_path):
+    """The README's offline COCO-Stuff commands (synthetic data, prep, 2 epochs with the
+    regularizer), run in a scratch folder."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("# offline, in seconds:", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in block.strip().splitlines()[1:]]
+    assert [c[2] for c in commands] == ["data_prep.cocostuff_synthetic", "data_prep.cocostuff",
+                                        "train"]  # fmt: skip
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    for args in commands:
+        assert args[0] == ".venv/bin/python"
+        proc = subprocess.run([sys.executable, *args[1:]], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "epoch   2" in proc.stdout and "miou" in proc.stdout
+    (run,) = (tmp_path / "runs" / "cocostuff_tiny").iterdir()
+    assert json.loads((run / "metrics.json").read_text())["final"]["reg_projections"] is not None

@@ -14,7 +14,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from data_prep import cocostuff as cs
-from tests.coco_fixture import (
+from data_prep.cocostuff_synthetic import (
     CMYK_ID,
     GRAY_ID,
     SKY,
@@ -23,8 +23,8 @@ from tests.coco_fixture import (
     UNLABELLED_ID,
     image_id,
     load_truth,
-    make_coco_fixture,
     stuff_labels,
+    write_synthetic_cocostuff,
 )
 
 SIZE = (24, 32)  # the session caches' size (tests/conftest.py)
@@ -74,7 +74,7 @@ def npy_digests(out: Path) -> dict[str, str]:
 
 
 def small_root(tmp_path: Path, **kwargs) -> Path:
-    return make_coco_fixture(tmp_path / "coco", **{"n_train": 4, "n_val": 2, **kwargs})
+    return write_synthetic_cocostuff(tmp_path / "coco", **{"n_train": 4, "n_val": 2, **kwargs})
 
 
 # --- labels ---------------------------------------------------------------------------------------
@@ -381,7 +381,7 @@ def test_the_real_official_annotation_file(tmp_path):
     for k, iid in enumerate(splits["train"]["image_ids"]):
         np.testing.assert_array_equal(splits["train"]["labels"][k], nearest(decoded[iid]))
     # the fixture's and the module's names are the real ones
-    from tests.coco_fixture import STUFF_NAMES
+    from data_prep.cocostuff_synthetic import STUFF_NAMES
 
     assert {c["id"]: c["name"] for c in doc["categories"]} == STUFF_NAMES
     assert meta["class_names"] == [STUFF_NAMES[i] for i in range(92, 184)]

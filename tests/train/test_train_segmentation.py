@@ -1,4 +1,4 @@
-"""The trainer on COCO-Stuff caches built from the official-format fixture (tests/coco_fixture.py):
+"""The trainer on COCO-Stuff caches built from the official-format fixture (data_prep/cocostuff_synthetic.py):
 one epoch with the regularizer for DeepLabV3+ and SegNet, metrics re-derived from the checkpoint,
 the loss's ignore index, joint augmentations, bad configs."""
 

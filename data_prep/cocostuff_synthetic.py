@@ -1,6 +1,10 @@
-"""A tiny COCO-Stuff 2017 in the official formats, for the prep and trainer tests.
+"""A small synthetic COCO-Stuff 2017 in the official formats: offline demos, tests and benchmarks.
 
-``make_coco_fixture(root)`` writes::
+    python -m data_prep.cocostuff_synthetic --out data/coco-synthetic   # then data_prep.cocostuff
+
+The real data cannot be downloaded here (and is ~20 GB); this writes what ``data_prep.cocostuff``
+reads, in the same layout and formats, with known ground truth. ``write_synthetic_cocostuff(root)``
+writes::
 
     root/train2017/<id:012d>.jpg, root/val2017/...           JPEGs of varied sizes
     root/annotations/stuff_{train,val}2017.json               stuff-only COCO JSON: RLE masks
@@ -135,7 +139,7 @@ def _pixels(truth: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
 
 
-def make_coco_fixture(
+def write_synthetic_cocostuff(
     root: Path,
     *,
     n_train: int = 8,
@@ -216,16 +220,18 @@ def stuff_labels(truth: np.ndarray) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tests.coco_fixture --out DIR``: write the fixture (for the README's tiny run)."""
+    """``python -m data_prep.cocostuff_synthetic --out DIR``: write the fixture (for the README's tiny run)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tests.coco_fixture", description=main.__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m data_prep.cocostuff_synthetic", description=main.__doc__
+    )
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--train", type=int, default=24, help="training images")
     p.add_argument("--val", type=int, default=8, help="validation images")
     p.add_argument("--size", type=int, nargs=2, default=(96, 144), metavar=("H", "W"))
     a = p.parse_args(argv)
-    make_coco_fixture(a.out, n_train=a.train, n_val=a.val, size=tuple(a.size))
+    write_synthetic_cocostuff(a.out, n_train=a.train, n_val=a.val, size=tuple(a.size))
     print(f"wrote a {a.train} + {a.val} image COCO-Stuff fixture to {a.out}")
     return 0
 
