@@ -58,19 +58,8 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
     inputs = cocostuff.find_inputs(options)
     src = cocostuff.read_split(inputs.annotations["train"], options)
     keep = set(np.load(Path(options.out) / "train" / "image_ids.npy").tolist())
-    jobs = [
-        cocostuff.Job(
-            record=r,
-            segments=seg,
-            image_path=inputs.images["train"] / str(r["file_name"]),
-            map_path=None,
-            size=size,
-            interpolation=options.interpolation,
-            num_classes=92,
-        )
-        for r, seg in zip(src.records, src.segments, strict=True)
-        if r["id"] in keep
-    ]
+    jobs = [j for j in cocostuff.make_jobs("train", src, inputs, options, 92)
+            if j.record["id"] in keep]  # fmt: skip
 
     class DecodePerSample(Dataset):
         """The same batches as the cache, made from the JPEG + RLE masks of every sample."""
@@ -114,7 +103,7 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
     import torch
 
     from reparam import FBetaRegularizer
-    from train.config import ModelConfig, OptimConfig
+    from train.config import ModelConfig
     from train.loop import task_loss
     from train.models import build_model
 
@@ -130,8 +119,7 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
         params = [{"params": list(model.parameters())}]
         if reg is not None:
             params.append({"params": list(reg.parameters()), "weight_decay": 0.0})
-        o = OptimConfig(name="sgd", lr=1e-2)
-        opt = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, fused=True)
+        opt = torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True)
         trainers[name] = (model, reg, opt)
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (batch, 3, h, w), dtype=torch.uint8, generator=gen)

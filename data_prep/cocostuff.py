@@ -760,7 +760,10 @@ def _reset_partial(partial: Path, key: str, force: bool) -> None:
             tmp.write_text(key)
 
 
-def _jobs(split: str, src: SplitSource, inputs: Inputs, options: Options, n_cls: int) -> list[Job]:
+def make_jobs(
+    split: str, src: SplitSource, inputs: Inputs, options: Options, n_cls: int
+) -> list[Job]:
+    """One ``Job`` per image of ``src`` (what ``process_image`` needs), in ``src``'s order."""
     maps = inputs.maps[split] if inputs.maps is not None else None
     return [
         Job(
@@ -857,7 +860,7 @@ def prepare(options: Options, *, log: Callable[[str], object] = print) -> Path:
     with _mapper(options.workers) as map_fn:
         shards = {
             s: _process_split(
-                s, _jobs(s, sources[s], inputs, options, len(class_ids)),
+                s, make_jobs(s, sources[s], inputs, options, len(class_ids)),
                 partial / s, key, options.shard_size, map_fn, log,
             )
             for s in SPLITS

@@ -38,7 +38,9 @@ from data_prep import cocostuff, smnist
 
 from .config import DataConfig
 
-IGNORE_INDEX = 255  # unlabelled pixels in the COCO-Stuff cache; the loss and metrics skip them
+IGNORE_INDEX = (
+    cocostuff.IGNORE
+)  # unlabelled pixels (255) in the cache; the loss and metrics skip them
 
 
 class IndexedTensorDataset(Dataset):
