@@ -54,7 +54,7 @@ def solve_fbeta_lp(
 def gaussian_toy(
     n_pos: int, n_neg: int, dim: int, seed: int, mean: float = 1.0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Positives ~ N(+mean, I), negatives ~ N(-mean, I) in ``dim`` dimensions (the spec's toy)."""
+    """Positives ~ N(+mean, I), negatives ~ N(-mean, I) in ``dim`` dimensions (docs/regularizer.md)."""
     rng = np.random.default_rng(seed)
     a = np.concatenate([rng.normal(mean, 1.0, (n_pos, dim)), rng.normal(-mean, 1.0, (n_neg, dim))])
     s = np.concatenate([np.ones(n_pos, np.int64), np.zeros(n_neg, np.int64)])

@@ -2,9 +2,10 @@
 
     python -m benchmarks.overhead --out docs/figures          # needs data/smnist (README)
 
-For each setting, a baseline and a regularized trainer (mode ``epoch``, the paper's dual steps) are
-built from the same seed and their epochs are *interleaved* (base, reg, base, reg, ...) so drift
-of the machine hits both alike. Reported, as medians over the timed epochs (the first is warm-up):
+For each setting, the trainer (``train.loop.run``) runs the baseline and the regularized config (mode
+``epoch``, the paper's dual steps) from the same seed, alternately (base, reg, base, reg: ``--repeats``
+runs of each) so drift of the machine hits both alike. Reported, as medians over the timed epochs
+(the first epoch of every run is warm-up):
 epoch wall time regularized / baseline (training pass + epoch end), the epoch-end work (projection
 + dual step) / regularized epoch time, and the per-step cost in microseconds.
 """
@@ -16,8 +17,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import data_prep.torchvision_compat  # noqa: F401
-
 from ._timing import machine_line, markdown_table
 
 SETTINGS = (  # name, config, overrides
@@ -27,37 +26,36 @@ SETTINGS = (  # name, config, overrides
 )
 
 
-def measure(config_path: str, overrides: list[str], epochs: int) -> dict[str, float]:
-    import torch
+def measure(
+    config_path: str, overrides: list[str], epochs: int, repeats: int = 2
+) -> dict[str, float]:
+    """Median epoch times of the trainer (``train.loop.run``), baseline vs regularized.
+
+    ``repeats`` runs of each, alternating (base, reg, base, reg, ...) so drift of the machine hits
+    both alike; per run the first epoch is warm-up. An epoch's time is its training pass plus the
+    epoch end (projection + dual step); evaluation and checkpoints are not counted.
+    """
+    import tempfile
 
     from train import config as config_mod
-    from train.data import load_data, make_loader
-    from train.loop import build_optimizer, build_regularizer, seed_everything, train_one_epoch
-    from train.models import build_model
+    from train.loop import run
 
-    trainers = {}
-    data = None
-    for name in ("base", "reg"):
-        cfg = config_mod.load(config_path, [*overrides, f"regularizer.name={'none' if name == 'base' else 'fbeta'}",
-                                            "regularizer.projection=epoch"])  # fmt: skip
-        data = data or load_data(cfg.data)
-        seed_everything(cfg.train.seed)
-        model = build_model(cfg.model, data.image_shape, data.num_classes)
-        reg = build_regularizer(cfg, data.train_shape_labels)
-        opt = build_optimizer(cfg, model, reg)
-        loader = make_loader(data.train, cfg.data.batch_size, shuffle=True, seed=cfg.train.seed)
-        trainers[name] = (model, reg, cfg.regularizer.alpha, opt, loader)
-        steps = len(loader)
     times: dict[str, list[float]] = {"base": [], "reg": [], "end": []}
-    for epoch in range(epochs + 1):
-        for name in ("base", "reg"):
-            model, reg, alpha, opt, loader = trainers[name]
-            s = train_one_epoch(model, reg, alpha, opt, loader, torch.device("cpu"))
-            if epoch == 0:
-                continue  # warm-up
-            times[name].append(s["train_seconds"] + s["epoch_end_seconds"])
-            if name == "reg":
-                times["end"].append(s["epoch_end_seconds"])
+    steps = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            for name in ("base", "reg"):
+                cfg = config_mod.load(config_path, [
+                    *overrides, f"regularizer.name={'none' if name == 'base' else 'fbeta'}",
+                    "regularizer.projection=epoch", f"train.epochs={epochs + 1}",
+                    "train.checkpoint=false", "train.progress=false", f"train.out={tmp}/{name}{r}",
+                ])  # fmt: skip
+                history = run(cfg, log=lambda *_: None)["history"]
+                steps = history[-1]["steps"]
+                for row in history[1:]:  # the first epoch is warm-up
+                    times[name].append(row["train_seconds"] + row["epoch_end_seconds"])
+                    if name == "reg":
+                        times["end"].append(row["epoch_end_seconds"])
     base, reg, end = (statistics.median(times[k]) for k in ("base", "reg", "end"))
     return {"base_s": base, "reg_s": reg, "ratio": reg / base, "end_s": end,
             "end_fraction": end / reg, "steps": steps, "per_step_us": (reg - base) / steps * 1e6}  # fmt: skip
@@ -67,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data/smnist", help="S-MNIST folder (data_prep.smnist)")
     p.add_argument("--epochs", type=int, default=5, help="timed epochs per setting (>= 5)")
+    p.add_argument("--repeats", type=int, default=2, help="alternating runs of each (>= 1)")
     p.add_argument("--quick", action="store_true", help="first 10000 images, linear only")
     p.add_argument("--only", default=None, help="substring: only the matching settings")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -78,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = [f"data.path={a.data}", *overrides]
         if a.quick:
             extra.append("data.train_subset=10000")
-        r = measure(config_path, extra, a.epochs)
+        r = measure(config_path, extra, a.epochs, a.repeats)
         results.append((name, r))
         rows.append([name, str(r["steps"]), f"{r['base_s']:.3f}", f"{r['reg_s']:.3f}",
                      f"**{r['ratio']:.3f}**", f"{r['per_step_us']:.0f}",
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.overhead" + (" --quick" if a.quick else "")
     cmd += f" --only '{a.only}'" if a.only else ""
-    text = f"<!-- {cmd} --epochs {a.epochs} -->\n{machine_line()}; medians of {a.epochs} interleaved epochs\n\n{table}\n"
+    text = (f"<!-- {cmd} --epochs {a.epochs} --repeats {a.repeats} -->\n{machine_line()}; medians of "
+            f"{a.epochs} epochs x {a.repeats} alternating runs\n\n{table}\n")  # fmt: skip
     (a.out / "overhead.md").write_text(text)
     _plot(results, a.out / "overhead.png")
     print(table)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import data_prep.torchvision_compat  # noqa: F401
+from train.torchvision_compat import ensure_torchvision_importable
 
 from ._timing import machine_line, markdown_table
 
@@ -102,6 +102,7 @@ def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[
 
 
 def main(argv: list[str] | None = None) -> int:
+    ensure_torchvision_importable()  # before smp, timm and torchvision are imported
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import data_prep.torchvision_compat  # noqa: F401
+from train.torchvision_compat import ensure_torchvision_importable
 
 from ._timing import machine_line, markdown_table
 
@@ -195,6 +195,7 @@ def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    ensure_torchvision_importable()  # before smp, timm and torchvision are imported
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", type=Path, default=None, help="a COCO-Stuff root (default: generated)")
     p.add_argument("--images", type=int, default=128, help="training images for the loader test")

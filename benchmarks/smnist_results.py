@@ -1,6 +1,6 @@
 """S-MNIST results table on the real MNIST: baseline vs the F-beta regularizer, 3 seeds each.
 
-    python -m benchmarks.smnist_results --mnist-dir ../shared/data/mnist --jobs 2
+    python -m benchmarks.smnist_results --mnist-dir data/mnist --jobs 2
 
 Builds ``data/smnist`` if needed, trains every (variant, seed) of the grid below with
 ``python -m train``'s loop (each in its own process, one thread each, ``--jobs`` at a time; a run
@@ -18,7 +18,6 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import data_prep.torchvision_compat  # noqa: F401
 from data_prep import smnist
 
 PAPER = ["regularizer.dual_lr_lambda=1e-3", "regularizer.dual_lr_mu=1e-5"]
@@ -80,7 +79,7 @@ def _ms(xs: list[float], fmt: str = ".2f", scale: float = 100.0) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mnist-dir", type=Path, default=Path("../shared/data/mnist"))
+    p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
     p.add_argument("--data", type=Path, default=Path("data/smnist"))
     p.add_argument("--runs", type=Path, default=Path("runs/smnist_results"))
     p.add_argument("--out", type=Path, default=Path("docs"))

@@ -1,3 +1,4 @@
-"""Re-runnable, deterministic scripts that turn raw data into training caches."""
+"""Re-runnable, deterministic builders that turn raw data into the caches ``train.caches`` reads.
 
-from . import torchvision_compat as _torchvision_compat  # noqa: F401  (before any torchvision import)
+Part of the application (runs from the checkout, not installed). Importing it has no side effects.
+"""

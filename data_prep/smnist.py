@@ -1,10 +1,10 @@
-"""Build S-MNIST: MNIST with a rescaled copy of its digits, so foreground sizes are bimodal (spec sec. 6).
+"""Build S-MNIST: MNIST with a rescaled copy of its digits, so foreground sizes are bimodal (docs/method.md sec. 6).
 
 Every source digit appears at its original size centred on a ``canvas x canvas`` image, and a
 ``fraction`` of them a second time, rescaled by ``factor`` (linear) and centred on the same canvas.
 Both copies keep the digit label. Per image:
 
-* ``size`` = ``s'`` = the number of pixels ``> pixel_threshold`` (spec sec. 6: "count of non-zero
+* ``size`` = ``s'`` = the number of pixels ``> pixel_threshold`` (docs/method.md sec. 6: "count of non-zero
   pixels" is ``pixel_threshold = 0``);
 * ``shape`` = ``s = 1[s' > t]`` with ``t`` = the mean of the *training* ``s'`` (the test split uses
   the training threshold).
@@ -20,7 +20,7 @@ md5s, options, the npz's sha256 and size) and ``size_histograms.png`` (the paper
 The npz is written under a temporary name and renamed; ``meta.json`` is written last, the same way,
 so a folder without it is incomplete and is rebuilt. Identical options give identical bytes.
 
-    python -m data_prep.smnist --mnist-dir ../shared/data/mnist --out data/smnist
+    python -m data_prep.smnist --mnist-dir data/mnist --out data/smnist
     python -m data_prep.smnist --source digits --out data/smnist-digits
 """
 
@@ -33,18 +33,25 @@ import hashlib
 import json
 import sys
 import tempfile
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import torchvision_compat  # noqa: F401  (before torchvision)
-from .atomic import atomic_path
+from train.caches.smnist import (
+    FORMAT_VERSION,
+    META_NAME,
+    NPZ_NAME,
+    PLOT_NAME,
+    SPLITS,
+)
+from train.caches.smnist import is_complete as _is_complete
+from train.caches.smnist import (
+    load as load,  # re-exported: build, then read with the same module
+)
+from train.files import atomic_path, file_digest, write_npz
+from train.torchvision_compat import ensure_torchvision_importable
 
-FORMAT_VERSION = 1
-NPZ_NAME, META_NAME, PLOT_NAME = "smnist.npz", "meta.json", "size_histograms.png"
-SPLITS = ("train", "test")
 INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
 
 # Official MNIST files: md5 of the .gz (published) and of the decompressed idx file.
@@ -98,15 +105,6 @@ class Options:
 # --- sources --------------------------------------------------------------------------------------
 
 
-def file_digest(path: Path, algorithm: str = "md5") -> str:
-    """Hex digest of a file, read in 4 MiB chunks (``hashlib.file_digest`` needs Python 3.11)."""
-    h = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def find_mnist_files(mnist_dir: Path) -> dict[str, tuple[Path, str]]:
     """Locate the four official files (``.gz`` or raw) and check their md5.
 
@@ -143,6 +141,7 @@ def load_mnist(mnist_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]
     Parsing is torchvision's (``read_image_file`` / ``read_label_file`` check the idx magic
     numbers); ``.gz`` files are decompressed to a temporary folder first.
     """
+    ensure_torchvision_importable()
     from torchvision.datasets.mnist import read_image_file, read_label_file
 
     files = find_mnist_files(mnist_dir)
@@ -163,6 +162,7 @@ def load_mnist(mnist_dir: Path) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]
 
 def download_mnist(root: Path) -> Path:
     """Download the official files with torchvision (verifies md5); returns their folder."""
+    ensure_torchvision_importable()
     from torchvision.datasets import MNIST
 
     for train in (True, False):
@@ -199,6 +199,7 @@ def load_digits_source(
 
 def _resize(images: np.ndarray, size: int, interpolation: str) -> np.ndarray:
     """Resize a uint8 stack ``(N, h, w)`` to ``(N, size, size)`` with torchvision (antialiased)."""
+    ensure_torchvision_importable()
     import torch
     from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as TF
@@ -269,18 +270,6 @@ def build(
 # --- writing --------------------------------------------------------------------------------------
 
 
-def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """An uncompressed ``.npz`` (``np.load`` reads it) with fixed zip timestamps: same arrays, same bytes.
-
-    ``np.savez`` stamps each member with the current time, which breaks byte-identical re-runs.
-    """
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name in sorted(arrays):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-            with zf.open(info, "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.ascontiguousarray(arrays[name]), allow_pickle=False)
-
-
 def _counts(split: dict[str, np.ndarray]) -> dict[str, object]:
     labels, shape = split["labels"], split["shape"]
     return {
@@ -320,16 +309,7 @@ def plot_histograms(path: Path, splits: dict[str, dict[str, np.ndarray]], thresh
 
 def is_complete(out: Path, options: Options | None = None) -> bool:
     """True if ``out`` holds a finished build (of ``options``, when given)."""
-    meta_path, npz = Path(out) / META_NAME, Path(out) / NPZ_NAME
-    if not (meta_path.is_file() and npz.is_file()):
-        return False
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
-        return False
-    if meta.get("format_version") != FORMAT_VERSION or meta.get("npz_bytes") != npz.stat().st_size:
-        return False
-    return options is None or meta.get("options") == asdict(options)
+    return _is_complete(out, None if options is None else asdict(options))
 
 
 def prepare(
@@ -391,23 +371,6 @@ def prepare(
         f"train {c['train']['per_shape']['1'] / c['train']['images']:.3f}"
     )
     return meta
-
-
-def load(out: Path) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, object]]:
-    """Read a finished build: ``({split: {name: array}}, meta)``; clear error when incomplete."""
-    out = Path(out)
-    if not is_complete(out):
-        raise FileNotFoundError(
-            f"{out} does not hold a complete S-MNIST build ({META_NAME} + {NPZ_NAME}); create it "
-            f"with: python -m data_prep.smnist --mnist-dir <dir> --out {out} "
-            f"(or --source digits for the offline variant)"
-        )
-    meta = json.loads((out / META_NAME).read_text())
-    with np.load(out / NPZ_NAME, allow_pickle=False) as z:
-        splits = {
-            s: {k[len(s) + 1 :]: z[k] for k in z.files if k.startswith(s + "_")} for s in SPLITS
-        }
-    return splits, meta
 
 
 def main(argv: list[str] | None = None) -> int:

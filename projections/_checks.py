@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+# the exact projection methods (public as projections.PROJECTION_METHODS)
 METHODS = ("auto", "sort", "linear")
 
 

@@ -1,4 +1,4 @@
-r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (spec sec. 4).
+r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (docs/method.md sec. 4).
 
 .. math::
     \Pi_C(\delta, \gamma) = \arg\min_{(e, t) \in C} (e - \delta)^2 + \lVert t - \gamma \rVert^2
@@ -6,7 +6,7 @@ r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (s
 
 The root ``r`` is found without autograd (by sort or in expected linear time, see
 :mod:`projections._roots`); :func:`_apply_threshold` then rebuilds ``e*`` from ``r``'s active set
-``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of spec sec. 4 a.e.:
+``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of docs/method.md sec. 4 a.e.:
 ``d e*/d delta = d e*/d gamma_i = 1 / (|A| + 1)`` for ``i in A`` when ``r > 0`` (0 otherwise);
 clipped coordinates follow ``e*``, the others pass through with identity.
 """
@@ -35,7 +35,7 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 def project_onto_c(
     eps: Tensor, tau: Tensor, *, method: str = "auto", groups: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    r"""Euclidean projection of ``(eps, tau)`` onto C (spec sec. 4), differentiable a.e.
+    r"""Euclidean projection of ``(eps, tau)`` onto C (docs/method.md sec. 4), differentiable a.e.
 
     Args:
         eps: ``(...,)`` -- the point's ``delta``; with ``groups``, ``(G,)``: one ``eps_g`` per group.
@@ -74,7 +74,7 @@ def project_onto_c_(
     """In-place :func:`project_onto_c` (e.g. on ``nn.Parameter``s, once per epoch); returns them.
 
     Runs under ``torch.no_grad()``, so it is not part of any graph -- the per-epoch step of
-    Algorithm 3 (spec sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
+    Algorithm 3 (docs/method.md sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
     project_onto_c(eps, tau)``.
     """
     e, t = project_onto_c(eps, tau, method=method, groups=groups)
@@ -91,7 +91,7 @@ def projection_root(
     groups: Tensor | None = None,
     _checked: bool = False,
 ) -> Tensor:
-    """The root ``r`` of ``h`` (spec sec. 4) per row or group, without autograd; ``e* = max(0, r)``."""
+    """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd; ``e* = max(0, r)``."""
     if not _checked:
         method = _checks.check_method(method)
         if groups is None:
@@ -144,7 +144,7 @@ def _apply_threshold(
 
     Without grad this is two elementwise ops. With grad, ``r`` is recomputed as
     ``(delta + sum_{i in A} gamma_i) / (|A| + 1)`` over ``A = {gamma_i > r}`` -- equal in value,
-    and its autograd is the Jacobian of spec sec. 4.
+    and its autograd is the Jacobian of docs/method.md sec. 4.
     """
     expand = (lambda x: x[groups]) if groups is not None else (lambda x: x.unsqueeze(-1))
     need_grad = torch.is_grad_enabled() and (eps.requires_grad or tau.requires_grad)

@@ -1,4 +1,4 @@
-"""The F-beta S-measure regularizer by Lagrangian reparameterization (spec sec. 1-3b, 6).
+"""The F-beta S-measure regularizer by Lagrangian reparameterization (docs/method.md sec. 1-3b, 6).
 
 >>> import torch
 >>> from reparam import FBetaRegularizer
@@ -7,11 +7,12 @@
 """
 
 from . import functional
-from .functional import certified_fbeta_bound, negative_loss
+from .functional import NEGATIVE_LOSSES, certified_fbeta_bound, negative_loss
 from .regularizer import DUAL_SCHEDULES, PROJECTION_MODES, FBetaRegularizer, ShapeHead
 
 __all__ = [
     "DUAL_SCHEDULES",
+    "NEGATIVE_LOSSES",
     "PROJECTION_MODES",
     "FBetaRegularizer",
     "ShapeHead",

@@ -1,6 +1,6 @@
-r"""The math of the F-beta S-measure regularizer as plain tensor functions (spec sec. 1-3).
+r"""The math of the F-beta S-measure regularizer as plain tensor functions (docs/method.md sec. 1-3).
 
-Scale-free LP (3') of the spec, for one positive shape class with ``n`` positives ``S+`` and the
+Scale-free LP (3') (docs/method.md sec. 2), for one positive shape class with ``n`` positives ``S+`` and the
 negatives ``S-`` (one-vs-rest), scores ``u = w . a(x) + b``:
 
 .. math::
@@ -9,7 +9,7 @@ negatives ``S-`` (one-vs-rest), scores ``u = w . a(x) + b``:
     \tfrac1n \textstyle\sum_{S^+} \tau_i = 1,\ \epsilon \ge 0.                      \qquad (3')
 
 It has the optimal value of the paper's LP (3) (``sum tau = 1``): multiplying every variable of (3)
-by ``n`` maps one onto the other (spec sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
+by ``n`` maps one onto the other (docs/method.md sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def minibatch_lagrangian(
     scale: float,
     kind: str = "hinge",
 ) -> Tensor:
-    r"""The minibatch estimate ``L_B`` of spec sec. 3 for one positive class.
+    r"""The minibatch estimate ``L_B`` of docs/method.md sec. 3 for one positive class.
 
     .. math::
         L_B = \beta^2 \epsilon + \frac{N}{nB}\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i
@@ -157,7 +157,7 @@ def augmented_minibatch_lagrangian(
 
 
 def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
-    """Smallest ``eps >= 0`` with ``mean_i min(eps, u_i) >= 1`` (spec sec. 2); ``None`` if none.
+    """Smallest ``eps >= 0`` with ``mean_i min(eps, u_i) >= 1`` (docs/method.md sec. 2); ``None`` if none.
 
     ``g(e) = mean min(e, u_i)`` is increasing and piecewise linear with maximum ``mean u`` (at
     ``e >= max u``), so a solution exists iff ``mean u >= 1``. With ``u`` ascending and ``k``
@@ -186,7 +186,7 @@ def lp_objective(eps: Tensor, u_neg: Tensor, n_pos: int, beta: float) -> Tensor:
 
 
 def certified_fbeta_bound(u_pos: Tensor, u_neg: Tensor, beta: float) -> float | None:
-    r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (spec sec. 2).
+    r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (docs/method.md sec. 2).
 
     .. math:: F_\beta(u > 0) \ge \frac{1 + \beta^2}{1 + v},\quad
               v = \beta^2 \epsilon + \tfrac1n \sum_{S^-} \max(0, \epsilon + u_j)

@@ -1,12 +1,12 @@
-r"""``FBetaRegularizer``: Algorithm 3 of the paper (spec sec. 3b) as an ``nn.Module``.
+r"""``FBetaRegularizer``: Algorithm 3 of the paper (docs/method.md sec. 3b) as an ``nn.Module``.
 
-State (spec sec. 3): ``eps`` (one per positive shape class) and ``tau`` (one per positive training
+State (docs/method.md sec. 3): ``eps`` (one per positive shape class) and ``tau`` (one per positive training
 sample, indexed by dataset index) are ``nn.Parameter``s stepped by the user's optimizer;
 ``lambda`` (one per positive sample), ``mu`` (one per class), the scores remembered during the
 epoch and the counters are buffers, so ``.to()``, ``state_dict()`` and checkpoints carry all of it.
 Floating state stays float32 whatever dtype the module is moved to.
 
-Per training step: ``loss = task_loss + alpha * reg(scores, idx)`` (the minimum ``L_B``, spec sec. 3),
+Per training step: ``loss = task_loss + alpha * reg(scores, idx)`` (the minibatch ``L_B``, docs/method.md sec. 3),
 ``loss.backward(); opt.step(); reg.after_step_()``. Per epoch: ``reg.end_epoch_()`` projects
 ``(eps, tau)`` onto C (mode ``"epoch"``) and takes the dual ascent step
 
@@ -20,12 +20,12 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from projections import project_onto_c, soft_project_onto_c
+from projections import PROJECTION_METHODS, project_onto_c, soft_project_onto_c
 
 from . import functional as Fn
 
@@ -34,7 +34,7 @@ DUAL_SCHEDULES = ("constant", "inverse_epoch")
 
 
 class FBetaRegularizer(nn.Module):
-    """The F-beta S-measure regularizer, scale-free form (3') of the spec, one-vs-rest per class.
+    """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2, one-vs-rest per class.
 
     Args:
         shape_labels: int64 ``(N,)``, the shape label ``s_i`` of every training sample.
@@ -136,7 +136,7 @@ class FBetaRegularizer(nn.Module):
     # --- the loss -------------------------------------------------------------------------------
 
     def forward(self, scores: Tensor, idx: Tensor) -> Tensor:
-        """``L_B`` (spec sec. 3), the mean over positive classes; remembers the batch's scores.
+        """``L_B`` (docs/method.md sec. 3), the mean over positive classes; remembers the batch's scores.
 
         Args:
             scores: shape-head outputs, ``(B,)`` (one positive class) or ``(B, K)``: column ``c``
@@ -198,7 +198,7 @@ class FBetaRegularizer(nn.Module):
 
     @torch.no_grad()
     def project_(self) -> None:
-        """``(eps, tau) <- Pi_C(eps, tau)`` in place (spec sec. 4), counted."""
+        """``(eps, tau) <- Pi_C(eps, tau)`` in place (docs/method.md sec. 4), counted."""
         e, t = self._project(self.eps.detach(), self.tau.detach())
         self.eps.copy_(e)
         self.tau.copy_(t)
@@ -213,7 +213,7 @@ class FBetaRegularizer(nn.Module):
 
     @torch.no_grad()
     def end_epoch_(self) -> None:
-        """End of epoch ``e``: projection (mode ``"epoch"``), then dual ascent (spec sec. 3b).
+        """End of epoch ``e``: projection (mode ``"epoch"``), then dual ascent (docs/method.md sec. 3b).
 
         ``lambda_i <- max(0, lambda_i + eta_l (tau_i - u_i))`` for every positive whose score was
         ever recorded (``u_i`` = its latest recorded score), ``mu_j <- mu_j + eta_m (mean tau - 1)``.
@@ -234,6 +234,30 @@ class FBetaRegularizer(nn.Module):
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
 
+    @torch.no_grad()
+    def merge_scores_(self, written: Tensor, all_reduce: Callable[[Tensor], object]) -> None:
+        """Make the remembered scores equal across data-parallel processes, before ``end_epoch_``.
+
+        Each process remembers the scores of the samples it saw. ``written``: bool ``(N,)``, the
+        samples this process scored since the last merge; ``all_reduce``: an in-place sum over the
+        processes (``torch.distributed.all_reduce``; the identity in one process). Every sample
+        takes the mean of the scores written for it (a sample seen by two processes in one epoch,
+        as ``DistributedSampler``'s padding does, gets the mean of both); samples no process wrote
+        keep their value (equal everywhere already); ``seen_ever`` becomes the OR over processes.
+        One collective call on an ``(N, P + 2)`` buffer.
+        """
+        if written.shape != self.seen_ever.shape or written.dtype != torch.bool:
+            raise ValueError(
+                f"written must be a bool tensor of shape {tuple(self.seen_ever.shape)}, "
+                f"got {_describe(written)}"
+            )
+        w = written.to(self.scores.device, self.scores.dtype).unsqueeze(1)
+        buf = torch.cat([self.scores * w, w, self.seen_ever.to(w.dtype).unsqueeze(1)], 1)
+        all_reduce(buf)
+        total, count, seen = buf[:, :-2], buf[:, -2:-1], buf[:, -1]
+        self.scores.copy_(torch.where(count > 0, total / count.clamp_min(1), self.scores))
+        self.seen_ever.copy_(seen > 0)
+
     def dual_step_sizes(self, epoch: int) -> tuple[float, float]:
         """``(eta_lambda, eta_mu)`` for epoch ``epoch`` (1-based)."""
         if self.rho > 0:
@@ -252,7 +276,7 @@ class FBetaRegularizer(nn.Module):
     def stats(self) -> dict[str, float | int | list | None]:
         """Numbers to log (floats; means over positive classes, per-class lists when there are several).
 
-        ``certified_fbeta``: the bound of spec sec. 2 on the training F-beta of ``u > 0`` from the
+        ``certified_fbeta``: the bound of docs/method.md sec. 2 on the training F-beta of ``u > 0`` from the
         remembered scores (``None`` until every sample has a score, or when ``mean u_pos < 1``).
         ``train_fbeta``: the F-beta of ``u > 0`` on those scores. Violations: ``tau_i > eps``
         (constraint set C), ``tau_i > u_i`` (dualized), ``|mean tau - 1|`` (dualized).
@@ -411,7 +435,7 @@ def _check_options(**o) -> None:
         raise ValueError(f"positive_classes must be >= 0, got {o['classes']!r}")
     choices = {
         "projection": PROJECTION_MODES,
-        "method": ("auto", "sort", "linear"),
+        "method": PROJECTION_METHODS,
         "negative_loss": Fn.NEGATIVE_LOSSES,
         "dual_schedule": DUAL_SCHEDULES,
     }

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-import data_prep.torchvision_compat  # noqa: F401  (before anything imports torchvision)
+from train.torchvision_compat import ensure_torchvision_importable
 
 # CI: derandomized, so a red run is reproducible; locally: random, more examples on demand.
 settings.register_profile(
@@ -22,6 +22,8 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=60, deadline=None)
 settings.register_profile("thorough", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+ensure_torchvision_importable()  # before any test module imports torchvision, timm or smp
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 

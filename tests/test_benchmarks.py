@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import overhead, projection, segmentation
 
 
@@ -27,6 +29,7 @@ def test_segmentation_benchmark_quick(tmp_path, capsys):
     assert (tmp_path / "segmentation.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # ~30 s: trains with torchrun
 def test_scale_benchmark_quick(tmp_path):
     from benchmarks import scale
 

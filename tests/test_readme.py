@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 from train import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+# the README's commands run in a scratch folder; the application runs from the checkout
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _readme_commands() -> list[str]:
@@ -40,7 +43,12 @@ def test_main_job_runs(tmp_path):
     for args in commands:
         assert args[0] == ".venv/bin/python"
         proc = subprocess.run(
-            [sys.executable, *args[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=600
+            [sys.executable, *args[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=ENV,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert "epoch  15" in proc.stdout
@@ -73,7 +81,7 @@ def test_offline_segmentation_commands_run(tmp_path):
     for args in commands:
         assert args[0] == ".venv/bin/python"
         proc = subprocess.run([sys.executable, *args[1:]], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+                              text=True, timeout=600, env=ENV)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert "epoch   2" in proc.stdout and "miou" in proc.stdout
     (run,) = (tmp_path / "runs" / "cocostuff_tiny").iterdir()

@@ -1,4 +1,4 @@
-"""The torchvision import cure (data_prep.torchvision_compat), each case in a fresh interpreter."""
+"""The torchvision import cure (train.torchvision_compat), each case in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +28,8 @@ def _run(code: str) -> str:
 def test_cure_makes_torchvision_timm_and_smp_importable():
     out = _run(
         """
-        import data_prep.torchvision_compat as c
+        import train.torchvision_compat as c
+        status = c.ensure_torchvision_importable()
         import torch, torchvision
         from torchvision.transforms import v2
         import segmentation_models_pytorch as smp
@@ -36,7 +38,7 @@ def test_cure_makes_torchvision_timm_and_smp_importable():
         assert out.shape == (3, 10, 15)
         m = smp.DeepLabV3Plus(encoder_name="resnet18", encoder_weights=None, classes=2).eval()
         assert m(torch.rand(1, 3, 32, 32)).shape == (1, 2, 32, 32)
-        print(c.STATUS, c.ensure_torchvision_importable())
+        print(status, c.ensure_torchvision_importable())
         """
     )
     status, again = out.split()
@@ -50,8 +52,8 @@ def test_does_nothing_where_the_extension_loads():
         import torch
         loaded = []
         torch.ops.load_library = loaded.append  # pretend torchvision's _C loads fine
-        import data_prep.torchvision_compat as c
-        print(c.STATUS, len(loaded), c._fragment is None, c._has_op("nms"))
+        import train.torchvision_compat as c
+        print(c.ensure_torchvision_importable(), len(loaded), c._fragment is None, c._has_op("nms"))
         """
     )
     assert out == "extension 1 True False"
@@ -63,14 +65,41 @@ def test_absent_torchvision_is_not_an_error():
         import importlib.util
         real = importlib.util.find_spec
         importlib.util.find_spec = lambda name, *a: None if name == "torchvision" else real(name, *a)
-        import data_prep.torchvision_compat as c
-        print(c.STATUS)
+        import train.torchvision_compat as c
+        print(c.ensure_torchvision_importable())
         """
     )
     assert out == "absent"
 
 
-@pytest.mark.parametrize("package", ["train", "data_prep"])
-def test_packages_apply_the_cure_on_import(package):
-    out = _run(f"import {package}, torchvision; print('ok')")
-    assert out == "ok"
+@pytest.mark.parametrize(
+    "module",
+    ["train", "train.loop", "train.data", "data_prep", "data_prep.smnist", "data_prep.cocostuff"],
+)
+def test_importing_the_application_has_no_side_effect(module):
+    """No cure on import (entry points call it explicitly) and no torchvision import either."""
+    out = _run(f"import sys, {module}; from train.torchvision_compat import _has_op; "
+               f"print('torchvision' in sys.modules, _has_op('nms'))")  # fmt: skip
+    assert out == "False False"
+
+
+def test_the_entry_points_apply_the_cure(tmp_path):
+    """``python -m train`` on a segmentation config builds an smp model (smp, timm, torchvision)."""
+    import train.config as C
+    from train.data import segmentation_augment
+    from train.models import build_model
+
+    cfg = C.load(ROOT / "configs" / "cocostuff_tiny.yaml", ["model.encoder_weights=null"])
+    logits, _ = build_model(cfg.model, (32, 32), 3).eval()(
+        torch.zeros(1, 3, 32, 32, dtype=torch.uint8)
+    )
+    assert logits.shape == (1, 3, 32, 32)
+    assert segmentation_augment(cfg.data, (8, 8)) is not None
+    out = _run("""
+        import pickle, torch
+        from train.data import JointAugment
+        aug = pickle.loads(pickle.dumps(JointAugment((8, 8), True, None)))
+        img, mask = aug.pair(torch.zeros(3, 8, 8, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.uint8))
+        print(tuple(img.shape), tuple(mask.shape))
+        """)
+    assert out == "(3, 8, 8) (8, 8)"

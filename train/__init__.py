@@ -1,3 +1,5 @@
-"""Training glue: config, data, models, metrics, the loop, logging, checkpoints."""
+"""The application: config, data-set readers, models, metrics, the training loop, checkpoints, CLI.
 
-import data_prep.torchvision_compat  # noqa: F401  (must run before torchvision/timm/smp)
+Runs from the checkout (``python -m train``); it is not part of the installed library, which is
+``projections`` and ``reparam``. Importing it has no side effects.
+"""

@@ -1,4 +1,4 @@
-"""Checkpoints and run files, written atomically (``data_prep.atomic``: temp file, fsync, rename).
+"""Checkpoints and run files, written atomically (``train.files``: temp file, fsync, rename).
 
 A run folder keeps its checkpoints as ``checkpoints/step-<global step>.pt`` (the last
 ``train.keep_checkpoints``); ``latest`` returns the newest one that loads, so a run killed while
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from data_prep.atomic import atomic_path
+from .files import atomic_path
 
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
@@ -29,11 +29,6 @@ def save_atomic(obj: Any, path: str | Path) -> None:
     """``torch.save(obj)`` to ``path`` so that a crash leaves either the old file or the new one."""
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
         torch.save(obj, f)
-
-
-def write_text_atomic(text: str, path: str | Path) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

@@ -3,23 +3,39 @@
 Every section is a dataclass with typed defaults; loading rejects unknown keys (listing the valid
 ones) and values of the wrong type or outside their choices, with a ``ValueError`` naming the dotted
 key. The resolved tree is saved in the run folder (``config.yaml``) and in every checkpoint.
+
+Choices are ``Literal`` types; the regularizer's come from the library's option tuples
+(``reparam.PROJECTION_MODES``, ...), and its defaults from ``FBetaRegularizer``'s signature, so the
+library is the one source of truth (``tests/train/test_config.py`` checks that they agree).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+
+from projections import PROJECTION_METHODS
+from reparam import DUAL_SCHEDULES, NEGATIVE_LOSSES, PROJECTION_MODES, FBetaRegularizer
+
+REGULARIZERS = {"fbeta": FBetaRegularizer}  # regularizer.name -> class (``none``: no regularizer)
+SMNIST_MODELS = ("linear", "mlp")
+
+
+def _default(name: str) -> Any:
+    """The default of ``FBetaRegularizer``'s keyword argument ``name``."""
+    return inspect.signature(FBetaRegularizer).parameters[name].default
 
 
 @dataclass
 class DataConfig:
-    kind: str = "smnist"  # data set: "smnist" | "cocostuff"
+    kind: Literal["smnist", "cocostuff"] = "smnist"  # data set
     path: str = "data/smnist"  # folder written by `python -m data_prep.smnist` / `.cocostuff`
     train_subset: int | None = None  # use the first N training images (None: all)
     test_subset: int | None = None  # (cocostuff: the val split is the test split)
@@ -36,7 +52,9 @@ class ModelConfig:
     # architecture ("deeplabv3plus", "unet", ...) or "segnet" (VGG16-bn with pooling indices)
     name: str = "linear"
     hidden: list[int] = field(default_factory=lambda: [256])  # mlp hidden widths
-    shape_input: str = "features"  # shape head reads: "features" (pixels / last hidden) | "logits"
+    shape_input: Literal["features", "logits"] = (
+        "features"  # shape head reads: pixels / last hidden, or logits
+    )
     encoder: str = "resnet50"  # cocostuff: smp encoder name ("vgg16_bn" for segnet)
     # cocostuff: "imagenet" (downloads once), null (random init) or a local weights file path
     encoder_weights: str | None = "imagenet"
@@ -44,31 +62,38 @@ class ModelConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # "adam" | "sgd"
+    name: Literal["adam", "sgd"] = "adam"
     lr: float = 1e-2
     weight_decay: float = 0.0
     momentum: float = 0.9  # sgd only
     regularizer_lr: float | None = None  # lr of (eps, tau); None: same as lr
-    schedule: str = "constant"  # "constant" | "poly": lr * (1 - step / total_steps) ** 0.9
+    schedule: Literal["constant", "poly"] = "constant"  # poly: lr * (1 - step / total_steps) ** 0.9
 
 
 @dataclass
 class RegularizerConfig:
-    """``FBetaRegularizer`` options (spec sec. 3b); ``name: none`` trains the baseline."""
+    """``name`` picks the regularizer (``none``: the baseline), ``alpha`` weighs it in the loss
+    ``task + alpha * L_B``; every other field is a keyword argument of ``FBetaRegularizer`` (docs/method.md
+    sec. 3b) with the library's default, passed as it is (:meth:`kwargs`)."""
 
-    name: str = "none"  # "none" | "fbeta"
-    alpha: float = 1e-3  # loss = task + alpha * L_B
-    beta: float = 1.0
-    positive_classes: list[int] = field(default_factory=lambda: [1])
-    projection: str = "epoch"  # "epoch" | "step" | "inline" | "none"
-    projection_method: str = "auto"
-    inline_strength: float = 0.0
-    negative_loss: str = "hinge"
-    dual_lr_lambda: float = 1e-3
-    dual_lr_mu: float = 1e-5
-    dual_schedule: str = "constant"
-    rho: float = 0.0
-    mu_init: float | None = None
+    name: Literal[("none", *REGULARIZERS)] = "none"
+    alpha: float = 1e-3
+    beta: float = _default("beta")
+    positive_classes: list[int] = field(default_factory=lambda: list(_default("positive_classes")))
+    projection: Literal[PROJECTION_MODES] = _default("projection")
+    projection_method: Literal[PROJECTION_METHODS] = _default("projection_method")
+    inline_strength: float = _default("inline_strength")
+    negative_loss: Literal[NEGATIVE_LOSSES] = _default("negative_loss")
+    dual_lr_lambda: float = _default("dual_lr_lambda")
+    dual_lr_mu: float = _default("dual_lr_mu")
+    dual_schedule: Literal[DUAL_SCHEDULES] = _default("dual_schedule")
+    rho: float = _default("rho")
+    mu_init: float | None = _default("mu_init")
+
+    def kwargs(self) -> dict[str, Any]:
+        """The constructor's keyword arguments: every field but ``name`` and ``alpha``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in ("name", "alpha")}  # fmt: skip
 
 
 @dataclass
@@ -82,8 +107,10 @@ class TrainConfig:
     checkpoint_every: int | None = None  # also every N optimizer steps (None: per epoch only)
     keep_checkpoints: int = 2  # the newest N are kept
     stop_after_steps: int | None = None  # stop (with a checkpoint) after N steps; --resume goes on
-    precision: str = "fp32"  # network arithmetic: "fp32" | "bf16" | "fp16" (autocast; fp16 scaled)
-    nonfinite: str = "stop"  # NaN/inf loss: "stop" (error naming the step) | "skip" (count it)
+    precision: Literal["fp32", "bf16", "fp16"] = (
+        "fp32"  # network arithmetic (autocast; fp16 scaled)
+    )
+    nonfinite: Literal["stop", "skip"] = "stop"  # NaN/inf loss: error naming the step | count it
     progress: bool = True  # tqdm bar (shown only on a terminal)
     log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
 
@@ -101,24 +128,10 @@ class Config:
         return asdict(self)
 
 
-CHOICES = {
-    "data.kind": ("smnist", "cocostuff"),
-    "model.shape_input": ("features", "logits"),
-    "optim.name": ("adam", "sgd"),
-    "optim.schedule": ("constant", "poly"),
-    "train.precision": ("fp32", "bf16", "fp16"),
-    "train.nonfinite": ("stop", "skip"),
-    "regularizer.name": ("none", "fbeta"),
-    "regularizer.projection": ("epoch", "step", "inline", "none"),
-    "regularizer.projection_method": ("auto", "sort", "linear"),
-    "regularizer.negative_loss": ("hinge", "squared_hinge", "logistic"),
-    "regularizer.dual_schedule": ("constant", "inverse_epoch"),
-}
 POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr",
             "train.keep_checkpoints"}  # fmt: skip
 NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho",
                 "train.log_images"}  # fmt: skip
-SMNIST_MODELS = ("linear", "mlp")
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
@@ -190,6 +203,10 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{key} must be one of {args}, got {value!r}")
+        return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -213,9 +230,6 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 
 def _validate(cfg: Config) -> None:
     flat = _flatten(cfg.to_dict())
-    for key, choices in CHOICES.items():
-        if flat[key] not in choices:
-            raise ValueError(f"{key} must be one of {choices}, got {flat[key]!r}")
     for key in POSITIVE:
         if not flat[key] > 0:
             raise ValueError(f"{key} must be > 0, got {flat[key]!r}")

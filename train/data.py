@@ -5,7 +5,7 @@ runs with ``batch_size=None`` over a ``BatchSampler``.
 
 * S-MNIST lives in memory (uint8, 440 MB for the full build); a batch is one fancy-indexing op
   (~100x less Python per epoch than one ``__getitem__`` + collate per sample).
-* COCO-Stuff is read from the memory-mapped cache of ``data_prep.cocostuff`` (already resized to
+* COCO-Stuff is read from the memory-mapped cache (``train.caches.cocostuff``, built by ``data_prep.cocostuff``) (already resized to
   the training size; no JPEG decoding while training). Training batches get joint image/mask
   augmentations from ``torchvision.transforms.v2`` per sample (flip, optional scale jitter + crop
   with the mask padded by the ignore index). Images stay uint8 until the model (less to copy
@@ -31,12 +31,10 @@ from torch.utils.data import (
     Sampler,
     SequentialSampler,
 )
-from torchvision import tv_tensors
-from torchvision.transforms import v2
 
-from data_prep import cocostuff, smnist
-
+from .caches import cocostuff, smnist
 from .config import DataConfig
+from .torchvision_compat import ensure_torchvision_importable
 
 IGNORE_INDEX = (
     cocostuff.IGNORE
@@ -74,7 +72,7 @@ class SegmentationCacheDataset(Dataset):
     """
 
     def __init__(self, root: str | Path, split: str, limit: int | None = None,
-                 augment: v2.Transform | None = None, seed: int = 0) -> None:  # fmt: skip
+                 augment: JointAugment | None = None, seed: int = 0) -> None:  # fmt: skip
         self.dir = Path(root) / split
         self.seed = seed
         shape = np.load(self.dir / "shape.npy")
@@ -108,26 +106,67 @@ class SegmentationCacheDataset(Dataset):
             batch_seed = np.random.SeedSequence([self.seed, *i.tolist()]).generate_state(1)[0]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(batch_seed))
-                pairs = [self.augment(tv_tensors.Image(a), tv_tensors.Mask(b))
-                         for a, b in zip(image, label, strict=True)]  # fmt: skip
-            image = torch.stack([p[0].as_subclass(Tensor) for p in pairs])
-            label = torch.stack([p[1].as_subclass(Tensor) for p in pairs])
+                pairs = [self.augment.pair(a, b) for a, b in zip(image, label, strict=True)]
+            image = torch.stack([p[0] for p in pairs])
+            label = torch.stack([p[1] for p in pairs])
         return {"index": i, "image": image.contiguous(), "label": label,
                 "shape": self.shape_labels[i]}  # fmt: skip
 
 
-def segmentation_augment(cfg: DataConfig, size: tuple[int, int]) -> v2.Transform | None:
-    """Joint image/mask training augmentation (the mask is resized NEAREST and padded with 255)."""
-    steps: list[v2.Transform] = []
-    if cfg.scale_range is not None:
-        steps += [
-            v2.ScaleJitter(size, scale_range=tuple(cfg.scale_range)),
-            v2.RandomCrop(size, pad_if_needed=True,
-                          fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE_INDEX}),
-        ]  # fmt: skip
-    if cfg.hflip:
-        steps.append(v2.RandomHorizontalFlip())
-    return v2.Compose(steps) if steps else None
+class JointAugment:
+    """Joint image/mask training augmentation with ``torchvision.transforms.v2``: optional scale
+    jitter then a crop back to ``size`` (the mask resized NEAREST and padded with the ignore index),
+    optional horizontal flip.
+
+    Picklable without torchvision: it holds the recipe and builds the transform on first use, so
+    a DataLoader worker (forked or spawned) imports torchvision only after the import cure
+    (``train.torchvision_compat``) has run in it.
+    """
+
+    def __init__(self, size: tuple[int, int], hflip: bool, scale_range: list[float] | None) -> None:
+        self.size, self.hflip, self.scale_range = tuple(size), hflip, scale_range
+        self._transform = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_transform": None}
+
+    def transform(self):
+        """The ``v2.Compose`` (built once per process)."""
+        if self._transform is None:
+            ensure_torchvision_importable()
+            from torchvision import tv_tensors
+            from torchvision.transforms import v2
+
+            steps: list = []
+            if self.scale_range is not None:
+                steps += [
+                    v2.ScaleJitter(self.size, scale_range=tuple(self.scale_range)),
+                    v2.RandomCrop(self.size, pad_if_needed=True,
+                                  fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE_INDEX}),
+                ]  # fmt: skip
+            if self.hflip:
+                steps.append(v2.RandomHorizontalFlip())
+            self._transform = v2.Compose(steps)
+        return self._transform
+
+    def __call__(self, image, mask):
+        """``v2`` semantics: ``tv_tensors.Image`` / ``tv_tensors.Mask`` in, the same types out."""
+        return self.transform()(image, mask)
+
+    def pair(self, image: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Plain tensors ``(3, H, W)``, ``(H, W)`` in and out."""
+        transform = self.transform()  # applies the import cure before torchvision is imported
+        from torchvision import tv_tensors
+
+        out = transform(tv_tensors.Image(image), tv_tensors.Mask(mask))
+        return out[0].as_subclass(Tensor), out[1].as_subclass(Tensor)
+
+
+def segmentation_augment(cfg: DataConfig, size: tuple[int, int]) -> JointAugment | None:
+    """The training augmentation ``cfg`` asks for (``None`` when it asks for none)."""
+    if cfg.scale_range is None and not cfg.hflip:
+        return None
+    return JointAugment(size, cfg.hflip, cfg.scale_range)
 
 
 @dataclass

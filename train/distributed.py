@@ -1,6 +1,6 @@
 """Several processes (``torchrun --nproc_per_node=K -m train ...``): ``torch.distributed`` glue.
 
-How the regularizer stays identical on every rank (spec sec. 3b; ``reparam`` itself knows nothing
+How the regularizer stays identical on every rank (docs/method.md sec. 3b; ``reparam`` itself knows nothing
 about processes):
 
 * ``(eps, tau)`` are ordinary parameters with dense gradients; after ``backward`` they are averaged
@@ -9,9 +9,10 @@ about processes):
   every rank, so the average equals the gradient of the global batch. The same optimizer step
   then runs on every rank: ``eps, tau`` stay equal.
 * The remembered scores ``u_i`` are written by the rank that saw sample ``i``. Before the epoch's
-  dual step, ``sync_scores_`` sums, over ranks, the scores each rank wrote this epoch (and how
-  many ranks wrote each one: 2 for the samples ``DistributedSampler`` repeats to even out the
-  shards) and every rank takes the mean; ``seen_ever`` is OR-reduced. The projection and the dual
+  dual step (and before a mid-epoch checkpoint) the loop calls the regularizer's
+  ``merge_scores_(written, all_reduce_)``: the scores each rank wrote are summed over ranks with
+  how many ranks wrote each one (2 for the samples ``DistributedSampler`` repeats to even out the
+  shards), every rank takes the mean, and ``seen_ever`` is OR-reduced. The projection and the dual
   step are deterministic functions of equal inputs, so ``eps, tau, lambda, mu`` stay equal.
 * Metrics: confusion matrices and decision counts are summed over ranks (``all_reduce_``); the
   evaluation shards ``range(rank, n, K)`` are disjoint and cover the split (no padding).
@@ -104,24 +105,3 @@ def average_gradients_(params: list[torch.nn.Parameter]) -> None:
         n = g.numel()
         p.grad = flat[offset : offset + n].view_as(g).clone()
         offset += n
-
-
-@torch.no_grad()
-def sync_scores_(reg: torch.nn.Module, written: Tensor) -> None:
-    """Make the remembered scores of ``reg`` equal on every rank before its epoch end.
-
-    ``written``: bool ``(N,)``, the samples this rank scored this epoch. Each sample takes the
-    mean of the scores written for it (ranks that did not write it contribute nothing); samples no
-    rank wrote keep their value (equal everywhere already).
-    """
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return
-    w = written.to(reg.scores.device, reg.scores.dtype).unsqueeze(1)  # written: on the CPU
-    total = reg.scores * w
-    count = w.clone()
-    dist.all_reduce(total)
-    dist.all_reduce(count)
-    reg.scores.copy_(torch.where(count > 0, total / count.clamp_min(1), reg.scores))
-    seen = reg.seen_ever.to(torch.uint8)
-    dist.all_reduce(seen, op=dist.ReduceOp.MAX)
-    reg.seen_ever.copy_(seen.bool())

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from reparam import ShapeHead
 
 from .config import ModelConfig
+from .torchvision_compat import ensure_torchvision_importable
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # what the smp / torchvision encoders were trained with
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -81,6 +82,7 @@ def build_model(
     """S-MNIST: ``SMNISTNet``; otherwise a segmentation network (``train.seg_models``)."""
     if cfg.name in ("linear", "mlp"):
         return SMNISTNet(image_shape, num_classes, cfg, shape_scores)
+    ensure_torchvision_importable()  # before smp, timm and torchvision are imported
     from .seg_models import build_segmentation_model
 
     net = build_segmentation_model(cfg.name, cfg.encoder, cfg.encoder_weights, num_classes,

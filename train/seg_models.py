@@ -2,7 +2,7 @@
 
 ``forward(x) -> (logits (B, num_classes, H, W), u)``: ``u`` is the regularizer's score, the paper's
 "extra node" (``reparam.ShapeHead``): one linear layer on image-level features, here the globally
-average-pooled deepest encoder features, read in the same forward pass as the logits (spec sec. 6:
+average-pooled deepest encoder features, read in the same forward pass as the logits (docs/method.md sec. 6:
 on COCO-Stuff the shape label of an image says whether its objects are small or big, so the node
 sees the whole image). ``u`` is ``(B,)`` for one shape score, ``(B, shape_scores)`` for several
 (multi-class shape, one column per bin).
@@ -29,34 +29,34 @@ Pretrained weights (``encoder_weights``): ``None`` (random), an smp / torchvisio
 into the Hugging Face or torch hub cache), or a local ``.pth``/``.pt``/``.safetensors`` file with
 the encoder's state dict. Without network a missing download fails in seconds with a
 ``RuntimeError`` that says how to fix it, instead of the Hugging Face client's retries.
+
+The pieces: ``train.segnet`` (SegNet's encoder and decoder) and ``train.weights`` (weight files,
+downloads and the reachability probe).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import os
-import socket
-import threading
-import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import huggingface_hub.constants as hf_constants
 import segmentation_models_pytorch as smp
 import timm
-import torch
 import torch.nn.functional as F
 from huggingface_hub.errors import HfHubHTTPError
-from safetensors.torch import load_file
 from torch import Tensor, nn
-from torchvision.models import VGG16_BN_Weights
-from torchvision.models.vgg import cfgs as vgg_cfgs
-from torchvision.models.vgg import make_layers
 
 from reparam import ShapeHead
 
-SEGNET_MULTIPLE = 32  # five 2x2 max pools
+from .segnet import SEGNET_MULTIPLE, SegNetDecoder, SegNetEncoder, build_segnet
+from .weights import (
+    WEIGHT_FILE_SUFFIXES,
+    _download_help,
+    _hub_offline,
+    _load_encoder_file,
+    _reachable,
+    _weights_file,
+)
+
 # smp architectures whose decoder downsamples the deepest encoder features further (PAN's feature
 # pyramid attention: three 2x2 max pools; DPT: its deepest reassembled map is at twice the patch
 # stride), then upsamples 2x to meet them: input multiple = encoder output stride x this (smp's
@@ -64,9 +64,6 @@ SEGNET_MULTIPLE = 32  # five 2x2 max pools
 EXTRA_DOWNSAMPLING = {"pan": 8, "dpt": 2}
 # smp keyword arguments per architecture: DPT's ViT encoder takes any size (multiple of the patch)
 SMP_KWARGS: dict[str, dict] = {"dpt": {"dynamic_img_size": True}}
-VGG16_STAGES = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512, 512, 512))  # "D"
-WEIGHT_FILE_SUFFIXES = (".pth", ".pt", ".safetensors")
-PROBE_TIMEOUT_S = 3.0
 
 
 def architectures() -> list[str]:
@@ -154,18 +151,21 @@ def build_segmentation_model(
     if arch.lower() == "segnet":
         if encoder != "vgg16_bn":
             raise ValueError(f"SegNet's encoder must be 'vgg16_bn', got {encoder!r}")
-        return _build_segnet(encoder_weights, weights_file, num_classes, shape_scores, in_channels)
-    _check_smp_encoder(encoder, None if weights_file else encoder_weights)
-    model = _create_smp(arch, encoder, None if weights_file else encoder_weights, num_classes,
-                        in_channels)  # fmt: skip
-    if weights_file is not None:
-        _load_encoder_file(model.encoder, weights_file, encoder)
+        parts = build_segnet(encoder_weights, weights_file, num_classes, in_channels)
+        size_multiple = SEGNET_MULTIPLE
+    else:
+        _check_smp_encoder(encoder, None if weights_file else encoder_weights)
+        model = _create_smp(arch, encoder, None if weights_file else encoder_weights, num_classes,
+                            in_channels)  # fmt: skip
+        if weights_file is not None:
+            _load_encoder_file(model.encoder, weights_file, encoder)
+        # smp's aux classification head (aux_params=None) is not built
+        parts = (model.encoder, model.decoder, model.segmentation_head)
+        size_multiple = int(model.encoder.output_stride) * EXTRA_DOWNSAMPLING.get(arch.lower(), 1)
     return SegmentationNet(
-        model.encoder,
-        model.decoder,
-        model.segmentation_head,  # smp's aux classification head (aux_params=None) is not built
-        deepest_channels=model.encoder.out_channels[-1],
-        size_multiple=int(model.encoder.output_stride) * EXTRA_DOWNSAMPLING.get(arch.lower(), 1),
+        *parts,
+        deepest_channels=parts[0].out_channels[-1],
+        size_multiple=size_multiple,
         in_channels=in_channels,
         shape_scores=shape_scores,
     )
@@ -187,125 +187,6 @@ def valid_mean(features: Tensor, size: tuple[int, int], padded: tuple[int, int])
     rows = -(-size[0] * features.shape[-2] // padded[0])
     cols = -(-size[1] * features.shape[-1] // padded[1])
     return features[..., :rows, :cols].mean((-2, -1))
-
-
-# --- SegNet --------------------------------------------------------------------------------------
-
-
-class SegNetEncoder(nn.Module):
-    """VGG16-bn's ``features`` (torchvision): 5 stages of conv-bn-relu blocks, each closed by a
-    2x2 max pool that also returns its argmax indices. ``forward -> (features, indices)``:
-    ``features = [x, pool1, ..., pool5]``, ``indices = [idx1, ..., idx5]``. State-dict keys are
-    torchvision's (``features.0.weight``, ...), so its VGG16-bn weights load as they are."""
-
-    def __init__(self, in_channels: int = 3) -> None:
-        super().__init__()
-        self.features = make_layers(vgg_cfgs["D"], batch_norm=True)
-        for i, layer in enumerate(self.features):
-            if isinstance(layer, nn.MaxPool2d):
-                self.features[i] = nn.MaxPool2d(2, 2, return_indices=True)
-        if in_channels != 3:
-            first = self.features[0]
-            self.features[0] = nn.Conv2d(in_channels, first.out_channels, 3, padding=1)
-        self.out_channels = (in_channels, *(stage[-1] for stage in VGG16_STAGES))
-        _init_vgg_style(self)
-
-    def forward(self, x: Tensor) -> tuple[list[Tensor], list[Tensor]]:
-        features, indices = [x], []
-        for layer in self.features:
-            if isinstance(layer, nn.MaxPool2d):
-                x, idx = layer(x)
-                features.append(x)
-                indices.append(idx)
-            else:
-                x = layer(x)
-        return features, indices
-
-
-class SegNetDecoder(nn.Module):
-    """The encoder mirrored: per stage (deepest first) a 2x2 max-unpool that puts each value back
-    at its pooling argmax, then as many conv-bn-relu blocks as the encoder stage has; the last
-    block of a stage narrows to the width of the stage above. Output: 64 channels at full size."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        blocks = []
-        for s in reversed(range(len(VGG16_STAGES))):
-            widths = VGG16_STAGES[s]
-            outs = [*widths[:-1], VGG16_STAGES[s - 1][-1] if s else widths[-1]]
-            layers: list[nn.Module] = []
-            for c_in, c_out in zip([widths[-1], *outs[:-1]], outs, strict=True):
-                layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.BatchNorm2d(c_out), nn.ReLU()]
-            blocks.append(nn.Sequential(*layers))
-        self.unpool = nn.MaxUnpool2d(2, 2)
-        self.blocks = nn.ModuleList(blocks)
-        _init_vgg_style(self)
-
-    def forward(self, features: list[Tensor], indices: list[Tensor]) -> Tensor:
-        x = features[-1]
-        for block, idx, above in zip(
-            self.blocks, reversed(indices), reversed(features[:-1]), strict=True
-        ):
-            x = block(self.unpool(x, idx, output_size=above.shape[-2:]))
-        return x
-
-
-def _init_vgg_style(module: nn.Module) -> None:  # torchvision's VGG init (He, fan-out)
-    for m in module.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            nn.init.zeros_(m.bias)
-
-
-def _build_segnet(weights, weights_file, num_classes, shape_scores, in_channels) -> SegmentationNet:
-    if weights is not None and weights_file is None and weights != "imagenet":
-        raise ValueError(
-            f"SegNet's encoder_weights must be None, 'imagenet' or a weights file, got {weights!r}"
-        )
-    rgb = None  # torchvision's 3-channel VGG16-bn weights: loaded, then adapted to in_channels
-    if weights_file is None:
-        encoder = SegNetEncoder(in_channels)
-        if weights == "imagenet":
-            rgb = _torchvision_state_dict(VGG16_BN_Weights.IMAGENET1K_V1)
-    else:
-        state = _read_state_dict(weights_file)
-        if any(k.startswith("classifier.") for k in state):  # torchvision's full VGG16-bn file
-            rgb = state
-        else:  # the encoder's own state dict, as built
-            encoder = SegNetEncoder(in_channels)
-            _load_encoder_file(encoder, weights_file, "vgg16_bn", state)
-    if rgb is not None:
-        encoder = SegNetEncoder(3)
-        features = {k: v for k, v in rgb.items() if k.startswith("features.")}
-        _load_encoder_file(encoder, weights_file or "imagenet", "vgg16_bn", features)
-        if in_channels != 3:
-            _adapt_first_conv(encoder, in_channels)
-    return SegmentationNet(
-        encoder,
-        SegNetDecoder(),
-        nn.Conv2d(64, num_classes, 3, padding=1),
-        deepest_channels=encoder.out_channels[-1],
-        size_multiple=SEGNET_MULTIPLE,
-        in_channels=in_channels,
-        shape_scores=shape_scores,
-    )
-
-
-@torch.no_grad()
-def _adapt_first_conv(encoder: SegNetEncoder, in_channels: int) -> None:
-    """RGB filters -> ``in_channels`` filters: fewer channels sum the RGB filters they stand for,
-    more cycle through R, G, B scaled by ``3 / in_channels`` (same response to a gray image)."""
-    old = encoder.features[0]
-    w = old.weight
-    if in_channels < 3:
-        new_w = torch.stack([w[:, i::in_channels].sum(1) for i in range(in_channels)], 1)
-    else:
-        new_w = w[:, [i % 3 for i in range(in_channels)]] * (3 / in_channels)
-    conv = nn.Conv2d(in_channels, old.out_channels, 3, padding=1)
-    conv.weight.copy_(new_w)
-    conv.bias.copy_(old.bias)
-    encoder.features[0] = conv
-    encoder.out_channels = (in_channels, *encoder.out_channels[1:])
 
 
 # --- smp -----------------------------------------------------------------------------------------
@@ -351,115 +232,6 @@ def _create_smp(arch, encoder, weights, num_classes, in_channels) -> nn.Module:
         if weights is None:
             raise
         raise RuntimeError(_download_help(what, e, offline)) from e
-
-
-@contextlib.contextmanager
-def _hub_offline(offline: bool):
-    old = hf_constants.HF_HUB_OFFLINE  # read by huggingface_hub.is_offline_mode() at each call
-    hf_constants.HF_HUB_OFFLINE = old or offline
-    try:
-        yield
-    finally:
-        hf_constants.HF_HUB_OFFLINE = old
-
-
-# --- weights -------------------------------------------------------------------------------------
-
-
-def _weights_file(weights: object) -> Path | None:
-    """The local weights file named by ``encoder_weights``, else ``None`` (a name or ``None``)."""
-    if weights is None:
-        return None
-    if not isinstance(weights, (str, os.PathLike)):
-        raise ValueError(f"encoder_weights must be None, a name or a path, got {weights!r}")
-    path = Path(weights)
-    if path.suffix.lower() in WEIGHT_FILE_SUFFIXES:
-        if not path.is_file():
-            raise ValueError(f"encoder_weights file {str(path)!r} does not exist")
-        return path
-    if path.is_file():
-        raise ValueError(
-            f"encoder_weights file {str(path)!r} must end in one of {WEIGHT_FILE_SUFFIXES}"
-        )
-    return None
-
-
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    try:
-        if path.suffix.lower() == ".safetensors":
-            state = load_file(path, device="cpu")
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # corrupt or foreign file: say which one
-        raise ValueError(f"could not read a state dict from {str(path)!r}: {e}") from e
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(
-            f"{str(path)!r} must hold a state dict (name -> tensor), got {type(state).__name__}"
-        )
-    return state
-
-
-def _load_encoder_file(encoder: nn.Module, path, name: str, state=None) -> None:
-    """Strict ``load_state_dict`` into the encoder; a mismatch is a ``ValueError`` naming the file."""
-    state = _read_state_dict(path) if state is None else state
-    try:
-        encoder.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise ValueError(
-            f"encoder_weights {str(path)!r} do not match the {name!r} encoder as built "
-            f"(in_channels included): {e}"
-        ) from e
-
-
-def _torchvision_state_dict(weights: VGG16_BN_Weights) -> dict[str, Tensor]:
-    """The weights' state dict from the torch hub cache, or downloaded; fails fast offline."""
-    url = weights.url
-    cached = Path(torch.hub.get_dir()) / "checkpoints" / Path(urllib.parse.urlsplit(url).path).name
-    offline = not cached.is_file() and not _reachable(url)
-    if offline:
-        raise RuntimeError(_download_help(f"torchvision {weights}", f"{url} unreachable", True))
-    try:
-        return weights.get_state_dict(progress=False)
-    except OSError as e:  # urllib's URLError / HTTPError included
-        raise RuntimeError(_download_help(f"torchvision {weights}", e, False)) from e
-
-
-def _reachable(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether a TCP connection to ``url``'s host (or the HTTPS proxy in the environment) opens
-    within ``timeout`` seconds, name lookup included (in a thread: lookups ignore timeouts)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    proxy = urllib.request.getproxies().get(parts.scheme)
-    if proxy and not urllib.request.proxy_bypass(host):
-        parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
-        host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    result: list[bool] = []
-    done = threading.Event()
-
-    def connect() -> None:
-        try:
-            socket.create_connection((host, port), timeout).close()
-            result.append(True)
-        except OSError:
-            pass
-        done.set()
-
-    threading.Thread(target=connect, daemon=True).start()
-    return done.wait(timeout) and bool(result)
-
-
-def _download_help(what: str, cause: object, offline: bool) -> str:
-    reason = "no network route to the server" if offline else "the download failed"
-    return (
-        f"could not get the pretrained weights {what}: {reason} ({cause}). To fix: train from "
-        "scratch with model.encoder_weights=null; or, on a machine with internet, build the model "
-        "once to fill the caches and copy them here (smp and timm weights: the Hugging Face cache, "
-        "$HF_HOME/hub, default ~/.cache/huggingface/hub; torchvision weights: "
-        "$TORCH_HOME/hub/checkpoints, default ~/.cache/torch/hub/checkpoints), set HF_HOME / "
-        "TORCH_HOME to where they are and HF_HUB_OFFLINE=1; or pass the path of a local "
-        f"{'/'.join(WEIGHT_FILE_SUFFIXES)} file with the encoder's state dict as encoder_weights."
-    )
 
 
 def _describe(x: object) -> str:

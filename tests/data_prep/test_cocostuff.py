@@ -14,6 +14,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from data_prep import cocostuff as cs
+from data_prep.cocostuff import build, shards
 from data_prep.cocostuff_synthetic import (
     CMYK_ID,
     GRAY_ID,
@@ -266,7 +267,7 @@ def test_identical_bytes_across_builds_and_workers(coco_root, tmp_path, coco_cac
 
 def test_interrupted_run_resumes_from_its_shards(coco_root, tmp_path, monkeypatch):
     options = opts(coco_root, tmp_path / "out", shard_size=3)  # train: 4 shards, val: 2
-    real_write, calls = cs._write_shard, []
+    real_write, calls = shards._write_shard, []
 
     def crash_on_third(path, arrays):
         calls.append(path)
@@ -274,7 +275,7 @@ def test_interrupted_run_resumes_from_its_shards(coco_root, tmp_path, monkeypatc
             raise KeyboardInterrupt
         real_write(path, arrays)
 
-    monkeypatch.setattr(cs, "_write_shard", crash_on_third)
+    monkeypatch.setattr(shards, "_write_shard", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         cs.prepare(options, log=quiet)
     out = tmp_path / "out"
@@ -285,9 +286,11 @@ def test_interrupted_run_resumes_from_its_shards(coco_root, tmp_path, monkeypatc
     ):
         cs.load(out)
 
-    monkeypatch.setattr(cs, "_write_shard", real_write)
+    monkeypatch.setattr(shards, "_write_shard", real_write)
     real_process, processed, lines = cs.process_image, [], []
-    monkeypatch.setattr(cs, "process_image", lambda job: processed.append(job) or real_process(job))
+    monkeypatch.setattr(
+        shards, "process_image", lambda job: processed.append(job) or real_process(job)
+    )
     cs.prepare(options, log=lines.append)
     assert len(processed) == 12 + 6 - 2 * 3  # the two finished shards were not redone
     assert any("train: reused 2 of 4 shards" in line for line in lines)
@@ -304,7 +307,7 @@ def test_crash_before_meta_leaves_an_incomplete_cache(coco_root, tmp_path, monke
     def crash(*_):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cs, "plot_class_sizes", crash)  # after the arrays, before meta.json
+    monkeypatch.setattr(build, "plot_class_sizes", crash)  # after the arrays, before meta.json
     with pytest.raises(KeyboardInterrupt):
         cs.prepare(cs.Options(**{**options.__dict__, "force": True}), log=quiet)
     assert (tmp_path / "train" / "images.npy").exists() and not cs.is_complete(tmp_path)

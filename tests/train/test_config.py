@@ -84,3 +84,57 @@ def test_save_round_trip(tmp_path):
     cfg = C.load(ROOT / "configs" / "demo.yaml", ["train.seed=7"])
     C.save(cfg, tmp_path / "config.yaml")
     assert C.load(tmp_path / "config.yaml") == cfg
+
+
+def test_regularizer_section_is_the_constructor_signature():
+    """One source of truth: every option of ``regularizer`` (but name, alpha) is a keyword argument
+    of the regularizer class with the same default, and the choices are the library's tuples."""
+    import dataclasses
+    import inspect
+    import typing
+
+    import projections
+    import reparam
+
+    params = inspect.signature(reparam.FBetaRegularizer).parameters
+    section = C.RegularizerConfig()
+    for f in dataclasses.fields(section):
+        if f.name in ("name", "alpha"):
+            continue
+        assert f.name in params, f"regularizer.{f.name} is not an FBetaRegularizer argument"
+        default = params[f.name].default
+        value = getattr(section, f.name)
+        assert value == (list(default) if isinstance(default, tuple) else default), f.name
+    hints = typing.get_type_hints(C.RegularizerConfig)
+    for name, choices in (("projection", reparam.PROJECTION_MODES),
+                          ("negative_loss", reparam.NEGATIVE_LOSSES),
+                          ("dual_schedule", reparam.DUAL_SCHEDULES),
+                          ("projection_method", projections.PROJECTION_METHODS)):  # fmt: skip
+        assert typing.get_args(hints[name]) == choices, name
+    assert set(section.kwargs()) == {f.name for f in dataclasses.fields(section)} - {
+        "name",
+        "alpha",
+    }
+
+
+def test_build_regularizer_passes_every_option(tmp_path):
+    import torch
+
+    from train.build import build_regularizer
+
+    cfg = C.load(ROOT / "configs" / "demo.yaml", [
+        "regularizer.beta=0.5", "regularizer.projection=step", "regularizer.negative_loss=logistic",
+        "regularizer.dual_lr_lambda=0.3", "regularizer.dual_lr_mu=0.2", "regularizer.rho=0.1",
+        "regularizer.mu_init=-3", "regularizer.dual_schedule=inverse_epoch",
+        "regularizer.projection_method=sort", "regularizer.positive_classes=[1, 2]",
+    ])  # fmt: skip
+    reg = build_regularizer(cfg.regularizer, torch.tensor([0, 1, 2, 1, 0, 2]))
+    assert (reg.beta, reg.projection, reg.negative_loss) == (0.5, "step", "logistic")
+    assert (reg.dual_lr_lambda, reg.dual_lr_mu, reg.rho) == (0.3, 0.2, 0.1)
+    assert (reg.dual_schedule, reg.projection_method, reg.classes) == (
+        "inverse_epoch",
+        "sort",
+        (1, 2),
+    )
+    assert reg.mu.tolist() == [-3.0, -3.0]
+    assert build_regularizer(C.RegularizerConfig(), torch.tensor([0, 1])) is None

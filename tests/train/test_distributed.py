@@ -126,7 +126,7 @@ def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folde
     out: dict[str, Any] = {"ctx": (ctx.rank, ctx.world, ctx.local_rank, ctx.enabled, ctx.is_main)}
     dev = torch.device(device)
 
-    # sync_scores_: rank 0 scored samples {0, 1}, rank 1 scored {1, 2}; nobody scored 3, whose
+    # merge_scores_: rank 0 scored samples {0, 1}, rank 1 scored {1, 2}; nobody scored 3, whose
     # remembered score (7) is already equal everywhere. Stale values elsewhere must not leak in.
     reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]), projection="epoch").to(dev)
     reg.scores[3] = 7.0
@@ -135,7 +135,7 @@ def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folde
     reg(torch.tensor(u, device=dev), torch.tensor(idx, device=dev))  # writes scores, seen_ever
     written = torch.zeros(4, dtype=torch.bool)  # on the CPU, as the loop keeps it
     written[idx] = True
-    distributed.sync_scores_(reg, written)
+    reg.merge_scores_(written, distributed.all_reduce_)
     out["scores"], out["seen_ever"] = reg.scores.cpu(), reg.seen_ever.cpu()
 
     # average_gradients_: the mean over ranks; a missing gradient counts as zeros
@@ -308,7 +308,7 @@ def test_collectives_are_identities_in_one_process(monkeypatch):
     reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]))
     reg(torch.tensor([1.0, 2.0]), torch.tensor([0, 1]))
     before = {k: v.clone() for k, v in reg.state_dict().items()}
-    distributed.sync_scores_(reg, torch.tensor([True, True, False, False]))
+    reg.merge_scores_(torch.tensor([True, True, False, False]), distributed.all_reduce_)
     assert all(torch.equal(before[k], v) for k, v in reg.state_dict().items())
     p = torch.nn.Parameter(torch.zeros(2))
     p.grad = g = torch.tensor([1.0, 2.0])

@@ -94,7 +94,9 @@ def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     assert [h["epoch"] for h in mb["history"]] == [1, 2]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(
+    "workers", [0, pytest.param(2, marks=pytest.mark.slow)]
+)  # 2 workers: ~30 s
 def test_cocostuff_augmented_poly_schedule_stop_and_resume_is_bitwise_exact(
     coco_cache_stuff, tmp_path, workers
 ):

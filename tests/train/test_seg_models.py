@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torchvision.models import VGG16_BN_Weights
 
-from train import seg_models
+from train import seg_models, weights
 from train.seg_models import build_segmentation_model, valid_mean
 
 SMALL = ("deeplabv3plus", "resnet18")  # the configs' architecture with a small encoder
@@ -236,7 +236,7 @@ def test_segnet_imagenet_offline_fails_fast(monkeypatch, tmp_path, reachable):
         raise urllib.error.URLError("no network")
 
     monkeypatch.setattr(torch.hub, "_hub_dir", str(tmp_path))  # empty torch hub cache
-    monkeypatch.setattr(seg_models, "_reachable", lambda *_a, **_k: reachable)
+    monkeypatch.setattr(weights, "_reachable", lambda *_a, **_k: reachable)
     monkeypatch.setattr(torch.hub, "download_url_to_file", no_download)
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"vgg16_bn-6c64b313\.pth|no network"):

@@ -2,15 +2,16 @@
 
 The registry's torchvision 0.28.0 is a CUDA build: next to the CPU torch 2.13.0 its native
 extension ``_C.so`` fails to load, and ``import torchvision`` dies in its meta registrations with
-``RuntimeError: operator torchvision::nms does not exist`` (shared/ENVIRONMENT.md). The cure, run
+``RuntimeError: operator torchvision::nms does not exist``. The cure, run
 before torchvision is imported: try loading ``_C.so`` exactly as torchvision would; only if that
 fails, define the schemas of the two operators torchvision registers fake kernels for
 (``nms``, ``qnms``) in a ``torch.library`` fragment kept alive here. transforms.v2, models and
 box ops then work; the native kernels (nms itself, ``torchvision.io`` decoding) do not -- the
 project uses PIL for decoding. Where the extension loads (a matching install) nothing is defined.
 
-It is the lowest layer that touches torchvision, so ``data_prep`` runs it on import and ``train``,
-``tests`` and ``benchmarks`` import ``data_prep`` (or this module) before torchvision/timm/smp.
+Nothing runs on import: the entry points that use torchvision (``python -m train``, the data builders,
+the benchmarks, the test suite's ``conftest.py``) call :func:`ensure_torchvision_importable` before
+they import torchvision, timm or smp. It is idempotent and costs microseconds after the first call.
 """
 
 from __future__ import annotations
@@ -66,6 +67,3 @@ def _has_op(name: str) -> bool:
         return True
     except (AttributeError, RuntimeError):
         return False
-
-
-STATUS = ensure_torchvision_importable()

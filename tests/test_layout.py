@@ -1,0 +1,116 @@
+"""The house rules of the repository, checked on the tracked files.
+
+* Self-contained: nothing outside ``tests/`` and ``.ci/`` points at files a user does not have
+  (``../shared``), and the method note that docstrings cite exists with the cited sections.
+* One-way imports: the library (``projections`` <- ``reparam``) imports no application package and
+  nothing but torch and numpy from outside; ``train`` never imports ``data_prep`` or ``benchmarks``
+  (it meets the builders only through the cache formats in ``train.caches``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = {"projections", "reparam", "train", "data_prep", "benchmarks", "tests"}
+ALLOWED = {  # package -> the packages of ours it may import
+    "projections": set(),
+    "reparam": {"projections"},
+    "train": {"projections", "reparam"},
+    "data_prep": {"train"},  # the cache readers and file utilities
+    "benchmarks": {"projections", "reparam", "train", "data_prep"},
+}
+LIBRARY_THIRD_PARTY = {"torch", "numpy"}  # plus optional peers imported lazily (extras)
+OPTIONAL = {"diffsort", "torchsort"}
+
+
+def _tracked() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """``(top-level module, at module level)`` for every absolute import of ``path``."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(n) for n in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [(n.split(".")[0], id(node) in top_level) for n in names]
+    return found
+
+
+def test_nothing_outside_tests_and_ci_points_outside_the_repository():
+    offenders = []
+    for f in _tracked():
+        if f.startswith(("tests/", ".ci/")) or f.endswith((".png",)):
+            continue
+        text = (ROOT / f).read_text(errors="replace")
+        if "../shared" in text or re.search(r"shared/(spec|papers|data|ENVIRONMENT|STYLE)", text):
+            offenders.append(f)
+    assert not offenders, f"these files name ../shared, which users do not have: {offenders}"
+
+
+def test_citations_of_the_method_note_resolve():
+    note = (ROOT / "docs" / "method.md").read_text()
+    sections = set(re.findall(r"^## (\d+[a-z]?)\. ", note, re.M))
+    assert {"1", "2", "3", "3b", "4", "5", "6", "7"} <= sections
+    assert "## Appendix A." in note
+    cited = set()
+    for f in _tracked():
+        if f.endswith((".py", ".md", ".yaml")):
+            text = (ROOT / f).read_text()
+            cited |= set(re.findall(r"method\.md(?:\))? sec(?:tions?|\.)? (\d+[a-z]?)", text))
+            stale = "spec" + " sec"  # (spelled apart, so this file does not match itself)
+            assert stale not in text.lower(), f"{f} cites a spec users do not have"
+    assert cited and cited <= sections, f"cited but missing: {sorted(cited - sections)}"
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_imports_go_one_way(package):
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for name, _ in _imports(path):
+            if name in OURS and name != package and name not in ALLOWED[package]:
+                bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("package", ["projections", "reparam"])
+def test_the_library_needs_only_torch_and_numpy(package):
+    stdlib = set(sys.stdlib_module_names)
+    bad = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for name, module_level in _imports(path):
+            if (
+                name in stdlib
+                or name in OURS
+                or name in LIBRARY_THIRD_PARTY
+                or name == "__future__"
+            ):
+                continue
+            if name in OPTIONAL and not module_level:
+                continue  # an optional peer, imported lazily where it is used
+            bad.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not bad, bad
+
+
+def test_no_module_outgrows_one_responsibility():
+    big = [f"{f} ({n} lines)" for f in _tracked() if f.endswith(".py") and not f.startswith("tests/")
+           and (n := len((ROOT / f).read_text().splitlines())) > 600]  # fmt: skip
+    assert not big, big

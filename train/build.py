@@ -1,0 +1,89 @@
+"""What ``train.loop`` builds before the first step: seeds, device, run folder, regularizer,
+optimizer and lr schedule (the data and the models are built by ``train.data`` / ``train.models``)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import REGULARIZERS, Config, RegularizerConfig
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002  (seeds the legacy global state that libraries use)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
+    """``auto``: CUDA when available; under ``torchrun`` the process's own GPU (``LOCAL_RANK``)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"train.device is {name!r} but CUDA is not available on this machine")
+    return device
+
+
+def run_folder(cfg: Config) -> Path:
+    """``train.out`` (must be new or empty), else ``runs/<experiment>/<tag>[-k]`` (first free)."""
+    if cfg.train.out is not None:
+        out = Path(cfg.train.out)
+        if out.exists() and any(out.iterdir()):
+            raise ValueError(
+                f"train.out {str(out)!r} exists and is not empty; choose a new folder or delete it"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    r = cfg.regularizer
+    tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection}"
+    base = Path("runs") / cfg.experiment / f"{tag}-seed{cfg.train.seed}"
+    out, k = base, 1
+    while out.exists() and any(out.iterdir()):
+        k += 1
+        out = base.with_name(f"{base.name}-{k}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def build_regularizer(r: RegularizerConfig, shape_labels: torch.Tensor) -> nn.Module | None:
+    """The regularizer ``r.name`` with the section's options (``None`` for ``none``)."""
+    if r.name == "none":
+        return None
+    return REGULARIZERS[r.name](shape_labels, **r.kwargs())
+
+
+def shape_score_columns(positive_classes: list[int]) -> int:
+    """Columns of the shape head: 1 for one positive class, else one per shape class
+    (the regularizer reads column ``c`` as the one-vs-rest score of class ``c``)."""
+    return 1 if len(positive_classes) == 1 else max(positive_classes) + 1
+
+
+def build_optimizer(cfg: Config, model: nn.Module, reg: nn.Module | None) -> torch.optim.Optimizer:
+    o = cfg.optim
+    groups = [{"params": list(model.parameters())}]
+    if reg is not None:  # (eps, tau) are primal variables: the same optimizer steps them
+        groups.append({"params": list(reg.parameters()), "weight_decay": 0.0,
+                       "lr": o.lr if o.regularizer_lr is None else o.regularizer_lr})  # fmt: skip
+    # fused: one kernel per step instead of ~10 per tensor (the per-sample tau has N_pos entries)
+    if o.name == "adam":
+        return torch.optim.Adam(groups, lr=o.lr, weight_decay=o.weight_decay, fused=True)
+    return torch.optim.SGD(
+        groups, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, fused=True
+    )
+
+
+def build_scheduler(
+    cfg: Config, optimizer: torch.optim.Optimizer, steps_per_epoch: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """``poly``: ``lr_t = lr (1 - t / T)^0.9`` per step, ``T`` = all steps (DeepLab's schedule)."""
+    if cfg.optim.schedule == "constant":
+        return None
+    total = cfg.train.epochs * steps_per_epoch
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: max(0.0, 1.0 - t / total) ** 0.9)

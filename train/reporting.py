@@ -1,0 +1,70 @@
+"""What the loop reports: the epoch's console line, TensorBoard scalars and images, ``metrics.json``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .caches.cocostuff import IGNORE
+from .config import Config
+
+
+def summary(history: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
+    """What ``metrics.json`` holds: the config, the last epoch's test and regularizer numbers with
+    total times (``final``), and every epoch's row (``history``)."""
+    if not history:
+        return {}
+    last = history[-1]
+    final = {k: last[k] for k in last if k.startswith("test_") or k.startswith("reg_")}
+    final["epochs"] = last["epoch"]
+    final["train_seconds_total"] = sum(h["train_seconds"] for h in history)
+    final["epoch_end_seconds_total"] = sum(h["epoch_end_seconds"] for h in history)
+    return {"config": cfg.to_dict(), "final": final, "history": history}
+
+
+def epoch_line(row: dict[str, Any]) -> str:
+    def f(v: Any, spec: str = ".4f") -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    metric = "miou" if "test_miou" in row else "accuracy"
+    line = (
+        f"epoch {row['epoch']:3d}  loss {row['train_loss']:.4f}  {metric} "
+        f"{f(row[f'test_{metric}'])}  small {f(row[f'test_{metric}_small'])}"
+        f"  big {f(row[f'test_{metric}_big'])}"
+        f"  shape-F1 {f(row['test_shape_fbeta'], '.3f')}  {row['train_seconds']:.1f}s"
+    )
+    if "reg_eps" in row:
+        line += (
+            f"  | eps {row['reg_eps']:.3f} mu {row['reg_mu']:.3f} bound "
+            f"{f(row['reg_certified_fbeta'], '.3f')} proj {row['reg_projections']}"
+        )
+    return line
+
+
+def log_scalars(writer: Any, row: dict[str, Any], epoch: int) -> None:
+    """Every finite number of the row, as ``train/loss``, ``test/accuracy``, ``reg/eps``, ..."""
+    for k, v in row.items():
+        if isinstance(v, int | float) and k != "epoch" and math.isfinite(v):
+            writer.add_scalar(k.replace("_", "/", 1), v, epoch)
+
+
+def colorize(labels: Tensor, num_classes: int) -> Tensor:
+    """``(B, H, W)`` class indices -> uint8 ``(B, 3, H, W)``: a fixed color per class (a seeded
+    palette, the same in every run), black for the ignore index."""
+    palette = torch.randint(40, 256, (num_classes + 1, 3), dtype=torch.uint8,
+                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+    palette[num_classes] = 0
+    labels = labels.long()
+    idx = torch.where(labels == IGNORE, num_classes, labels.clamp(0, num_classes - 1))
+    return palette[idx].permute(0, 3, 1, 2)
+
+
+def log_segmentation_images(
+    writer: Any, image: Tensor, pred: Tensor, label: Tensor, num_classes: int, epoch: int
+) -> None:
+    """TensorBoard: input | prediction | ground truth, side by side, one row per image."""
+    rows = torch.cat([image, colorize(pred, num_classes), colorize(label, num_classes)], dim=3)
+    writer.add_images("val/input_prediction_truth", rows, epoch, dataformats="NCHW")
