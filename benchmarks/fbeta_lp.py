@@ -71,9 +71,13 @@ def train_head(
     cosine: bool = False,
     average_from: float | None = None,
     seed: int = 0,
+    regularizer: type | None = None,
     **reg_kwargs,
 ):
     """Algorithm 3 on ``L_B`` alone: a linear head on fixed features ``a``, Adam on (w, b, eps, tau).
+
+    ``regularizer``: the objective's class (default ``FBetaRegularizer``; the rate objectives of
+    ``reparam`` take the same loop), built with ``reg_kwargs``.
 
     ``cosine``: anneal Adam's lr to 0 over the run (per step), so the primal iterate settles.
     ``average_from``: return the average of the head over the epochs after this fraction of the
@@ -88,7 +92,7 @@ def train_head(
 
     torch.manual_seed(seed)
     x = torch.tensor(a, dtype=torch.float32)
-    reg = FBetaRegularizer(torch.as_tensor(s, dtype=torch.int64), **reg_kwargs)
+    reg = (regularizer or FBetaRegularizer)(torch.as_tensor(s, dtype=torch.int64), **reg_kwargs)
     head = ShapeHead(x.shape[1])
     opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=lr)
     steps = epochs * -(-len(x) // batch_size)

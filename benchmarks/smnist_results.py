@@ -20,11 +20,11 @@ from pathlib import Path
 
 from data_prep import smnist
 
-PAPER = ["regularizer.dual_lr_lambda=1e-3", "regularizer.dual_lr_mu=1e-5"]
+PAPER = ["regularizer.fbeta.dual_lr_lambda=1e-3", "regularizer.fbeta.dual_lr_mu=1e-5"]
 TUNED = [
     "regularizer.projection=inline",
-    "regularizer.dual_lr_lambda=0.1",
-    "regularizer.dual_lr_mu=0.1",
+    "regularizer.fbeta.dual_lr_lambda=0.1",
+    "regularizer.fbeta.dual_lr_mu=0.1",
 ]  # fmt: skip  (docs/regularizer.md)
 
 

@@ -1,4 +1,8 @@
-"""The F-beta S-measure regularizer by Lagrangian reparameterization (docs/method.md sec. 1-3b, 6).
+"""Nondecomposable objectives by Lagrangian reparameterization (docs/method.md sec. 1-3b, 8).
+
+``FBetaRegularizer`` (F-beta), ``PrecisionAtRecall``, ``RecallAtPrecision`` and ``ROCAUC`` share
+one protocol: ``loss = task_loss + alpha * reg(scores, idx)``, ``reg.after_step_()`` after every
+optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 
 >>> import torch
 >>> from reparam import FBetaRegularizer
@@ -6,17 +10,25 @@
 >>> loss = reg(torch.randn(2), torch.tensor([0, 2]))   # L_B for the batch of samples 0 and 2
 """
 
-from . import functional
+from . import functional, rate_functional
+from .base import DUAL_SCHEDULES, PROJECTION_MODES, ReparamRegularizer
+from .fbeta import FBetaRegularizer
 from .functional import NEGATIVE_LOSSES, certified_fbeta_bound, negative_loss
-from .regularizer import DUAL_SCHEDULES, PROJECTION_MODES, FBetaRegularizer, ShapeHead
+from .head import ShapeHead
+from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 
 __all__ = [
     "DUAL_SCHEDULES",
     "NEGATIVE_LOSSES",
     "PROJECTION_MODES",
+    "ROCAUC",
     "FBetaRegularizer",
+    "PrecisionAtRecall",
+    "RecallAtPrecision",
+    "ReparamRegularizer",
     "ShapeHead",
     "certified_fbeta_bound",
     "functional",
     "negative_loss",
+    "rate_functional",
 ]

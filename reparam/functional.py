@@ -149,11 +149,17 @@ def augmented_minibatch_lagrangian(
     ``tau`` being a parameter), ``mu (mean tau - 1) + rho/2 (mean tau - 1)^2``. The matching dual
     step is ``lambda <- max(0, lambda + rho g)``, ``mu <- mu + rho (mean tau - 1)``.
     """
-    g = tau_pos - u_pos
-    psi = (torch.relu(lam_pos + rho * g) ** 2 - lam_pos**2) / (2 * rho)
+    psi = augmented_term(tau_pos - u_pos, lam_pos, rho)
     neg = negative_loss(eps + u_neg, kind).sum()
     c = mean_tau - 1
     return beta**2 * eps + scale * (psi.sum() + neg) + mu * c + 0.5 * rho * c**2
+
+
+def augmented_term(g: Tensor, multiplier: Tensor, rho: float) -> Tensor:
+    """Method of multipliers for a constraint ``g <= 0`` with multiplier ``m >= 0``:
+    ``psi(g, m) = (max(0, m + rho g)^2 - m^2) / (2 rho)``; its dual step is ``m <- max(0, m + rho g)``
+    (docs/method.md sec. 3b)."""
+    return (torch.relu(multiplier + rho * g) ** 2 - multiplier**2) / (2 * rho)
 
 
 def best_feasible_eps(u_pos: Tensor) -> Tensor | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = {"projections", "reparam"}
+LIBRARY = {"projections", "reparam", "baselines"}
 APPLICATION = {"train", "data_prep", "benchmarks", "tests", "configs", "docs"}
 
 
@@ -49,20 +49,22 @@ def test_core_requirements_are_torch_and_numpy(installed):
     names = {r.split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip() for r in core}
     assert names == {"torch", "numpy"}, core
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"train", "dev", "soft"} <= extras
+    assert {"train", "dev", "soft", "cooper"} <= extras
 
 
 def test_the_installed_library_imports_and_runs(installed, tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import torch, projections, reparam;"
+        "import torch, projections, reparam, baselines;"
         "assert projections.__file__.startswith(sys.argv[1]), projections.__file__;"
         "assert reparam.__file__.startswith(sys.argv[1]), reparam.__file__;"
+        "assert baselines.__file__.startswith(sys.argv[1]), baselines.__file__;"
         "e, t = projections.project_onto_c(torch.tensor(-1.0), torch.tensor([3.0, 0.5, -2.0]));"
         "reg = reparam.FBetaRegularizer(torch.tensor([0, 1, 1, 0]));"
         "loss = reg(torch.randn(2), torch.tensor([0, 2]));"
         "print(e.item(), t.tolist(), bool(torch.isfinite(loss)), "
-        "sorted(m for m in ('train', 'data_prep', 'benchmarks', 'torchvision', 'yaml') if m in sys.modules))"
+        "sorted(m for m in ('train', 'data_prep', 'benchmarks', 'torchvision', 'yaml', 'cooper',"
+        " 'libauc', 'scipy') if m in sys.modules))"
     )  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code, str(installed)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 from train import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,10 +65,21 @@ def test_regularizer_snippet_runs(capsys):
     text = (ROOT / "README.md").read_text()
     section = text.split("## Use the regularizer in your own training loop", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert 10 <= len([line for line in code.splitlines() if line.strip()]) <= 15
+    assert 10 <= len([line for line in code.splitlines() if line.strip()]) <= 17
+    torch.manual_seed(0)
     exec(compile(code, "README.md", "exec"), {})
     lines = capsys.readouterr().out.strip().splitlines()
-    assert [line.split()[0] for line in lines] == ["0", "1", "2"]
+    assert [line.split()[0] for line in lines] == ["10", "20", "30"]
+    assert float(lines[-1].split()[1]) > 0.7  # the documented settings converge in this budget
+
+
+def test_rate_objective_snippet_builds_each_objective():
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Rate objectives", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    scope = {"s": torch.tensor([0, 1, 1, 0, 1, 0])}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert type(scope["reg"]).__name__ == "ROCAUC" and scope["reg"].grid == 10
 
 
 def test_offline_segmentation_commands_run(tmp_path):

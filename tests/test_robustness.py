@@ -171,7 +171,7 @@ def test_smnist_prep_md5_mismatch_names_the_file(tmp_path, capsys):
     [
         (torch.tensor([[0, 1], [1, 0]]), None, None, r"shape_labels must have shape \(N,\) with N > 0, got \(2, 2\)"),
         (torch.zeros(0, dtype=torch.int64), None, None, r"shape_labels must have shape \(N,\)"),
-        ([0, 1, 1], None, None, r"shape_labels must be an int64 tensor, got list"),
+        ([0.0, 1.0, 1.0], None, None, r"shape_labels must hold integer class ids"),
         (None, torch.randn(3), torch.tensor([0, 1, 2], dtype=torch.int32), r"idx must be an int64 tensor of shape \(B,\), got tensor of dtype torch\.int32"),
         (None, torch.randn(3), torch.tensor([[0, 1, 2]]), r"idx must be an int64 tensor of shape \(B,\), got .*shape \(1, 3\)"),
         (None, torch.tensor([0.0, float("inf"), 1.0]), torch.tensor([0, 1, 2]), "scores must be finite, got NaN or inf"),

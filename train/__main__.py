@@ -1,4 +1,8 @@
-"""``python -m train --config configs/<x>.yaml [--regularizer {none,fbeta}] [--alpha A] [key=value ...]``.
+"""``python -m train --config configs/<x>.yaml [--regularizer NAME] [--alpha A] [key=value ...]``.
+
+``NAME``: ``none`` (the baseline), ``fbeta``, ``precision_at_recall``, ``recall_at_precision`` or
+``roc_auc``; each objective's options are the keys ``regularizer.<NAME>.*`` (e.g.
+``regularizer.precision_at_recall.recall=0.8``).
 
 ``python -m train --resume RUN_DIR [key=value ...]`` continues a run from its latest readable
 checkpoint (its saved config, with the overrides applied, e.g. ``train.epochs=60``; the saved
@@ -18,12 +22,13 @@ from . import config as config_mod
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m train",
-        description="Train with or without the F-beta S-measure regularizer.",
+        description="Train with or without a nondecomposable regularizer on the shape node.",
         epilog="Overrides: dotted keys of the config tree, e.g. train.epochs=5 data.batch_size=64.",
     )
     p.add_argument("--config", help="YAML file (configs/*.yaml)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run folder")
-    p.add_argument("--regularizer", choices=("none", "fbeta"), help="= regularizer.name")
+    p.add_argument("--regularizer", choices=("none", *config_mod.REGULARIZERS),
+                   help="= regularizer.name")  # fmt: skip
     p.add_argument("--alpha", type=float, help="= regularizer.alpha (weight of the regularizer)")
     p.add_argument("--out", help="= train.out (run folder; must be new or empty)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")

@@ -53,10 +53,14 @@ def run_folder(cfg: Config) -> Path:
 
 
 def build_regularizer(r: RegularizerConfig, shape_labels: torch.Tensor) -> nn.Module | None:
-    """The regularizer ``r.name`` with the section's options (``None`` for ``none``)."""
+    """The regularizer ``r.name`` with its options (``None`` for ``none``); a bad option is a
+    ``ValueError`` naming its config key."""
     if r.name == "none":
         return None
-    return REGULARIZERS[r.name](shape_labels, **r.kwargs())
+    try:
+        return REGULARIZERS[r.name](shape_labels, **r.kwargs())
+    except ValueError as e:
+        raise ValueError(f"regularizer ({r.name}): {e}") from e
 
 
 def shape_score_columns(positive_classes: list[int]) -> int:

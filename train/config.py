@@ -11,6 +11,7 @@ library is the one source of truth (``tests/train/test_config.py`` checks that t
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import inspect
 import types
@@ -21,16 +22,42 @@ from typing import Any, Literal
 
 import yaml
 
+from baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
+from baselines.objectives import NEWTON
 from projections import PROJECTION_METHODS
-from reparam import DUAL_SCHEDULES, NEGATIVE_LOSSES, PROJECTION_MODES, FBetaRegularizer
+from reparam import (
+    DUAL_SCHEDULES,
+    NEGATIVE_LOSSES,
+    PROJECTION_MODES,
+    ROCAUC,
+    FBetaRegularizer,
+    PrecisionAtRecall,
+    RecallAtPrecision,
+)
 
-REGULARIZERS = {"fbeta": FBetaRegularizer}  # regularizer.name -> class (``none``: no regularizer)
+# regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
+# ``regularizer.<name>``, the options the reparameterized objectives share are in ``regularizer``
+# itself. The last six are the alternatives of ``baselines`` (docs/baselines.md), behind the same
+# protocol, so comparisons run through the same trainer, configs, logs and metrics.
+REGULARIZERS: dict[str, type] = {
+    "fbeta": FBetaRegularizer,
+    "precision_at_recall": PrecisionAtRecall,
+    "recall_at_precision": RecallAtPrecision,
+    "roc_auc": ROCAUC,
+    "lp_fbeta": LPFBeta,
+    "lp_auc": LPAUC,
+    "soft_fbeta": SoftFBeta,
+    "pairwise_auc": PairwiseAUC,
+    "cooper_fbeta": CooperFBeta,
+    "libauc_auc": LibAUCMargin,
+}
 SMNIST_MODELS = ("linear", "mlp")
 
 
-def _default(name: str) -> Any:
-    """The default of ``FBetaRegularizer``'s keyword argument ``name``."""
-    return inspect.signature(FBetaRegularizer).parameters[name].default
+def _default(cls: type, name: str) -> Any:
+    """The default of keyword argument ``name`` of ``cls`` (``None`` for a required one)."""
+    value = inspect.signature(cls).parameters[name].default
+    return None if value is inspect.Parameter.empty else value
 
 
 @dataclass
@@ -70,30 +97,94 @@ class OptimConfig:
     schedule: Literal["constant", "poly"] = "constant"  # poly: lr * (1 - step / total_steps) ** 0.9
 
 
+# options the reparameterized objectives share (the alternatives take none of them)
+COMMON = ("projection", "inline_strength", "dual_schedule", "rho")
+# the library's choices for options its signatures type as ``str``
+CHOICES: dict[str, tuple[str, ...]] = {
+    "projection": PROJECTION_MODES,
+    "projection_method": PROJECTION_METHODS,
+    "negative_loss": NEGATIVE_LOSSES,
+    "dual_schedule": DUAL_SCHEDULES,
+    "newton": NEWTON,
+}
+
+
+def options_section(cls: type) -> type:
+    """The config sub-section of a regularizer class, derived from its constructor: one field per
+    keyword argument but ``shape_labels`` and the shared ones (``COMMON``), with its type (a
+    ``Literal`` of the library's choices where it has some; ``list[int]`` for a sequence) and its
+    default; a required argument (a target) becomes ``None`` until set. So the config cannot drift
+    from the library, and the regularizer is built from the section as it is."""
+    hints = typing.get_type_hints(cls.__init__)
+    fields = []
+    for p in inspect.signature(cls).parameters.values():
+        if p.name == "shape_labels" or p.name in COMMON:
+            continue
+        hint = Literal[CHOICES[p.name]] if p.name in CHOICES else hints[p.name]
+        if typing.get_origin(hint) is collections.abc.Sequence:
+            hint = list[typing.get_args(hint)[0]]
+        if p.default is inspect.Parameter.empty:
+            fields.append((p.name, hint | None, None))
+        elif isinstance(p.default, tuple):
+            fields.append((p.name, hint, field(default_factory=lambda d=p.default: list(d))))
+        else:
+            fields.append((p.name, hint, p.default))
+    section = dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
+    section.__module__ = __name__
+    section.__doc__ = f"The options of ``{cls.__module__}.{cls.__name__}`` (its signature)."
+    return section
+
+
+SECTIONS = {name: options_section(cls) for name, cls in REGULARIZERS.items()}
+
+
 @dataclass
-class RegularizerConfig:
-    """``name`` picks the regularizer (``none``: the baseline), ``alpha`` weighs it in the loss
-    ``task + alpha * L_B``; every other field is a keyword argument of ``FBetaRegularizer`` (docs/method.md
-    sec. 3b) with the library's default, passed as it is (:meth:`kwargs`)."""
+class _RegularizerBase:
+    """``name`` picks the regularizer (``none``: the baseline) and ``alpha`` weighs it in the loss
+    ``task + alpha * L_B``; the options every objective shares are here, each objective's own in
+    its sub-section (``regularizer.fbeta.beta``, ``regularizer.precision_at_recall.recall``, ...),
+    so one config carries settings for all of them and ``--regularizer`` switches. Every option is
+    a keyword argument of the library class with the library's default (:meth:`kwargs`)."""
 
     name: Literal[("none", *REGULARIZERS)] = "none"
     alpha: float = 1e-3
-    beta: float = _default("beta")
-    positive_classes: list[int] = field(default_factory=lambda: list(_default("positive_classes")))
-    projection: Literal[PROJECTION_MODES] = _default("projection")
-    projection_method: Literal[PROJECTION_METHODS] = _default("projection_method")
-    inline_strength: float = _default("inline_strength")
-    negative_loss: Literal[NEGATIVE_LOSSES] = _default("negative_loss")
-    dual_lr_lambda: float = _default("dual_lr_lambda")
-    dual_lr_mu: float = _default("dual_lr_mu")
-    dual_schedule: Literal[DUAL_SCHEDULES] = _default("dual_schedule")
-    rho: float = _default("rho")
-    mu_init: float | None = _default("mu_init")
+    projection: Literal[PROJECTION_MODES] = _default(FBetaRegularizer, "projection")
+    inline_strength: float = _default(FBetaRegularizer, "inline_strength")
+    dual_schedule: Literal[DUAL_SCHEDULES] = _default(FBetaRegularizer, "dual_schedule")
+    rho: float = _default(FBetaRegularizer, "rho")
+    # then one sub-section per regularizer, ``SECTIONS[name]`` (added below the class)
 
     def kwargs(self) -> dict[str, Any]:
-        """The constructor's keyword arguments: every field but ``name`` and ``alpha``."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in ("name", "alpha")}  # fmt: skip
+        """The keyword arguments of ``REGULARIZERS[name]``: the shared options it takes and the
+        sub-section ``name``'s. A shared option set away from its default for an objective that
+        does not take it is a ``ValueError`` (it would be silently ignored)."""
+        takes = inspect.signature(REGULARIZERS[self.name]).parameters
+        shared = {}
+        for key in COMMON:
+            if key in takes:
+                shared[key] = getattr(self, key)
+            elif getattr(self, key) != getattr(_RegularizerBase, key):
+                raise ValueError(
+                    f"regularizer.{key} does not apply to regularizer.name={self.name} (it is an "
+                    f"option of the reparameterized objectives); leave it at its default "
+                    f"{getattr(_RegularizerBase, key)!r}"
+                )
+        return {**shared, **asdict(getattr(self, self.name))}
+
+    def positive_classes(self) -> list[int]:
+        """The shape classes the shape head scores (its columns; the shape node's metrics use the
+        first): F-beta's ``positive_classes`` (also for the baseline), else ``[positive_class]``."""
+        if self.name in ("none", "fbeta"):
+            return list(self.fbeta.positive_classes)
+        return [getattr(self, self.name).positive_class]
+
+
+RegularizerConfig = dataclasses.make_dataclass(
+    "RegularizerConfig",
+    [(name, section, field(default_factory=section)) for name, section in SECTIONS.items()],
+    bases=(_RegularizerBase,),
+)
+RegularizerConfig.__module__ = __name__
 
 
 @dataclass
@@ -240,6 +331,15 @@ def _validate(cfg: Config) -> None:
                 "train.stop_after_steps"):  # fmt: skip
         if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
+    r = cfg.regularizer
+    if r.name != "none":
+        r.kwargs()  # shared options that the chosen objective does not take are an error
+    for name, key in (("precision_at_recall", "recall"), ("recall_at_precision", "precision")):
+        if r.name == name and getattr(getattr(r, name), key) is None:
+            raise ValueError(
+                f"regularizer.{name}.{key} must be set for regularizer.name={name} "
+                f"(the target {key} in (0, 1)), e.g. regularizer.{name}.{key}=0.8"
+            )
     smnist = cfg.data.kind == "smnist"
     if smnist != (cfg.model.name in SMNIST_MODELS):
         expected = (

@@ -105,3 +105,14 @@ def average_gradients_(params: list[torch.nn.Parameter]) -> None:
         n = g.numel()
         p.grad = flat[offset : offset + n].view_as(g).clone()
         offset += n
+
+
+def all_gather_cat(t: Tensor) -> Tensor:
+    """The concatenation of every process's ``t`` (rank order; the shapes may differ in their first
+    dimension); ``t`` itself in one process. Through pickled objects: meant for small CPU tensors
+    such as one score per evaluation sample."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    parts: list[Tensor | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, t.cpu())
+    return torch.cat(parts)

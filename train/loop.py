@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from reparam.functional import fbeta_from_counts
+from reparam.rate_functional import recall_precision, roc_auc
 
 from . import checkpoint, distributed, reporting
 from . import config as config_mod
@@ -122,7 +123,7 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.train.device, ctx.local_rank if ctx.enabled else None)
     data = load_data(cfg.data, cfg.train.seed)
-    shape_columns = shape_score_columns(cfg.regularizer.positive_classes)
+    shape_columns = shape_score_columns(cfg.regularizer.positive_classes())
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     reg = build_regularizer(cfg.regularizer, data.train_shape_labels)
     reg = reg.to(device) if reg is not None else None
@@ -257,8 +258,9 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
 
         # -- evaluation and logging --
         start = time.perf_counter()
-        test = evaluate(s.model, s.test_loader, device, s.data.num_classes, cfg.regularizer.beta,
-                        positive_class=cfg.regularizer.positive_classes[0],
+        test = evaluate(s.model, s.test_loader, device, s.data.num_classes,
+                        cfg.regularizer.fbeta.beta,
+                        positive_class=cfg.regularizer.positive_classes()[0],
                         num_groups=num_groups, keep_images=cfg.train.log_images,
                         segmentation=cfg.data.kind == "cocostuff",
                         precision=cfg.train.precision)  # fmt: skip
@@ -326,14 +328,15 @@ def evaluate(
 ) -> dict[str, Any]:  # fmt: skip
     """Task metrics overall and per shape group, from confusion matrices accumulated over the
     whole split and summed over processes (classification: accuracy; segmentation: mIoU, pixel
-    acc., mean class acc., fwIoU); F-beta of the shape node's decisions ``u > 0`` for
-    ``positive_class``. With ``keep_images > 0`` (segmentation) the first images, predictions and
-    labels are returned under ``"_images"``."""
+    acc., mean class acc., fwIoU); the shape node's metrics for ``positive_class`` against the
+    rest: F-beta, precision and recall of its decisions ``u > 0`` (the learned threshold) and the
+    ROC-AUC of its scores. With ``keep_images > 0`` (segmentation) the first images, predictions
+    and labels are returned under ``"_images"``."""
     model.eval()
     dtype = autocast_dtype(precision)
     confusion = (GroupedSegmentationConfusion(num_classes, num_groups) if segmentation
                  else GroupedConfusion(num_classes, num_groups))  # fmt: skip
-    decisions = torch.zeros(3, dtype=torch.int64)  # tp, fn, fp of u > 0
+    shape_scores, shape_positive = [], []
     kept = []
     for batch in loader:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
@@ -346,13 +349,17 @@ def evaluate(
                              batch["label"][:keep_images]))  # fmt: skip
         else:
             confusion.update(batch["label"], pred.cpu(), batch["shape"])
-        above = (u if u.dim() == 1 else u[:, positive_class]).float().cpu() > 0
-        pos = batch["shape"] == positive_class
-        decisions += torch.stack([(above & pos).sum(), (~above & pos).sum(), (above & ~pos).sum()])
+        shape_scores.append((u if u.dim() == 1 else u[:, positive_class]).float().cpu())
+        shape_positive.append(batch["shape"] == positive_class)
     confusion.cm = distributed.all_reduce_(confusion.matrices().to(device)).cpu()
-    tp, fn, fp = distributed.all_reduce_(decisions.to(device)).tolist()
+    scores = distributed.all_gather_cat(torch.cat(shape_scores))  # every process's, for the AUC
+    positive = distributed.all_gather_cat(torch.cat(shape_positive))
+    u_pos, u_neg = scores[positive], scores[~positive]
+    tp, fn, fp = int((u_pos > 0).sum()), int((u_pos <= 0).sum()), int((u_neg > 0).sum())
     out: dict[str, Any] = confusion.summary()
     out["shape_fbeta"] = fbeta_from_counts(tp, fn, fp, beta)
+    recall, prec = recall_precision(u_pos, u_neg)
+    out |= {"shape_precision": prec, "shape_recall": recall, "shape_auc": roc_auc(u_pos, u_neg)}
     if kept:
         out["_images"] = tuple(torch.cat(parts)[:keep_images] for parts in zip(*kept, strict=True))
     return out

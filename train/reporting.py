@@ -26,6 +26,9 @@ def summary(history: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
 
 
 def epoch_line(row: dict[str, Any]) -> str:
+    """One console line per epoch: loss, the task metric overall / small / big, the shape node's
+    test F1 / precision / recall / AUC, the training time, and the regularizer's own figures."""
+
     def f(v: Any, spec: str = ".4f") -> str:
         return "n/a" if v is None else format(v, spec)
 
@@ -33,14 +36,21 @@ def epoch_line(row: dict[str, Any]) -> str:
     line = (
         f"epoch {row['epoch']:3d}  loss {row['train_loss']:.4f}  {metric} "
         f"{f(row[f'test_{metric}'])}  small {f(row[f'test_{metric}_small'])}"
-        f"  big {f(row[f'test_{metric}_big'])}"
-        f"  shape-F1 {f(row['test_shape_fbeta'], '.3f')}  {row['train_seconds']:.1f}s"
-    )
-    if "reg_eps" in row:
-        line += (
-            f"  | eps {row['reg_eps']:.3f} mu {row['reg_mu']:.3f} bound "
-            f"{f(row['reg_certified_fbeta'], '.3f')} proj {row['reg_projections']}"
+        f"  big {f(row[f'test_{metric}_big'])}  shape F1/P/R/AUC "
+        + "/".join(
+            f(row.get(f"test_shape_{k}"), ".3f") for k in ("fbeta", "precision", "recall", "auc")
         )
+        + f"  {row['train_seconds']:.1f}s"
+    )
+    figures = (("reg_eps", "eps", ".3f"), ("reg_mu", "mu", ".3f"), ("reg_nu", "nu", ".3f"),
+               ("reg_certified_fbeta", "bound", ".3f"), ("reg_certified_recall", "cert. R", ".3f"),
+               ("reg_certified_precision", "cert. P", ".3f"), ("reg_train_auc", "train AUC", ".3f"),
+               ("reg_certified_auc", "cert. AUC", ".3f"))  # fmt: skip
+    shown = [f"{name} {f(row[key], spec)}" for key, name, spec in figures if key in row]
+    if shown:
+        line += "  | " + " ".join(shown)
+    if "reg_projections" in row:
+        line += f" proj {row['reg_projections']}"
     return line
 
 

@@ -63,16 +63,26 @@ def test_certified_bound_never_exceeds_true_fbeta(u_pos, u_neg, beta, scale):
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5])
-def test_stats_bound_is_sound_and_none_until_every_score_is_seen(beta):
+def test_stats_bound_is_sound_from_the_first_batch_and_says_how_fresh(beta):
+    """Figures from the scores remembered so far, with the fraction scored and their age."""
     gen = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 2, (50,), generator=gen)
     labels[:2] = torch.tensor([0, 1])
     reg = FBetaRegularizer(labels, beta=beta)
+    assert reg.stats()["certified_fbeta"] is None and reg.stats()["scored_fraction"] == 0.0
     u = torch.where(labels == 1, 2.0, -1.5) + torch.randn(50, generator=gen)
     reg(u[:25], torch.arange(25))
-    assert reg.stats()["certified_fbeta"] is None  # half of the training set has no score yet
+    half = reg.stats()
+    assert half["scored_fraction"] == 0.5 and half["score_age_epochs_mean"] == 0.0
+    first = labels[:25] == 1
+    assert half["train_fbeta"] == pytest.approx(
+        fn.fbeta_of_decisions(u[:25][first], u[:25][~first], beta)
+    )
+    assert half["certified_fbeta"] <= half["train_fbeta"] + 1e-12
     reg(u[25:], torch.arange(25, 50))
+    reg.end_epoch_()
     st_ = reg.stats()
+    assert st_["scored_fraction"] == 1.0 and st_["score_age_epochs_max"] == 1  # from the last epoch
     assert st_["certified_fbeta"] is not None
     assert st_["certified_fbeta"] <= st_["train_fbeta"] + 1e-12
     assert st_["train_fbeta"] == pytest.approx(

@@ -142,16 +142,16 @@ def test_projection_count_per_epoch(mode, per_epoch):
 def test_inline_mode_differentiates_through_the_projection():
     reg, _, gen = _setup(projection="inline")
     with torch.no_grad():
-        reg.eps.fill_(-0.5)  # infeasible raw parameters: the loss sees Pi_C of them
+        reg.eps_param.fill_(-0.5)  # infeasible raw parameters: the loss sees Pi_C of them
     e, t = reg.constrained_parameters()
-    pe, pt = project_onto_c(reg.eps.detach()[0], reg.tau.detach())
+    pe, pt = project_onto_c(reg.eps_param.detach()[0], reg.tau_param.detach())
     torch.testing.assert_close(e.detach()[0], pe)
     torch.testing.assert_close(t.detach(), pt)
     reg(torch.randn(8, generator=gen), torch.arange(8)).backward()
-    assert reg.tau.grad is not None and reg.eps.grad is not None
+    assert reg.tau_param.grad is not None and reg.eps_param.grad is not None
     soft = FBetaRegularizer(reg.shape_labels, projection="inline", inline_strength=0.05)
     soft(torch.randn(8, generator=gen), torch.arange(8)).backward()
-    assert soft.tau.grad is not None
+    assert soft.tau_param.grad is not None
 
 
 def test_multiclass_is_the_mean_of_one_vs_rest_terms():
@@ -231,7 +231,7 @@ def test_shape_head_pools_feature_maps():
             {"shape_labels": torch.ones(5, dtype=torch.int64)},
             "class 1 has 5 positive and 0 negative",
         ),
-        ({"shape_labels": torch.tensor([0.0, 1.0])}, "shape_labels must be an int64 tensor"),
+        ({"shape_labels": torch.tensor([0.0, 1.0])}, "shape_labels must hold integer class ids"),
         ({"beta": 0.0}, "beta must be a finite number > 0"),
         ({"projection": "sometimes"}, "projection must be one of"),
         ({"projection_method": "bisect"}, "projection_method must be one of"),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from train import config as C
@@ -24,10 +26,10 @@ def test_overrides_are_typed():
     cfg = C.load(ROOT / "configs" / "smnist_linear.yaml", [
         "train.epochs=3", "regularizer.alpha=1e-4", "regularizer.name=fbeta",
         "model.hidden=[32, 16]", "data.train_subset=100", "optim.regularizer_lr=null",
-        "regularizer.mu_init=-2",
+        "regularizer.fbeta.mu_init=-2",
     ])  # fmt: skip
     assert cfg.train.epochs == 3 and cfg.regularizer.alpha == 1e-4
-    assert isinstance(cfg.regularizer.alpha, float) and cfg.regularizer.mu_init == -2.0
+    assert isinstance(cfg.regularizer.alpha, float) and cfg.regularizer.fbeta.mu_init == -2.0
     assert cfg.model.hidden == [32, 16] and cfg.data.train_subset == 100
     assert cfg.optim.regularizer_lr is None
 
@@ -87,46 +89,45 @@ def test_save_round_trip(tmp_path):
 
 
 def test_regularizer_section_is_the_constructor_signature():
-    """One source of truth: every option of ``regularizer`` (but name, alpha) is a keyword argument
-    of the regularizer class with the same default, and the choices are the library's tuples."""
-    import dataclasses
+    """One source of truth: for every objective, the shared options plus its sub-section are
+    exactly the keyword arguments of its class, with the library's defaults (a required target
+    is ``None`` until set), and the choices are the library's tuples."""
     import inspect
     import typing
 
     import projections
     import reparam
 
-    params = inspect.signature(reparam.FBetaRegularizer).parameters
     section = C.RegularizerConfig()
-    for f in dataclasses.fields(section):
-        if f.name in ("name", "alpha"):
-            continue
-        assert f.name in params, f"regularizer.{f.name} is not an FBetaRegularizer argument"
-        default = params[f.name].default
-        value = getattr(section, f.name)
-        assert value == (list(default) if isinstance(default, tuple) else default), f.name
+    for name, cls in C.REGULARIZERS.items():
+        params = {k: v for k, v in inspect.signature(cls).parameters.items() if k != "shape_labels"}
+        kwargs = dataclasses.replace(section, name=name).kwargs()
+        assert set(kwargs) == set(params), name
+        for key, value in kwargs.items():
+            default = params[key].default
+            if default is inspect.Parameter.empty:
+                assert value is None, f"{name}.{key}"
+            else:
+                assert value == (list(default) if isinstance(default, tuple) else default), key
     hints = typing.get_type_hints(C.RegularizerConfig)
-    for name, choices in (("projection", reparam.PROJECTION_MODES),
-                          ("negative_loss", reparam.NEGATIVE_LOSSES),
-                          ("dual_schedule", reparam.DUAL_SCHEDULES),
-                          ("projection_method", projections.PROJECTION_METHODS)):  # fmt: skip
-        assert typing.get_args(hints[name]) == choices, name
-    assert set(section.kwargs()) == {f.name for f in dataclasses.fields(section)} - {
-        "name",
-        "alpha",
-    }
+    for key, choices in (("projection", reparam.PROJECTION_MODES),
+                         ("dual_schedule", reparam.DUAL_SCHEDULES)):  # fmt: skip
+        assert typing.get_args(hints[key]) == choices, key
+    assert typing.get_args(hints["name"]) == ("none", *C.REGULARIZERS)
+    fbeta = typing.get_type_hints(C.SECTIONS["fbeta"])
+    assert typing.get_args(fbeta["negative_loss"]) == reparam.NEGATIVE_LOSSES
+    assert typing.get_args(fbeta["projection_method"]) == projections.PROJECTION_METHODS
 
 
-def test_build_regularizer_passes_every_option(tmp_path):
-    import torch
-
+def test_build_regularizer_passes_every_option():
     from train.build import build_regularizer
 
     cfg = C.load(ROOT / "configs" / "demo.yaml", [
-        "regularizer.beta=0.5", "regularizer.projection=step", "regularizer.negative_loss=logistic",
-        "regularizer.dual_lr_lambda=0.3", "regularizer.dual_lr_mu=0.2", "regularizer.rho=0.1",
-        "regularizer.mu_init=-3", "regularizer.dual_schedule=inverse_epoch",
-        "regularizer.projection_method=sort", "regularizer.positive_classes=[1, 2]",
+        "regularizer.fbeta.beta=0.5", "regularizer.projection=step",
+        "regularizer.fbeta.negative_loss=logistic", "regularizer.fbeta.dual_lr_lambda=0.3",
+        "regularizer.fbeta.dual_lr_mu=0.2", "regularizer.rho=0.1", "regularizer.fbeta.mu_init=-3",
+        "regularizer.dual_schedule=inverse_epoch", "regularizer.fbeta.projection_method=sort",
+        "regularizer.fbeta.positive_classes=[1, 2]",
     ])  # fmt: skip
     reg = build_regularizer(cfg.regularizer, torch.tensor([0, 1, 2, 1, 0, 2]))
     assert (reg.beta, reg.projection, reg.negative_loss) == (0.5, "step", "logistic")
@@ -138,3 +139,28 @@ def test_build_regularizer_passes_every_option(tmp_path):
     )
     assert reg.mu.tolist() == [-3.0, -3.0]
     assert build_regularizer(C.RegularizerConfig(), torch.tensor([0, 1])) is None
+    labels = torch.tensor([0, 1, 1, 0, 1, 0])
+    rate = C.load(ROOT / "configs" / "demo.yaml", [
+        "regularizer.name=recall_at_precision", "regularizer.recall_at_precision.precision=0.7",
+        "regularizer.recall_at_precision.nu_max=5", "regularizer.projection=inline",
+    ])  # fmt: skip
+    reg = build_regularizer(rate.regularizer, labels)
+    assert (type(reg).__name__, reg.precision, reg.nu_max, reg.projection) == (
+        "RecallAtPrecision", 0.7, 5.0, "inline")  # fmt: skip
+    auc = C.load(ROOT / "configs" / "demo.yaml", ["regularizer.name=roc_auc",
+                                                   "regularizer.roc_auc.grid=4"])  # fmt: skip
+    assert build_regularizer(auc.regularizer, labels).offsets.shape == (4,)
+
+
+def test_rate_objectives_need_their_target_and_name_bad_options():
+    from train.build import build_regularizer
+
+    demo = ROOT / "configs" / "demo.yaml"
+    with pytest.raises(ValueError, match=r"regularizer\.precision_at_recall\.recall must be set"):
+        C.load(demo, ["regularizer.name=precision_at_recall"])
+    cfg = C.load(demo, ["regularizer.name=precision_at_recall",
+                        "regularizer.precision_at_recall.recall=1.5"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"regularizer \(precision_at_recall\): recall must be"):
+        build_regularizer(cfg.regularizer, torch.tensor([0, 1, 1, 0]))
+    with pytest.raises(ValueError, match=r"unknown key regularizer\.roc_auc\.recall"):
+        C.load(demo, ["regularizer.roc_auc.recall=0.5"])

@@ -31,7 +31,7 @@ from train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 600  # digits_smnist: 300 digits + their rescaled copies per split
-REG_STATE = ("eps", "tau", "lam", "mu", "scores")
+REG_STATE = ("eps_param", "tau_param", "lam", "mu", "scores")
 
 
 def _overrides(data: Path, out: Path) -> list[str]:
@@ -42,7 +42,7 @@ def _overrides(data: Path, out: Path) -> list[str]:
         f"data.path={data}", f"train.out={out}", "model.name=mlp", "model.hidden=[64]",
         "data.batch_size=20", "data.eval_batch_size=64", "train.epochs=2", "train.device=cpu",
         "regularizer.name=fbeta", "regularizer.alpha=0.1", "regularizer.projection=epoch",
-        "regularizer.dual_lr_lambda=0.1", "regularizer.dual_lr_mu=0.1", "train.num_threads=1",
+        "regularizer.fbeta.dual_lr_lambda=0.1", "regularizer.fbeta.dual_lr_mu=0.1", "train.num_threads=1",
         "train.progress=false",
     ]  # fmt: skip
 

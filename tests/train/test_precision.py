@@ -17,7 +17,7 @@ from train import checkpoint, loop
 from train import config as C
 
 ROOT = Path(__file__).resolve().parents[2]
-REG_FLOAT_STATE = ("eps", "tau", "lam", "mu", "scores")
+REG_FLOAT_STATE = ("eps_param", "tau_param", "lam", "mu", "scores")
 
 
 def _cfg(data: Path, out: Path, precision: str, *extra: str) -> C.Config:

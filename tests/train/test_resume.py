@@ -28,8 +28,9 @@ from .run_utils import (
     without_timing,
 )
 
-REG_STATE = ("eps", "tau", "lam", "mu", "scores", "seen_ever", "epoch", "projections",
-             "projections_epoch", "projections_last_epoch")  # fmt: skip
+REG_STATE = ("eps_param", "tau_param", "lam", "mu", "scores", "seen_ever", "epoch", "projections",
+             "projections_epoch", "projections_last_epoch", "score_epoch")  # fmt: skip
+RATE_STATE = ("tau_param", "lam", "nu", "scores", "seen_ever", "score_epoch", "epoch")
 
 
 def _metrics(run_dir: Path) -> dict:
@@ -56,17 +57,21 @@ STOPS = {  # where run B stops, from the steps per epoch
 
 
 @pytest.mark.parametrize(
-    ("where", "projection"),
+    ("where", "projection", "objective"),
     [
-        ("mid-epoch-1-then-across-the-epoch-boundary", "inline"),
-        ("mid-epoch-2-after-a-dual-step", "epoch"),
-        ("at-the-epoch-boundary", "step"),
+        ("mid-epoch-1-then-across-the-epoch-boundary", "inline", "fbeta"),
+        ("mid-epoch-2-after-a-dual-step", "epoch", "fbeta"),
+        ("at-the-epoch-boundary", "step", "fbeta"),
+        ("mid-epoch-2-after-a-dual-step", "epoch", "roc_auc"),
+        ("mid-epoch-1-then-across-the-epoch-boundary", "step", "recall_at_precision"),
     ],
 )
 def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
-    digits_smnist, tmp_path, where, projection
+    digits_smnist, tmp_path, where, projection, objective
 ):
-    extra = (f"regularizer.projection={projection}",)
+    extra = (f"regularizer.projection={projection}", f"regularizer.name={objective}",
+             "regularizer.recall_at_precision.precision=0.8")  # fmt: skip
+    reg_state = REG_STATE if objective == "fbeta" else RATE_STATE
     cfg = smnist_cfg(digits_smnist, tmp_path / "a", *extra)
     per_epoch = steps_per_epoch(cfg)
     stop = STOPS[where](per_epoch)
@@ -82,12 +87,12 @@ def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     assert b["global_step"] == 2 * per_epoch and b["epoch"] == 2
     # the comparison is not vacuous: the state moved after the stop, the regularizer is all there
     assert not torch.equal(stopped["model"]["classifier.weight"], b["model"]["classifier.weight"])
-    assert set(REG_STATE) <= set(b["regularizer"]) and b["optimizer"]["state"]
+    assert set(reg_state) <= set(b["regularizer"]) and b["optimizer"]["state"]
     assert int(b["regularizer"]["epoch"]) == 2 and bool(b["regularizer"]["seen_ever"].all())
     assert not torch.equal(b["regularizer"]["lam"], torch.zeros_like(b["regularizer"]["lam"]))
 
     assert_same_training_state(a, b)
-    for name in REG_STATE:  # named again so that a failure says which one
+    for name in reg_state:  # named again so that a failure says which one
         assert_bitwise_equal(a["regularizer"][name], b["regularizer"][name], name)
     ma, mb = _metrics(tmp_path / "a"), _metrics(b_dir)
     assert ma["history"] == mb["history"] and ma["final"] == mb["final"]

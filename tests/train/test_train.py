@@ -45,6 +45,39 @@ def test_one_epoch_with_the_regularizer_writes_the_run_folder(digits_smnist, tmp
     assert list((out / "tb").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.parametrize(
+    "name, target, figures",
+    [
+        ("precision_at_recall", "regularizer.precision_at_recall.recall=0.9",
+         ("reg_certified_recall", "reg_certified_precision", "reg_train_recall", "reg_nu")),
+        ("recall_at_precision", "regularizer.recall_at_precision.precision=0.9",
+         ("reg_certified_recall", "reg_certified_precision", "reg_certifiable_margin", "reg_nu")),
+        ("roc_auc", "regularizer.roc_auc.grid=5",
+         ("reg_train_auc", "reg_certified_auc", "reg_grid_tpr_mean", "reg_nu")),
+    ],
+)  # fmt: skip
+def test_rate_objectives_train_through_the_cli(digits_smnist, tmp_path, name, target, figures):
+    """``--regularizer <rate objective>``: the objective's figures and the shape node's test
+    precision / recall / AUC reach metrics.json; the certificates sit below the true values."""
+    from train.__main__ import main
+
+    out = tmp_path / "run"
+    assert main(["--config", str(ROOT / "configs" / "demo.yaml"), "--regularizer", name,
+                 "--out", str(out), f"data.path={digits_smnist}", "train.epochs=2",
+                 "train.progress=false", "regularizer.projection=inline", target]) == 0  # fmt: skip
+    final = json.loads((out / "metrics.json").read_text())["final"]
+    for key in (*figures, "test_shape_precision", "test_shape_recall", "test_shape_auc",
+                "test_accuracy_small", "test_accuracy_big", "reg_scored_fraction"):  # fmt: skip
+        assert final[key] is not None, key
+    assert final["test_shape_auc"] > 0.9 and final["reg_scored_fraction"] == 1.0
+    if name == "roc_auc":
+        assert final["reg_certified_auc"] <= final["reg_train_auc"]
+    else:
+        assert final["reg_certified_recall"] <= final["reg_train_recall"]
+    saved = C.load(out / "config.yaml").regularizer
+    assert saved.name == name and "nu" in checkpoint.latest(out)[1]["regularizer"]
+
+
 def test_one_epoch_on_real_mnist(mnist_dir, tmp_path):
     from data_prep import smnist
 

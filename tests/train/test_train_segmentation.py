@@ -132,7 +132,7 @@ def test_segmentation_config_errors(tmp_path):
 
 def test_three_shape_bins_train_one_vs_rest(coco_root, tmp_path):
     """p = 3 shape classes (docs/method.md sec. 6): ``--thresholds 0.02 0.2``, one F-beta term per non-zero
-    bin (``regularizer.positive_classes=[1,2]``) on its own column of the shape head, mIoU
+    bin (``regularizer.fbeta.positive_classes=[1,2]``) on its own column of the shape head, mIoU
     reported per bin."""
     from data_prep import cocostuff
 
@@ -142,7 +142,7 @@ def test_three_shape_bins_train_one_vs_rest(coco_root, tmp_path):
     counts = json.loads((cache / "meta.json").read_text())["splits"]["train"]["shape_counts"]
     assert set(counts) == {"0", "1", "2"} and min(counts.values()) > 0
     out = tmp_path / "run"
-    metrics = _train_cli(cache, out, "regularizer.positive_classes=[1,2]")
+    metrics = _train_cli(cache, out, "regularizer.fbeta.positive_classes=[1,2]")
     (row,) = metrics["history"]
     assert len(row["test_miou_per_group"]) == 3
     assert row["test_miou_big"] == row["test_miou_per_group"][2]

@@ -1,0 +1,200 @@
+r"""Thin adapters to optional peer libraries (imported lazily; docs/method.md sec. 9).
+
+* **Cooper** (``pip install cooper-optim``; Gallego-Posada, Ramirez, Hashemizadeh, Lacoste-Julien,
+  "Cooper: a library for constrained optimization in deep learning", 2025): LP (3') of
+  docs/method.md sec. 2 posed as a ``ConstrainedMinimizationProblem``, with one *indexed* multiplier
+  per positive sample for ``tau_i <= u_i`` and ``tau_i <= eps`` (observed on the batch's positives,
+  ``constraint_features`` = their slots), dense multipliers for ``eps >= 0`` and ``mean tau = 1``, and
+  Cooper's simultaneous gradient descent-ascent. Nothing is projected: every constraint is
+  Lagrangian, the generic-engine contrast to ``reparam`` (which keeps ``C`` and projects).
+* **LibAUC** (``pip install --no-deps libauc``; Yuan, Yan, Sonka, Yang, "Large-scale robust deep AUC
+  maximization", ICCV 2021): the AUC-margin loss ``AUCMLoss`` with its ``PESG`` optimizer.
+
+``import baselines`` never imports either; the functions below raise ``ImportError`` with the
+install command when the peer is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._checks import check_choice, check_positive
+
+INSTALL = {
+    "cooper": "pip install -c constraints.txt cooper-optim==1.0.1",
+    "libauc": "pip install -c constraints.txt --no-deps libauc==2.0.1",
+}
+
+
+def _require(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(
+            f"this adapter needs the optional package {module!r}: {INSTALL[module.split('.')[0]]}"
+        ) from err
+
+
+# --- Cooper ---------------------------------------------------------------------------------------
+
+
+def cooper_fbeta_problem(
+    shape_labels: Tensor, *, beta: float = 1.0, eps_init: float = 1.0, tau_init: float = 1.0
+) -> Any:
+    r"""LP (3') as a Cooper ``ConstrainedMinimizationProblem`` over the whole training set.
+
+    .. math::
+        \min_{W, \epsilon, \tau}\ \beta^2\epsilon + \tfrac1n\sum_{S^-}\max(0, \epsilon + u_j)
+        \ \text{s.t.}\ \tau_i - u_i \le 0,\ \tau_i - \epsilon \le 0\ (i \in S^+),\ -\epsilon \le 0,
+        \ \mathrm{mean}_{S^+}\tau - 1 = 0
+
+    ``shape_labels`` ``(N,)`` 0/1 over the data set. The returned object owns ``eps`` and ``tau``
+    (``nn.Parameter``\ s, in ``primal_parameters()``) and its ``compute_cmp_state(scores, idx)``
+    takes a batch's scores ``(B,)`` and dataset indices ``(B,)``. The objective's hinge sum and the
+    per-sample violations are scaled by ``N / (n B)`` so that Cooper's Lagrangian is the minibatch
+    estimate of (4') (docs/method.md sec. 3) with Cooper's indexed multipliers as ``lambda_i``;
+    ``mean tau - 1`` is exact (``tau`` is a parameter). Build the optimizer with
+    :func:`cooper_optimizer`.
+    """
+    _require("cooper")
+    labels = torch.as_tensor(shape_labels)
+    if labels.dim() != 1 or labels.numel() == 0 or bool(((labels != 0) & (labels != 1)).any()):
+        raise ValueError(
+            f"shape_labels must be a non-empty (N,) tensor of 0/1, got shape {tuple(labels.shape)}"
+        )
+    if int(labels.sum()) == 0:
+        raise ValueError("shape_labels must contain at least one positive (label 1), got none")
+    beta = check_positive("beta", beta)
+    return _cooper_problem_class()(labels.long(), beta, float(eps_init), float(tau_init))
+
+
+def cooper_optimizer(
+    cmp: Any,
+    primal_parameters: Iterable[torch.nn.Parameter] = (),
+    *,
+    primal_lr: float = 1e-2,
+    dual_lr: float = 1e-1,
+) -> Any:
+    """Cooper's ``SimultaneousOptimizer``: Adam on the model's and ``cmp``'s primal parameters,
+    SGD ascent (``maximize=True``, sparse-gradient friendly) on the multipliers, as Cooper's
+    documentation sets up indexed multipliers. Step with ``opt.roll(compute_cmp_state_kwargs=...)``.
+    """
+    cooper = _require("cooper")
+    params = [*primal_parameters, *cmp.primal_parameters()]
+    primal = torch.optim.Adam(params, lr=check_positive("primal_lr", primal_lr))
+    dual = torch.optim.SGD(
+        cmp.dual_parameters(), lr=check_positive("dual_lr", dual_lr), maximize=True, foreach=False
+    )
+    return cooper.optim.SimultaneousOptimizer(
+        primal_optimizers=primal, dual_optimizers=dual, cmp=cmp
+    )
+
+
+@functools.cache
+def _cooper_problem_class() -> type:
+    cooper = _require("cooper")
+
+    class FBetaLPProblem(cooper.ConstrainedMinimizationProblem):
+        """LP (3') with per-sample indexed multipliers (see :func:`cooper_fbeta_problem`)."""
+
+        def __init__(self, labels: Tensor, beta: float, eps_init: float, tau_init: float):
+            super().__init__()
+            self.N, self.n, self.beta = labels.numel(), int(labels.sum()), beta
+            # slot[k] = position of dataset index k among the positives, -1 for a negative
+            self.slot = torch.full((self.N,), -1, dtype=torch.long)
+            self.slot[labels == 1] = torch.arange(self.n)
+            self.eps = torch.nn.Parameter(torch.tensor(eps_init))
+            self.tau = torch.nn.Parameter(torch.full((self.n,), tau_init))
+            ineq, eq = cooper.ConstraintType.INEQUALITY, cooper.ConstraintType.EQUALITY
+            self.tau_le_u = cooper.Constraint(
+                ineq, multiplier=cooper.multipliers.IndexedMultiplier(num_constraints=self.n)
+            )
+            self.tau_le_eps = cooper.Constraint(
+                ineq, multiplier=cooper.multipliers.IndexedMultiplier(num_constraints=self.n)
+            )
+            self.eps_nonneg = cooper.Constraint(
+                ineq, multiplier=cooper.multipliers.DenseMultiplier(num_constraints=1)
+            )
+            self.mean_tau = cooper.Constraint(
+                eq, multiplier=cooper.multipliers.DenseMultiplier(num_constraints=1)
+            )
+
+        def primal_parameters(self) -> list[torch.nn.Parameter]:
+            return [self.eps, self.tau]
+
+        def compute_cmp_state(self, scores: Tensor, idx: Tensor) -> Any:
+            slot = self.slot.to(idx.device)[idx]
+            is_pos = slot >= 0
+            scale = self.N / (self.n * idx.numel())
+            loss = self.beta**2 * self.eps + scale * torch.relu(self.eps + scores[~is_pos]).sum()
+            s = slot[is_pos]
+            states = {
+                self.tau_le_u: cooper.ConstraintState(
+                    violation=scale * (self.tau[s] - scores[is_pos]), constraint_features=s
+                ),
+                self.tau_le_eps: cooper.ConstraintState(
+                    violation=scale * (self.tau[s] - self.eps), constraint_features=s
+                ),
+                self.eps_nonneg: cooper.ConstraintState(violation=-self.eps.reshape(1)),
+                self.mean_tau: cooper.ConstraintState(violation=(self.tau.mean() - 1).reshape(1)),
+            }
+            return cooper.CMPState(loss=loss, observed_constraints=states)
+
+    return FBetaLPProblem
+
+
+# --- LibAUC ---------------------------------------------------------------------------------------
+
+
+def libauc_aucm_pesg(
+    params: Iterable[torch.nn.Parameter],
+    *,
+    margin: float = 1.0,
+    lr: float = 0.1,
+    epoch_decay: float = 2e-3,
+    weight_decay: float = 1e-5,
+    momentum: float = 0.9,
+    imratio: float | None = None,
+    version: str = "v1",
+    device: str | torch.device | None = None,
+) -> tuple[Any, Any]:
+    r"""LibAUC's AUC-margin loss and its PESG optimizer, configured as LibAUC documents them.
+
+    ``AUCMLoss`` (``v1``, ``p`` the positive ratio, ``a, b, alpha`` its own parameters, ``h`` the
+    scores, which LibAUC expects in ``[0, 1]``: pass ``torch.sigmoid(logits)``):
+
+    .. math::
+        (1-p)\,\mathbb{E}[(h - a)^2 1_{y=1}] + p\,\mathbb{E}[(h - b)^2 1_{y=0}]
+        + 2\alpha\big(p(1-p)m + \mathbb{E}[p h 1_{y=0} - (1-p) h 1_{y=1}]\big) - p(1-p)\alpha^2,
+
+    whose min over ``a, b`` and max over ``alpha >= 0`` is
+    ``p(1-p) [Var_+ h + Var_- h + max(0, m - (mean_+ h - mean_- h))^2]``, the class-mean form of
+    the pairwise squared hinge. ``PESG`` descends on the model and ``(a, b)``, ascends on
+    ``alpha``. Returns ``(loss_fn, optimizer)``; call ``optimizer.update_regularizer(decay)`` at the
+    epoch ends as LibAUC's examples do. ``device``: where ``a, b, alpha`` live (LibAUC's default:
+    CUDA when available).
+    """
+    losses = _require("libauc.losses")
+    optimizers = _require("libauc.optimizers")
+    version = check_choice("version", version, ("v1", "v2"))
+    loss_fn = losses.AUCMLoss(
+        margin=check_positive("margin", margin, allow_zero=True),
+        imratio=imratio,
+        version=version,
+        device=device,
+    )
+    opt = optimizers.PESG(
+        list(params),
+        loss_fn=loss_fn,
+        lr=check_positive("lr", lr),
+        epoch_decay=check_positive("epoch_decay", epoch_decay, allow_zero=True),
+        weight_decay=check_positive("weight_decay", weight_decay, allow_zero=True),
+        momentum=check_positive("momentum", momentum, allow_zero=True),
+    )
+    return loss_fn, opt

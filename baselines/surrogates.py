@@ -1,0 +1,59 @@
+r"""Smooth minibatch surrogates of F-beta and AUC (docs/method.md sec. 9): plain functions.
+
+Both are minibatch quantities (a ratio, resp. a mean over the batch's pairs), so like the LP layer
+they estimate the data-set objective with a bias; neither keeps state across batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import check_labels, check_positive, check_scores
+
+
+def soft_fbeta_loss(
+    scores: Tensor, labels: Tensor, *, beta: float = 1.0, temperature: float = 1.0
+) -> Tensor:
+    r"""``1 - soft F-beta`` of one minibatch, with sigmoid counts.
+
+    .. math::
+        p_i = \sigma(u_i / T),\quad tp = \sum_{B^+} p_i,\quad fp = \sum_{B^-} p_j,\quad fn = |B^+| - tp,
+
+        \ell = 1 - \frac{(1 + \beta^2)\, tp}{(1 + \beta^2)\, tp + \beta^2 fn + fp}
+
+    As ``T -> 0`` the counts become those of the decisions ``u > 0`` (docs/method.md sec. 1). The
+    denominator is ``> 0`` whenever the batch has a positive (``tp > 0``), which is required.
+
+    Raises:
+        ValueError: scores not a finite float ``(B,)`` tensor, labels not 0/1 of shape ``(B,)`` or
+            without a positive, ``beta`` or ``temperature`` not ``> 0``.
+    """
+    scores = check_scores(scores)
+    pos = check_labels(labels, scores, need_both=False)
+    b2 = check_positive("beta", beta) ** 2
+    p = torch.sigmoid(scores / check_positive("temperature", temperature))
+    tp = p[pos].sum()
+    fp = p[~pos].sum()
+    fn = pos.sum().to(p.dtype) - tp
+    return 1 - (1 + b2) * tp / ((1 + b2) * tp + b2 * fn + fp)
+
+
+def pairwise_squared_hinge_auc_loss(
+    scores: Tensor, labels: Tensor, *, margin: float = 1.0
+) -> Tensor:
+    r"""Mean over the batch's (positive, negative) pairs of the squared hinge on the score gap.
+
+    .. math:: \ell = \frac{1}{|B^+||B^-|}\sum_{i \in B^+}\sum_{j \in B^-} \max(0, m - (u_i - u_j))^2
+
+    (the pairwise surrogate of ``1 - AUC``; LibAUC's AUC-margin loss is its min-max reformulation
+    with class means, docs/baselines.md). ``O(|B+| |B-|)`` memory.
+
+    Raises:
+        ValueError: bad scores/labels (no positive or no negative), ``margin`` not ``>= 0``.
+    """
+    scores = check_scores(scores)
+    pos = check_labels(labels, scores, need_both=True)
+    margin = check_positive("margin", margin, allow_zero=True)
+    gap = scores[pos].unsqueeze(1) - scores[~pos].unsqueeze(0)
+    return torch.relu(margin - gap).square().mean()

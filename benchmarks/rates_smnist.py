@@ -1,0 +1,119 @@
+"""S-MNIST with each rate objective on the shape node (docs/rates.md): P@R, R@P at two targets,
+ROC-AUC at two grid sizes, next to F-beta and the baseline; the MLP (its shared hidden layer lets
+the shape term reach the classifier), 3 seeds.
+
+    python -m benchmarks.rates_smnist --mnist-dir data/mnist --jobs 2     # ~25 min on 2 cores
+
+Same machinery as ``benchmarks.smnist_results`` (one process per run, one thread each, finished
+runs reused); writes ``docs/figures/rates_smnist.md``: the shape node's test precision / recall at
+its learned threshold ``u > 0`` and the ROC-AUC of its scores, the task accuracy overall and per
+shape group, and the training time per epoch relative to F-beta's (mean +- sd over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from data_prep import smnist
+
+from .smnist_results import TUNED, _complete, _ms, _run_one
+
+CONFIG = "configs/smnist_mlp.yaml"
+COMMON = ["regularizer.alpha=1e-3", "regularizer.projection=inline"]
+
+
+def grid(epochs: int) -> list[tuple[str, list[str]]]:
+    """``(name, overrides)`` of every variant (all on ``configs/smnist_mlp.yaml``)."""
+    e = [f"train.epochs={epochs}"]
+    out = [("baseline", ["regularizer.name=none", *e]),
+           ("F-beta (inline, 0.1/0.1)", ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *TUNED, *e])]  # fmt: skip
+    for r in ("0.9", "0.97"):
+        out.append((f"P@R r={r}", ["regularizer.name=precision_at_recall", *COMMON,
+                                   f"regularizer.precision_at_recall.recall={r}", *e]))  # fmt: skip
+    for a in ("0.9", "0.97"):
+        out.append((f"R@P a={a}", ["regularizer.name=recall_at_precision", *COMMON,
+                                   f"regularizer.recall_at_precision.precision={a}", *e]))  # fmt: skip
+    for k in ("10", "40"):
+        out.append((f"ROC-AUC K={k}", ["regularizer.name=roc_auc", *COMMON,
+                                       f"regularizer.roc_auc.grid={k}", *e]))  # fmt: skip
+    return out
+
+
+def _folder(runs: Path, name: str, seed: int) -> Path:
+    safe = name.replace(" ", "_").replace("=", "").replace("@", "at").replace("/", "_")
+    return runs / f"{safe.replace('(', '').replace(')', '').replace(',', '')}-seed{seed}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
+    p.add_argument("--data", type=Path, default=Path("data/smnist"))
+    p.add_argument("--runs", type=Path, default=Path("runs/rates_smnist"))
+    p.add_argument("--out", type=Path, default=Path("docs/figures"))
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--table-only", action="store_true", help="no training: tabulate finished runs")
+    a = p.parse_args(argv)
+    if not a.table_only:
+        smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
+    variants = grid(a.epochs)
+    todo = []
+    for name, overrides in variants:
+        for seed in a.seeds:
+            out = _folder(a.runs, name, seed)
+            if not _complete(out) and not a.table_only:
+                todo.append((CONFIG, [*overrides, f"train.seed={seed}", f"data.path={a.data}"],
+                             str(out)))  # fmt: skip
+    print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
+    if todo:
+        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+            for done in pool.map(_run_one, todo):
+                print("done", done, flush=True)
+
+    finals: dict[str, list[dict]] = {}
+    for name, _ in variants:
+        ms = [json.loads((_folder(a.runs, name, s) / "metrics.json").read_text())
+              for s in a.seeds if _complete(_folder(a.runs, name, s))]  # fmt: skip
+        if ms:
+            finals[name] = ms
+    ref = finals.get("F-beta (inline, 0.1/0.1)")
+    ref_epoch = statistics.mean(_per_epoch(m) for m in ref) if ref else None
+    rows = []
+    for name, ms in finals.items():
+        f = [m["final"] for m in ms]
+        rel = [_per_epoch(m) / ref_epoch for m in ms] if ref_epoch else []
+        rows.append(
+            f"| {name} | {_ms([x['test_shape_precision'] for x in f], '.3f', 1.0)} "
+            f"| {_ms([x['test_shape_recall'] for x in f], '.3f', 1.0)} "
+            f"| {_ms([x['test_shape_auc'] for x in f], '.4f', 1.0)} "
+            f"| {_ms([x['test_accuracy'] for x in f])} | {_ms([x['test_accuracy_small'] for x in f])} "
+            f"| {_ms([x['test_accuracy_big'] for x in f])} | {_ms([x['test_accuracy_gap'] for x in f])} "
+            f"| {_ms(rel, '.2f', 1.0)} |"
+        )
+    header = ("| shape objective | shape precision (test, u > 0) | shape recall | shape ROC-AUC "
+              "| task acc % | small % | big % | gap (pp) | time / epoch vs F-beta |\n"
+              "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    table = header + "\n" + "\n".join(rows)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "rates_smnist.md").write_text(
+        f"<!-- python -m benchmarks.rates_smnist --seeds {' '.join(map(str, a.seeds))} "
+        f"--epochs {a.epochs} -->\n{table}\n"
+    )
+    print(table)
+    return 0
+
+
+def _per_epoch(metrics: dict) -> float:
+    """Training seconds per epoch (training pass + epoch end), mean over the run."""
+    h = metrics["history"]
+    return sum(r["train_seconds"] + r["epoch_end_seconds"] for r in h) / len(h)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Validation at the public boundary of ``reparam``: bad input is a ``ValueError`` naming the
+argument, its value and what was expected."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def describe(x: object) -> str:
+    if isinstance(x, Tensor):
+        return f"tensor of dtype {x.dtype} and shape {tuple(x.shape)}"
+    if isinstance(x, np.ndarray):
+        return f"numpy array of dtype {x.dtype} and shape {x.shape}"
+    return type(x).__name__
+
+
+def shape_labels(x: object) -> Tensor:
+    """The shape labels as an int64 CPU tensor ``(N,)``: accepts a tensor or numpy array of any
+    integer (or bool) dtype, or a sequence of ints; rejects floats, empty and multi-dim input."""
+    if isinstance(x, Tensor):
+        t = x.detach()
+    elif isinstance(x, np.ndarray):
+        if not (np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_):
+            raise ValueError(f"shape_labels must hold integer class ids, got {describe(x)}")
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    elif isinstance(x, Sequence) and not isinstance(x, str):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
+            raise ValueError(f"shape_labels must hold integer class ids, got {list(x)[:5]}...")
+        t = torch.tensor(list(x), dtype=torch.int64)
+    else:
+        raise ValueError(
+            f"shape_labels must be integer class ids (a tensor, numpy array or sequence of ints), "
+            f"got {describe(x)}"
+        )
+    if t.is_floating_point() or t.is_complex():
+        raise ValueError(f"shape_labels must hold integer class ids, got {describe(t)}")
+    if t.dim() != 1 or t.numel() == 0:
+        raise ValueError(f"shape_labels must have shape (N,) with N > 0, got {tuple(t.shape)}")
+    t = t.cpu().long()
+    if int(t.min()) < 0:
+        raise ValueError(f"shape_labels must be >= 0, got values down to {int(t.min())}")
+    return t
+
+
+def number(name: str, x: object, lo: float = -math.inf, *, strict: bool = False,
+           hi: float = math.inf, strict_hi: bool = False) -> float:  # fmt: skip
+    """A finite real number in ``[lo, hi]`` (open ends with ``strict`` / ``strict_hi``)."""
+    ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+    ok = ok and math.isfinite(x) and (x > lo if strict else x >= lo)
+    ok = ok and (x < hi if strict_hi else x <= hi)
+    if not ok:
+        bounds = []
+        if lo > -math.inf:
+            bounds.append(f"{'>' if strict else '>='} {lo:g}")
+        if hi < math.inf:
+            bounds.append(f"{'<' if strict_hi else '<='} {hi:g}")
+        raise ValueError(
+            f"{name} must be a finite number {' and '.join(bounds)}, got {x!r}".strip()
+        )
+    return float(x)
+
+
+def choice(name: str, x: object, allowed: Sequence[str]) -> str:
+    if x not in allowed:
+        raise ValueError(f"{name} must be one of {tuple(allowed)}, got {x!r}")
+    return x  # type: ignore[return-value]
+
+
+def positive_classes(classes: object) -> tuple[int, ...]:
+    try:
+        out = tuple(int(c) for c in classes)  # type: ignore[union-attr]
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"positive_classes must be a sequence of class ids, got {classes!r}"
+        ) from e
+    if not out or len(set(out)) != len(out):
+        raise ValueError(f"positive_classes must be distinct class ids, got {out!r}")
+    if min(out) < 0:
+        raise ValueError(f"positive_classes must be >= 0, got {out!r}")
+    return out
+
+
+def batch(scores: object, idx: object, classes: tuple[int, ...], n_total: int,
+          device: torch.device) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """``(u float32 (B, P), idx int64 (B,) on device)`` from the shape head's scores: ``(B,)`` or
+    ``(B, 1)`` for one positive class, else ``(B, K)`` with column ``c`` for class ``c``."""
+    if not isinstance(scores, Tensor) or not scores.is_floating_point():
+        raise ValueError(f"scores must be a floating-point tensor, got {describe(scores)}")
+    if not isinstance(idx, Tensor) or idx.dtype != torch.int64 or idx.dim() != 1:
+        raise ValueError(f"idx must be an int64 tensor of shape (B,), got {describe(idx)}")
+    b, p = idx.numel(), len(classes)
+    if scores.dim() == 1 and p == 1:
+        u = scores.unsqueeze(-1)
+    elif scores.dim() == 2 and scores.shape[1] == 1 and p == 1:
+        u = scores
+    elif scores.dim() == 2 and scores.shape[1] > max(classes):
+        u = scores[:, list(classes)]
+    else:
+        expected = "(B,) or (B, 1), or " if p == 1 else ""
+        raise ValueError(
+            f"scores must have shape {expected}(B, K) with K > {max(classes)} "
+            f"(one column per shape class), got {tuple(scores.shape)}"
+        )
+    if u.shape[0] != b:
+        raise ValueError(f"scores and idx must have the same batch size, got {u.shape[0]} and {b}")
+    # one reduction instead of an elementwise test: a NaN/inf anywhere makes the sum non-finite
+    if (
+        b
+        and not bool(torch.isfinite(u.detach().sum()))
+        and not bool(torch.isfinite(u.detach()).all())
+    ):
+        raise ValueError("scores must be finite, got NaN or inf (check the network's outputs)")
+    if b:
+        lo, hi = (int(v) for v in idx.aminmax())
+        if lo < 0 or hi >= n_total:
+            raise ValueError(
+                f"idx must hold dataset indices in [0, {n_total}), got values in [{lo}, {hi}]"
+            )
+    return u.float(), idx.to(device)

@@ -1,0 +1,165 @@
+r"""``ReparamRegularizer``: what every reparameterized objective shares (docs/method.md sec. 3, 3b, 8).
+
+An objective (F-beta, P@R, R@P, ROC-AUC) is a Lagrangian in per-positive-sample variables ``tau``
+(``nn.Parameter``, stepped by the user's optimizer), their multipliers ``lambda`` (buffer, dual
+ascent) and a few objective-level variables. On top of ``ShapeObjective`` (labels, score memory,
+epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, float32 state) this
+base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
+``step`` (after every optimizer step), ``inline`` (the loss sees the projection of the raw
+parameters) or ``none``; the dual step sizes (``constant``, ``inverse_epoch`` or ``rho`` for the
+augmented Lagrangian); and the ``lambda`` step ``lambda <- max(0, lambda + eta (tau - u))``.
+
+An objective subclass provides the raw parameters to project (``_constrained_names``), the
+projection (``_project``), the minibatch Lagrangian (``_loss``), ``lambda``'s targets
+(``_lambda_targets``), its other dual step (``_dual_step_``) and its figures (``_objective_stats``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from . import _checks
+from .objective import ShapeObjective
+
+PROJECTION_MODES = ("epoch", "step", "inline", "none")
+DUAL_SCHEDULES = ("constant", "inverse_epoch")
+
+
+class ReparamRegularizer(ShapeObjective):
+    """Base of the reparameterized objectives; see the module docstring. Not used directly."""
+
+    _constrained_names: tuple[str, ...] = ()  # the raw parameters the projection acts on, in order
+
+    def __init__(
+        self,
+        shape_labels: object,
+        *,
+        positive_classes: Sequence[int],
+        projection: str,
+        inline_strength: float,
+        dual_lr_lambda: float,
+        dual_lr_rate: float,
+        dual_lr_rate_name: str,
+        dual_schedule: str,
+        rho: float,
+    ) -> None:
+        super().__init__(shape_labels, positive_classes=positive_classes)
+        self.projection = _checks.choice("projection", projection, PROJECTION_MODES)
+        self.dual_schedule = _checks.choice("dual_schedule", dual_schedule, DUAL_SCHEDULES)
+        self.inline_strength = _checks.number("inline_strength", inline_strength, 0)
+        self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
+        self._dual_lr_rate = _checks.number(dual_lr_rate_name, dual_lr_rate, 0)
+        self.rho = _checks.number("rho", rho, 0)
+        self.register_load_state_dict_pre_hook(_upgrade_legacy_state)
+
+    # --- the loss -------------------------------------------------------------------------------
+
+    def constrained_parameters(self) -> tuple[Tensor, ...]:
+        """The constrained variables as the loss sees them (``_constrained_names`` order): the
+        parameters themselves, or in mode ``"inline"`` their (soft) projection, with autograd."""
+        raw = tuple(getattr(self, name) for name in self._constrained_names)
+        if self.projection != "inline":
+            return raw
+        return self._project(*raw, strength=self.inline_strength)
+
+    def _effective(self, position: int) -> Tensor:
+        """The value the loss uses for constrained variable ``position``: the parameter itself,
+        except in mode ``"inline"`` (then its projection, detached: write to the ``*_param``)."""
+        if self.projection != "inline":
+            return getattr(self, self._constrained_names[position])
+        with torch.no_grad():
+            return self.constrained_parameters()[position].detach()
+
+    # --- the schedule ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def project_(self) -> None:
+        """Project the constrained parameters in place (counted)."""
+        raw = tuple(getattr(self, name).detach() for name in self._constrained_names)
+        for name, value in zip(self._constrained_names, self._project(*raw), strict=True):
+            getattr(self, name).copy_(value)
+        self.projections += 1
+        self.projections_epoch += 1
+
+    @property
+    def _projects_after_step(self) -> bool:
+        return self.projection == "step"
+
+    def _after_step_body_(self) -> None:
+        """After every optimizer step: projects in mode ``"step"``."""
+        if self.projection == "step":
+            self.project_()
+
+    def _end_epoch_body_(self) -> None:
+        r"""End of epoch ``e`` (docs/method.md sec. 3b): projection (mode ``"epoch"``), then dual
+        ascent on the remembered scores: ``lambda_i <- max(0, lambda_i + eta_l (tau_i - u_i))`` for
+        every positive whose score was ever recorded, then the objective's own multipliers.
+        ``eta = dual_lr`` (``"constant"``), ``dual_lr / e`` (``"inverse_epoch"``) or ``rho``."""
+        if self.projection == "epoch":
+            self.project_()
+        eta_l, eta_m = self.dual_step_sizes(int(self.epoch) + 1)
+        tau, target = self._lambda_targets()
+        have = self.seen_ever[self.pos_index]
+        have = have.view(-1, *([1] * (tau.dim() - 1)))
+        self.lam.copy_(
+            torch.where(have, (self.lam + eta_l * (tau - target)).clamp_min(0), self.lam)
+        )
+        self._dual_step_(eta_m)
+
+    def dual_step_sizes(self, epoch: int) -> tuple[float, float]:
+        """``(eta_lambda, eta of the objective's multipliers)`` for epoch ``epoch`` (1-based)."""
+        if self.rho > 0:
+            return self.rho, self.rho
+        if self.dual_schedule == "inverse_epoch":
+            return self.dual_lr_lambda / epoch, self._dual_lr_rate / epoch
+        return self.dual_lr_lambda, self._dual_lr_rate
+
+    # --- reporting ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def stats(self) -> dict[str, float | int | list | bool | None]:
+        """``ShapeObjective.stats`` plus ``lambda`` and the violation of the dualized ``tau_i <= u_i``
+        (over the positives with a remembered score)."""
+        tau, target = self._lambda_targets()
+        over_u = (tau - target).clamp_min(0)[self.seen_ever[self.pos_index]]
+        return super().stats() | {
+            "lambda_mean": float(self.lam.mean()),
+            "lambda_max": float(self.lam.max()),
+            "tau_mean": float(tau.mean()),
+            "violation_tau_gt_u_mean": float(over_u.mean()) if over_u.numel() else 0.0,
+            "violation_tau_gt_u_max": float(over_u.max()) if over_u.numel() else 0.0,
+        }
+
+    # --- for subclasses ---------------------------------------------------------------------------
+
+    def _project(self, *raw: Tensor, strength: float = 0.0) -> tuple[Tensor, ...]:
+        raise NotImplementedError
+
+    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
+        """``(tau as the loss sees it, detached; the scores it must stay below)``, shaped like
+        ``lam``, from the remembered scores."""
+        raise NotImplementedError
+
+    def _dual_step_(self, eta: float) -> None:
+        raise NotImplementedError
+
+    def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
+        raise NotImplementedError
+
+
+def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
+    """Checkpoints written before ``eps``/``tau`` became ``eps_param``/``tau_param`` and before
+    ``score_epoch`` existed still load (scores seen then are dated to the last completed epoch)."""
+    for old, new in (("eps", "eps_param"), ("tau", "tau_param")):
+        if prefix + old in state_dict and prefix + new not in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)
+    if prefix + "score_epoch" not in state_dict and prefix + "seen_ever" in state_dict:
+        seen = state_dict[prefix + "seen_ever"]
+        last = state_dict.get(prefix + "epoch", torch.zeros((), dtype=torch.int64)) - 1
+        state_dict[prefix + "score_epoch"] = torch.where(seen, last, torch.full_like(last, -1))

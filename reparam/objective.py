@@ -1,0 +1,326 @@
+r"""``ShapeObjective``: what every objective on the shape node's scores shares.
+
+The reparameterized objectives (``reparam.ReparamRegularizer``: F-beta, P@R, R@P, ROC-AUC) and the
+minibatch alternatives of ``baselines`` (LP layer, surrogates, peers) all take ``loss = reg(scores,
+idx)`` per step, ``reg.after_step_()`` after every optimizer step and ``reg.end_epoch_()`` per
+epoch. This base owns
+
+* the training set's shape labels and the positives' rows (``slot``: dataset index -> row);
+* the **score memory**: the forward pass records each sample's score ``u_i`` and the epoch it was
+  recorded in, which the dual steps and the figures of ``stats()`` use (no extra pass over the data);
+* the epoch counters, :meth:`merge_scores_` for data-parallel training, float32 state whatever dtype
+  the module is cast to, ``state_dict`` round trips and device moves;
+* **misuse detection**: a warning when ``end_epoch_()`` has not been called for more than one epoch's
+  worth of samples, when the parameters get gradients that no optimizer applies, or when mode
+  ``step`` runs without ``after_step_()``;
+* conveniences that keep the algorithm visible: :meth:`attach` (``after_step_`` after every
+  ``optimizer.step()``) and :meth:`epochs` (``end_epoch_`` after each epoch of a ``for`` loop).
+
+A subclass provides the loss of a batch (``_loss``), what its epoch end does (``_end_epoch_body_``,
+``_after_step_body_``) and its figures (``_objective_stats``).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from . import _checks
+
+
+class ShapeObjective(nn.Module):
+    """Base of every objective on the shape node's scores; see the module docstring."""
+
+    _needs_end_epoch = True  # warn when end_epoch_() is forgotten (False: it only counts epochs)
+
+    def __init__(self, shape_labels: object, *, positive_classes: Sequence[int]) -> None:
+        super().__init__()
+        labels = _checks.shape_labels(shape_labels)
+        classes = _checks.positive_classes(positive_classes)
+        n_total = labels.numel()
+        slot = torch.full((n_total,), -1, dtype=torch.int64)
+        class_of = torch.full((n_total,), -1, dtype=torch.int64)
+        pos_index, group, counts = [], [], []
+        for j, c in enumerate(classes):
+            idx = (labels == c).nonzero()[:, 0]
+            n_neg = n_total - idx.numel()
+            if idx.numel() == 0 or n_neg == 0:
+                raise ValueError(
+                    f"shape_labels must contain positives and negatives for every positive class: "
+                    f"class {c} has {idx.numel()} positive and {n_neg} negative samples "
+                    f"(labels present: {sorted(set(labels.tolist()))})"
+                )
+            slot[idx] = sum(counts) + torch.arange(idx.numel())
+            class_of[idx] = j
+            pos_index.append(idx)
+            group.append(torch.full((idx.numel(),), j, dtype=torch.int64))
+            counts.append(idx.numel())
+        self.classes = classes
+        self.register_buffer("shape_labels", labels.clone())
+        self.register_buffer("slot", slot)  # dataset index -> row of tau, or -1
+        self.register_buffer("class_of", class_of)  # dataset index -> positive class j, or -1
+        self.register_buffer("pos_index", torch.cat(pos_index))  # row of tau -> dataset index
+        self.register_buffer("tau_group", torch.cat(group))  # row of tau -> class j
+        self.register_buffer("n_pos", torch.tensor(counts, dtype=torch.float32))
+        self._n_pos_list = [float(c) for c in counts]  # fixed by shape_labels: no sync per step
+        self._n_neg_list = [float(n_total - c) for c in counts]
+        p = len(classes)
+        self.register_buffer("scores", torch.zeros(n_total, p))  # remembered u, one column/class
+        self.register_buffer("seen_ever", torch.zeros(n_total, dtype=torch.bool))
+        # epoch (value of ``epoch`` then) in which each score was recorded; -1: never
+        self.register_buffer("score_epoch", torch.full((n_total,), -1, dtype=torch.int64))
+        self.register_buffer("epoch", torch.zeros((), dtype=torch.int64))  # epochs completed
+        self.register_buffer("batches", torch.zeros((), dtype=torch.int64))  # forward calls
+        self.register_buffer("projections", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
+        # misuse detection (plain Python numbers: no device reads on the hot path)
+        self._samples_since_end = 0
+        self._samples_since_after = 0
+        self._samples_since_check = 0
+        self._stepped = False
+        self._holds: dict[tuple[int, int], bool] = {}
+        self._warned: set[str] = set()
+        self._hooked_as = 0  # id(self) once the global step hook is registered (copies re-register)
+
+    # --- the loss -------------------------------------------------------------------------------
+
+    def forward(self, scores: Tensor, idx: Tensor) -> Tensor:
+        """The objective's loss on the batch (for the reparameterized objectives the minibatch
+        Lagrangian ``L_B``, docs/method.md sec. 3 and 8); remembers the batch's scores.
+
+        Args:
+            scores: shape-head outputs, ``(B,)`` (one positive class) or ``(B, K)``: column ``c``
+                is the score of shape class ``c`` (``K = 1`` also for one class).
+            idx: int64 ``(B,)`` dataset indices of the batch's samples.
+        """
+        u, idx = _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
+        batch = idx.numel()
+        self._watch(batch)
+        if batch == 0:  # nothing to estimate; keep a graph so backward() still works
+            return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
+        with torch.no_grad():  # explicit index ops: ~3x cheaper than Python indexing per call
+            self.scores.index_copy_(0, idx, u.detach())
+            self.seen_ever.index_fill_(0, idx, True)
+            self.score_epoch.index_copy_(0, idx, self.epoch.expand(batch))
+            self.batches += 1
+        return self._loss(u, idx)
+
+    @property
+    def n_samples(self) -> int:
+        """``N``, the number of training samples (the length of ``shape_labels``)."""
+        return self.shape_labels.numel()
+
+    # --- the schedule ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def after_step_(self) -> None:
+        """Call after every optimizer step (mode ``"step"`` projects here)."""
+        self._samples_since_after = 0
+        self._after_step_body_()
+
+    @torch.no_grad()
+    def end_epoch_(self) -> None:
+        """Call once per epoch: the objective's epoch end (projection and dual ascent for the
+        reparameterized objectives, docs/method.md sec. 3b), then the epoch counters."""
+        self._end_epoch_body_()
+        self.epoch += 1
+        self.projections_last_epoch.copy_(self.projections_epoch)
+        self.projections_epoch.zero_()
+        self._samples_since_end = 0
+
+    def _after_step_body_(self) -> None:
+        pass
+
+    def _end_epoch_body_(self) -> None:
+        pass
+
+    @property
+    def _projects_after_step(self) -> bool:
+        return False
+
+    # --- conveniences ---------------------------------------------------------------------------
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
+        """Run :meth:`after_step_` after every ``optimizer.step()`` (a step post-hook).
+
+        Checks first that the optimizer steps this regularizer's parameters (``ValueError``
+        otherwise). Returns the hook's handle (``.remove()`` detaches it). The explicit call
+        ``reg.after_step_()`` remains the alternative.
+        """
+        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        missing = [name for name, p in self.named_parameters() if id(p) not in stepped]
+        if missing:
+            raise ValueError(
+                f"optimizer must step the regularizer's parameters {missing}: build it with "
+                f"[*model.parameters(), *reg.parameters()] (or add a param group)"
+            )
+        return optimizer.register_step_post_hook(lambda *_: self.after_step_())
+
+    def epochs(self, last: int) -> Iterator[int]:
+        """``for epoch in reg.epochs(E): <the epoch's steps>``: yields the epoch numbers from the
+        next one (``epoch + 1``, so a restored regularizer continues where it stopped) to ``last``
+        and calls :meth:`end_epoch_` after each epoch's body (not when the body breaks or raises).
+        The explicit call remains the alternative."""
+        for e in range(int(self.epoch) + 1, int(last) + 1):
+            yield e
+            self.end_epoch_()
+
+    # --- data-parallel training -----------------------------------------------------------------
+
+    @torch.no_grad()
+    def merge_scores_(self, written: Tensor, all_reduce: Callable[[Tensor], object]) -> None:
+        """Make the remembered scores equal across data-parallel processes, before ``end_epoch_``.
+
+        Each process remembers the scores of the samples it saw. ``written``: bool ``(N,)``, the
+        samples this process scored since the last merge; ``all_reduce``: an in-place sum over the
+        processes (``torch.distributed.all_reduce``; the identity in one process). Every sample
+        takes the mean of the scores written for it (a sample seen by two processes in one epoch,
+        as ``DistributedSampler``'s padding does, gets the mean of both); samples no process wrote
+        keep their value (equal everywhere already); ``seen_ever`` and ``score_epoch`` take the
+        maximum over processes. One collective call on an ``(N, P + 3)`` buffer.
+        """
+        if (
+            not isinstance(written, Tensor)
+            or written.shape != self.seen_ever.shape
+            or (written.dtype != torch.bool)
+        ):
+            raise ValueError(
+                f"written must be a bool tensor of shape {tuple(self.seen_ever.shape)}, "
+                f"got {_checks.describe(written)}"
+            )
+        w = written.to(self.scores.device, self.scores.dtype).unsqueeze(1)
+        # score_epoch: the writers agree on it (one epoch), so a sum over writers / count is exact
+        fresh = (self.score_epoch.to(w.dtype).unsqueeze(1) + 1) * w
+        buf = torch.cat([self.scores * w, w, fresh, self.seen_ever.to(w.dtype).unsqueeze(1)], 1)
+        all_reduce(buf)
+        total, count, epoch_sum, seen = buf[:, :-3], buf[:, -3:-2], buf[:, -2], buf[:, -1]
+        self.scores.copy_(torch.where(count > 0, total / count.clamp_min(1), self.scores))
+        merged_epoch = (epoch_sum / count[:, 0].clamp_min(1)).round().long() - 1
+        self.score_epoch.copy_(torch.where(count[:, 0] > 0, merged_epoch, self.score_epoch))
+        self.seen_ever.copy_(seen > 0)
+
+    # --- reporting ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def stats(self) -> dict[str, float | int | list | bool | None]:
+        """Numbers to log: the objective's figures (see the subclass), the projection counts and how
+        fresh the remembered scores are.
+
+        Figures computed from remembered scores use every sample scored so far (``scored_fraction``
+        of the training set); ``score_age_epochs_mean`` / ``_max`` say how many epoch ends ago they
+        were recorded (0: in the current epoch; right after ``end_epoch_()`` the epoch just finished
+        has age 1). ``None`` means: not defined yet (no score, or no certificate).
+        """
+        seen = self.seen_ever
+        age = (self.epoch - self.score_epoch)[seen].float()
+        out: dict[str, float | int | list | bool | None] = {
+            "epoch": int(self.epoch),
+            **self._objective_stats(),
+            "projections": int(self.projections),
+            "projections_last_epoch": int(self.projections_last_epoch),
+            "scored_fraction": float(seen.float().mean()),
+            "score_age_epochs_mean": float(age.mean()) if age.numel() else None,
+            "score_age_epochs_max": int(age.max()) if age.numel() else None,
+        }
+        return out
+
+    def _split_scores(self, j: int = 0) -> tuple[Tensor, Tensor]:
+        """Remembered scores of class ``j``'s scored positives and scored negatives."""
+        pos = self.shape_labels == self.classes[j]
+        seen = self.seen_ever
+        return self.scores[pos & seen, j], self.scores[~pos & seen, j]
+
+    def _apply(self, fn, recurse=True):  # keep the regularizer's floating state in float32
+        super()._apply(fn, recurse)
+        for p in self._parameters.values():
+            if p is not None and p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        for name, b in self._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+                self._buffers[name] = b.float()
+        return self
+
+    # --- misuse detection -----------------------------------------------------------------------
+
+    def _watch(self, batch: int) -> None:
+        """Count what the forward pass can see of the loop around it; warn once per kind. Per step
+        this is Python arithmetic only (a global optimizer hook notes when an optimizer holding our
+        parameters steps: fused optimizers leave no other trace on the parameters)."""
+        n = self.n_samples
+        if self._hooked_as != id(self):
+            _register_weak_step_hook(self)
+            self._hooked_as = id(self)
+        self._samples_since_end += batch
+        if self._needs_end_epoch and self._samples_since_end > n:
+            self._warn_once(
+                "end_epoch",
+                f"{type(self).__name__}: {self._samples_since_end} samples (more than one epoch of "
+                f"{n}) since the last end_epoch_(): without it there is no dual step"
+                + (" and no projection" if getattr(self, "projection", None) == "epoch" else "")
+                + ". Call reg.end_epoch_() once per epoch, or loop with "
+                "`for epoch in reg.epochs(E):`.",
+            )
+        self._samples_since_after += batch
+        if self._projects_after_step and self._samples_since_after > n:
+            self._warn_once(
+                "after_step",
+                f"{type(self).__name__}: projection='step' but reg.after_step_() has not been "
+                f"called for more than one epoch of samples, so nothing is projected. Call it "
+                f"after every optimizer.step(), or reg.attach(optimizer) once.",
+            )
+        self._samples_since_check += batch
+        if self._samples_since_check > n:
+            self._samples_since_check = 0
+            stepped, self._stepped = self._stepped, False
+            if not stepped and any(p.grad is not None for p in self.parameters()):
+                self._warn_once(
+                    "unstepped",
+                    f"{type(self).__name__}: its parameters "
+                    f"{[k for k, _ in self.named_parameters()]} receive gradients but no optimizer "
+                    f"that steps them has stepped for more than one epoch: pass reg.parameters() "
+                    f"to the optimizer (reg.attach(optimizer) checks it).",
+                )
+
+    def _on_any_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Global optimizer post-step hook: notes when an optimizer holding our parameters steps
+        (membership cached per optimizer and param-group count: one dict lookup per step)."""
+        key = (id(optimizer), len(optimizer.param_groups))
+        holds = self._holds.get(key)
+        if holds is None:
+            ours = {id(p) for p in self.parameters()}
+            holds = any(id(p) in ours for g in optimizer.param_groups for p in g["params"])
+            self._holds[key] = holds
+        if holds:
+            self._stepped = True
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+    # --- for subclasses ---------------------------------------------------------------------------
+
+    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
+        raise NotImplementedError
+
+
+def _register_weak_step_hook(reg: ShapeObjective) -> None:
+    """A global optimizer step hook for ``reg`` that does not keep it alive (once ``reg`` is gone
+    the hook is a no-op: removing it from inside the hook loop would mutate torch's hook dict)."""
+    ref = weakref.ref(reg)
+
+    def hook(optimizer: torch.optim.Optimizer, *_: object) -> None:
+        target = ref()
+        if target is not None:
+            target._on_any_optimizer_step(optimizer)
+
+    register_optimizer_step_post_hook(hook)

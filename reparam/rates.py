@@ -1,0 +1,424 @@
+r"""Rate objectives by the same reparameterization (docs/method.md sec. 8): ``PrecisionAtRecall``
+(8a), ``RecallAtPrecision`` (8b) and ``ROCAUC`` (8c, a grid of point metrics).
+
+Recall and precision are rates, so unlike F-beta they need no Charnes-Cooper scaling (no ``eps``):
+the true positives are bounded below by ``sum tau_i`` with ``tau_i <= min(u_i, 1)`` (dualized, one
+``lambda_i`` per positive; with the box it is the same constraint as ``tau_i <= u_i``, but its
+Lagrangian term stops pulling a score up at 1) and ``tau_i <= 1`` (the box ``C_box``, projected by
+``min(tau, 1)``), the
+false positives above by ``fp+(u) = sum_{S-} max(0, 1 + u_j)``. Each rate constraint has one
+multiplier ``nu >= 0`` (per grid point for ROC-AUC). Every per-sample sum is estimated on the
+minibatch with the factor ``N / B`` (unbiased, as for F-beta), and the dual step runs once per
+epoch on the remembered scores:
+
+.. math::
+    \lambda_i \leftarrow \max(0, \lambda_i + \eta_\lambda (\tau_i - \min(u_i, 1))),\qquad
+    \nu \leftarrow \min(\nu_{\max}, \max(0, \nu + \eta_\nu\, \mathrm{violation})).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from . import _checks
+from . import functional as Fn
+from . import rate_functional as R
+from .base import ReparamRegularizer
+
+# RecallAtPrecision reports a target as out of reach when no rescaling of the remembered scores has
+# certified it for INFEASIBLE_PATIENCE epochs and INFEASIBLE_MIN_BATCHES optimizer steps (feasible
+# toys needed up to ~30 epochs / ~200 steps to get there), checking after epoch 1 and then every
+# INFEASIBLE_CHECK_EVERY epochs (the check sorts the scores: ~10 ms per 1e5 samples)
+INFEASIBLE_PATIENCE = 20
+INFEASIBLE_MIN_BATCHES = 500
+INFEASIBLE_CHECK_EVERY = 5
+
+
+class _RateObjective(ReparamRegularizer):
+    """Shared by the rate objectives: ``tau`` in the box ``tau <= 1``, multipliers ``nu >= 0``
+    with an optional cap, the per-batch gathers."""
+
+    _constrained_names = ("tau_param",)
+
+    def __init__(self, shape_labels: object, *, positive_class: int, projection: str,
+                 inline_strength: float, dual_lr_lambda: float, dual_lr_nu: float,
+                 dual_schedule: str, rho: float, nu_max: float | None, nu_init: float,
+                 lambda_init: float, tau_init: float, columns: int) -> None:  # fmt: skip
+        if isinstance(positive_class, bool) or not isinstance(positive_class, int):
+            raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
+        super().__init__(
+            shape_labels, positive_classes=(positive_class,), projection=projection,
+            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda,
+            dual_lr_rate=dual_lr_nu, dual_lr_rate_name="dual_lr_nu", dual_schedule=dual_schedule,
+            rho=rho,
+        )  # fmt: skip
+        self.positive_class = positive_class
+        self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
+        nu_init = _checks.number("nu_init", nu_init, 0, hi=self.nu_max)
+        tau_init = _checks.number("tau_init", tau_init, hi=1)
+        n_pos = self.pos_index.numel()
+        shape = (n_pos,) if columns == 0 else (n_pos, columns)
+        self.tau_param = nn.Parameter(torch.full(shape, tau_init))
+        lambda_init = _checks.number("lambda_init", lambda_init, 0)
+        self.register_buffer("lam", torch.full(shape, lambda_init))
+        self.register_buffer("nu", torch.full((max(columns, 1),), nu_init))
+
+    @property
+    def dual_lr_nu(self) -> float:
+        return self._dual_lr_rate
+
+    @property
+    def tau(self) -> Tensor:
+        """The ``tau`` the loss uses (in mode ``"inline"``, ``min(tau_param, 1)``)."""
+        return self._effective(0)
+
+    @property
+    def n_negatives(self) -> float:
+        return self._n_neg_list[0]
+
+    def _project(self, tau: Tensor, strength: float = 0.0) -> tuple[Tensor]:
+        """``min(tau, 1)``; with ``strength s > 0`` the smooth ``tau - s softplus((tau - 1)/s)``
+        (also ``<= min(tau, 1)``, so always feasible, and exact as ``s -> 0``)."""
+        if strength > 0:
+            return (tau - strength * torch.nn.functional.softplus((tau - 1) / strength),)
+        return (torch.clamp(tau, max=1),)
+
+    def _gather(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch."""
+        (tau,) = self.constrained_parameters()
+        is_pos = self.class_of.index_select(0, idx) == 0
+        slots = self.slot.index_select(0, idx).clamp_min(0)
+        scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
+        return is_pos, tau.index_select(0, slots), self.lam.index_select(0, slots), scale
+
+    def _step_nu_(self, eta: float, violation: Tensor) -> None:
+        """``nu <- min(nu_max, max(0, nu + eta violation))``."""
+        self.nu.copy_((self.nu + eta * violation).clamp(0, self.nu_max))
+
+    def _rate_stats(self, violation: Tensor) -> dict[str, float | int | list | bool | None]:
+        return {
+            "nu": float(self.nu.mean()),
+            "nu_capped": bool((self.nu >= self.nu_max).any()),
+            "rate_violation": float(violation.max()),
+        }
+
+
+class PrecisionAtRecall(_RateObjective):
+    r"""Best precision at recall ``>= recall`` (8a of docs/method.md sec. 8); always feasible.
+
+    .. math::
+        \min\ \tfrac1n fp^+(u)\quad\text{s.t.}\quad \tau_i \le u_i,\ \mathrm{mean}_{S^+}\tau \ge r,
+        \ \tau \le 1;\qquad
+        L = \tfrac1n fp^+(u) + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i) + \nu (r - \mathrm{mean}\,\tau)
+
+    Minibatch: ``L_B = (N/(nB)) [sum_{B-} max(0, 1 + u_j) + sum_{B+} ((lambda_i - nu) tau_i -
+    lambda_i min(u_i, 1))] + nu r`` (``E[L_B] = L``). Dual step: ``nu <- max(0, nu + eta (r - mean tau))``.
+
+    Args:
+        shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
+        recall: the target ``r`` in (0, 1).
+        projection, inline_strength, dual_schedule, rho: as for ``FBetaRegularizer`` (the
+            projection is onto ``tau <= 1``; ``rho > 0``: augmented Lagrangian).
+        dual_lr_lambda, dual_lr_nu: dual step sizes (defaults: what converges on the fixed-feature
+            problems of docs/rates.md with ``projection="inline"``).
+        nu_max: cap on ``nu`` (``None``: no cap); nu_init, tau_init: initial values.
+        lambda_init: initial ``lambda``; default: the value that makes every ``tau_i`` stationary
+            inside the box (``dL/dtau_i = 0``), here ``nu_init`` (docs/method.md sec. 8). With 0,
+            the head gets no pull toward the positives until the dual steps have grown ``lambda``.
+    """
+
+    def __init__(self, shape_labels: object, *, recall: float, positive_class: int = 1,
+                 projection: str = "epoch", inline_strength: float = 0.0,
+                 dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
+                 dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
+                 nu_init: float = 1.0, lambda_init: float | None = None,
+                 tau_init: float = 1.0) -> None:  # fmt: skip
+        self_recall = _checks.number("recall", recall, 0, strict=True, hi=1, strict_hi=True)
+        super().__init__(
+            shape_labels, positive_class=positive_class, projection=projection,
+            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda, dual_lr_nu=dual_lr_nu,
+            dual_schedule=dual_schedule, rho=rho, nu_max=nu_max, nu_init=nu_init,
+            lambda_init=nu_init if lambda_init is None else lambda_init, tau_init=tau_init,
+            columns=0,
+        )  # fmt: skip
+        self.recall = self_recall
+
+    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+        u = u[:, 0]
+        is_pos, t, lam, scale = self._gather(idx)
+        nu = self.nu[0]
+        if self.rho == 0:
+            return R.precision_at_recall_minibatch(t, lam, nu, u, is_pos, scale, self.recall)
+        psi = Fn.augmented_term(t - R.capped(u), lam, self.rho)
+        terms = torch.where(is_pos, psi, R.hinge_fp(u))
+        (tau,) = self.constrained_parameters()
+        c = self.recall - tau.mean()
+        return scale * terms.sum() + Fn.augmented_term(c, nu, self.rho)
+
+    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
+        return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
+
+    def _violation(self) -> Tensor:
+        return (self.recall - self.tau.detach().float().mean()).reshape(1)
+
+    def _dual_step_(self, eta: float) -> None:
+        self._step_nu_(eta, self._violation())
+
+    def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
+        """``certified_recall`` / ``certified_precision``: bounds on the recall and precision of
+        ``u > 0`` over the scored samples (sound: docs/method.md sec. 8); ``train_recall`` /
+        ``train_precision``: their true values; ``nu``, the violation ``r - mean tau``."""
+        return _recall_precision_stats(self) | self._rate_stats(self._violation())
+
+    def extra_repr(self) -> str:
+        return (f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, recall={self.recall}, "
+                f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}")  # fmt: skip
+
+
+class RecallAtPrecision(_RateObjective):
+    r"""Best recall at precision ``>= precision`` (8b of docs/method.md sec. 8).
+
+    .. math::
+        \max\ \mathrm{mean}_{S^+}\tau\quad\text{s.t.}\quad \tau_i \le u_i,\
+        a\, fp^+(u) \le (1 - a) \textstyle\sum \tau,\ \tau \le 1;\qquad
+        L = -\mathrm{mean}\,\tau + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i)
+            + \nu\,(a\, fp^+(u)/n - (1 - a)\,\mathrm{mean}\,\tau)
+
+    Minibatch: ``L_B = (N/(nB)) [sum_{B+} ((lambda_i - 1 - nu (1 - a)) tau_i - lambda_i min(u_i, 1)) +
+    nu a sum_{B-} max(0, 1 + u_j)]``. Dual step on the remembered scores.
+
+    On overlapping data the target may be out of reach: no linear head meets the precision under
+    the hinge bounds (the LP is infeasible: ``tau_i <= u_i`` forbids the trivial ``tau = 0`` unless
+    the negatives' scores are ``<= -1`` while the positives' sum stays ``>= 0``), so the constraint
+    stays violated while ``nu`` grows without limit. ``stats()["infeasible_suspected"]`` says so
+    when for ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps no rescaling
+    ``c u + d`` of the remembered scores has certified the target (a warning is issued once). A
+    head still turning toward a feasible direction can be flagged too (on separable toys the
+    scores certified the target after up to ~200 steps): the margin in ``stats()`` tells. Remedies: ``nu_max`` (caps ``nu``: the objective becomes a penalty), ``rho > 0``
+    (augmented Lagrangian; its constraint term uses the batch estimate of ``fp+``, biased under
+    the square), or a lower target. Same arguments as :class:`PrecisionAtRecall`, with
+    ``precision`` the target ``a`` in (0, 1) (the stationary ``lambda_init`` is
+    ``1 + nu_init (1 - a)``).
+    """
+
+    def __init__(self, shape_labels: object, *, precision: float, positive_class: int = 1,
+                 projection: str = "epoch", inline_strength: float = 0.0,
+                 dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
+                 dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
+                 nu_init: float = 1.0, lambda_init: float | None = None,
+                 tau_init: float = 1.0) -> None:  # fmt: skip
+        target = _checks.number("precision", precision, 0, strict=True, hi=1, strict_hi=True)
+        stationary = 1 + _checks.number("nu_init", nu_init, 0) * (1 - target)
+        super().__init__(
+            shape_labels, positive_class=positive_class, projection=projection,
+            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda, dual_lr_nu=dual_lr_nu,
+            dual_schedule=dual_schedule, rho=rho, nu_max=nu_max, nu_init=nu_init,
+            lambda_init=stationary if lambda_init is None else lambda_init, tau_init=tau_init,
+            columns=0,
+        )  # fmt: skip
+        self.precision = target
+        # (epochs, batches) when the checks started to fail (-1: the last check passed)
+        self.register_buffer("uncertifiable_since", torch.full((2,), -1, dtype=torch.int64))
+        # the last check's margin; -inf: not checked yet
+        self.register_buffer("certifiable_margin", torch.full((), float("-inf")))
+
+    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+        u = u[:, 0]
+        is_pos, t, lam, scale = self._gather(idx)
+        nu, a = self.nu[0], self.precision
+        if self.rho == 0:
+            return R.recall_at_precision_minibatch(t, lam, nu, u, is_pos, scale, a)
+        psi = Fn.augmented_term(t - R.capped(u), lam, self.rho)
+        pos = scale * torch.where(is_pos, psi - t, torch.zeros_like(t)).sum()
+        (tau,) = self.constrained_parameters()
+        fp_over_n = scale * torch.where(is_pos, torch.zeros_like(u), R.hinge_fp(u)).sum()
+        c = a * fp_over_n - (1 - a) * tau.mean()
+        return pos + Fn.augmented_term(c, nu, self.rho)
+
+    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
+        return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
+
+    def _violation(self) -> Tensor:
+        """``a fp+/n - (1 - a) mean tau``, ``fp+`` from the scored negatives (scaled to all)."""
+        _, u_neg = self._split_scores()
+        fp = R.hinge_fp(u_neg).mean() * self.n_negatives if u_neg.numel() else torch.zeros(())
+        a, n = self.precision, self._n_pos_list[0]
+        return (a * fp / n - (1 - a) * self.tau.detach().float().mean()).reshape(1)
+
+    def _dual_step_(self, eta: float) -> None:
+        """The ``nu`` step, then (after epoch 1, then every ``INFEASIBLE_CHECK_EVERY`` epochs) the
+        infeasibility watch:
+        can any rescaling ``c u + d`` of the remembered scores certify the precision
+        (``rate_functional.best_rescaled_precision_margin >= 0``)? When not for
+        ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps, say so (once)."""
+        self._step_nu_(eta, self._violation())
+        done = int(self.epoch) + 1  # epochs completed, this one included
+        if done > 1 and done % INFEASIBLE_CHECK_EVERY:
+            return
+        u_pos, u_neg = self._split_scores()
+        margin = R.best_rescaled_precision_margin(
+            u_pos, u_neg, self.precision, n_pos=int(self._n_pos_list[0]),
+            n_neg=int(self.n_negatives),
+        )  # fmt: skip
+        self.certifiable_margin.fill_(float("-inf") if margin is None else margin)
+        if margin is None or margin >= 0:
+            self.uncertifiable_since.fill_(-1)
+        elif int(self.uncertifiable_since[0]) < 0:
+            self.uncertifiable_since.copy_(torch.stack([self.epoch, self.batches]))
+        if self._suspected(done, int(self.batches)):
+            self._warn_once(
+                "infeasible",
+                f"RecallAtPrecision: for {done - int(self.uncertifiable_since[0])} epochs no "
+                f"rescaling of the head's scores certifies precision {self.precision} under the "
+                f"hinge bounds (best margin {margin:.4g} < 0): the target may be out of reach for "
+                f"this model, and nu then grows without limit. Lower the target, cap nu (nu_max) "
+                f"or use rho > 0 (docs/method.md sec. 8).",
+            )
+
+    def _suspected(self, epochs: int, batches: int) -> bool:
+        since_epoch, since_batches = (int(v) for v in self.uncertifiable_since)
+        return (
+            since_epoch >= 0
+            and (epochs - since_epoch >= INFEASIBLE_PATIENCE)
+            and (batches - since_batches >= INFEASIBLE_MIN_BATCHES)
+        )
+
+    @property
+    def infeasible_suspected(self) -> bool:
+        """No rescaling of the scores has certified the target for ``INFEASIBLE_PATIENCE`` epochs
+        and ``INFEASIBLE_MIN_BATCHES`` steps."""
+        return self._suspected(int(self.epoch), int(self.batches))
+
+    def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
+        """As :meth:`PrecisionAtRecall._objective_stats` (the violation is the precision one),
+        plus ``certifiable_margin`` (the best rescaled margin, ``>= 0``: the direction of the
+        scores can meet the target) and ``infeasible_suspected``."""
+        margin = float(self.certifiable_margin)
+        return _recall_precision_stats(self) | self._rate_stats(self._violation()) | {
+            "certifiable_margin": None if margin == float("-inf") else margin,
+            "infeasible_suspected": self.infeasible_suspected,
+        }  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, "
+                f"precision={self.precision}, projection={self.projection!r}, rho={self.rho}, "
+                f"nu_max={self.nu_max}")  # fmt: skip
+
+
+class ROCAUC(_RateObjective):
+    r"""ROC-AUC on a grid of ``K`` false-positive rates ``t_k = (k - 1/2)/K`` (8c of
+    docs/method.md sec. 8): ``AUC ~ (1/K) sum_k TPR at FPR <= t_k``.
+
+    Point ``k`` thresholds the head's one score with its own offset ``b_k`` (``offsets``, an
+    ``nn.Parameter`` owned here: the head keeps one output) and has its own ``tau_k`` (``tau``
+    is ``(n, K)``), ``lambda_k`` and ``nu_k``:
+
+    .. math::
+        \max\ \tfrac1K \textstyle\sum_k \mathrm{mean}_i \tau_{ik}\quad\text{s.t.}\quad
+        \tau_{ik} \le u_i + b_k,\ fp^+(u + b_k)/m \le t_k,\ \tau \le 1.
+
+    Minibatch: ``L_B = (1/K) sum_k [(N/(nB)) sum_{B+} ((lambda_ik - 1) tau_ik - lambda_ik min(u_i +
+    b_k, 1)) + nu_k (N/(mB)) sum_{B-} max(0, 1 + u_j + b_k) - nu_k t_k]``. ``stats()`` reports the
+    exact AUC of the remembered scores (Mann-Whitney), a certified lower bound on it from the
+    grid points, and the true TPR / FPR at the learned thresholds ``u + b_k > 0``.
+
+    Args: as :class:`PrecisionAtRecall`, with ``grid`` = ``K >= 1`` instead of the target, and
+    ``offset_init`` the initial ``b_k`` (the stationary ``lambda_init`` is 1).
+    """
+
+    def __init__(self, shape_labels: object, *, grid: int = 10, positive_class: int = 1,
+                 projection: str = "epoch", inline_strength: float = 0.0,
+                 dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
+                 dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
+                 nu_init: float = 1.0, lambda_init: float | None = None, tau_init: float = 1.0,
+                 offset_init: float = 0.0) -> None:  # fmt: skip
+        if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+            raise ValueError(f"grid must be an integer >= 1 (grid points K), got {grid!r}")
+        super().__init__(
+            shape_labels, positive_class=positive_class, projection=projection,
+            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda, dual_lr_nu=dual_lr_nu,
+            dual_schedule=dual_schedule, rho=rho, nu_max=nu_max, nu_init=nu_init,
+            lambda_init=1.0 if lambda_init is None else lambda_init, tau_init=tau_init,
+            columns=grid,
+        )  # fmt: skip
+        offset_init = _checks.number("offset_init", offset_init)
+        self.grid = grid
+        self.offsets = nn.Parameter(torch.full((grid,), offset_init))
+        self.register_buffer("fpr_targets", R.fpr_grid(grid).float())
+
+    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+        is_pos, t, lam, s_pos = self._gather(idx)
+        z = u[:, :1] + self.offsets[None, :]  # (B, K): the score at every grid threshold
+        s_neg = self.n_samples / (self.n_negatives * idx.numel())
+        pos_mask = is_pos[:, None]
+        if self.rho == 0:
+            return R.roc_auc_minibatch(t, lam, self.nu, z, is_pos, s_pos, s_neg, self.fpr_targets)
+        psi = Fn.augmented_term(t - R.capped(z), lam, self.rho)
+        pos = s_pos * torch.where(pos_mask, psi - t, torch.zeros_like(t)).sum(0)
+        fpr = s_neg * torch.where(pos_mask, torch.zeros_like(z), R.hinge_fp(z)).sum(0)
+        return (
+            pos + Fn.augmented_term(fpr - self.fpr_targets, self.nu, self.rho)
+        ).sum() / self.grid
+
+    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
+        u_pos = self.scores[self.pos_index, 0]
+        return self.tau.detach().float(), R.capped(
+            u_pos[:, None] + self.offsets.detach().float()[None, :]
+        )
+
+    def _fpr_bounds(self) -> Tensor:
+        """``fp+(u + b_k) / m`` per grid point, from the scored negatives."""
+        _, u_neg = self._split_scores()
+        if u_neg.numel() == 0:
+            return torch.ones_like(self.fpr_targets)
+        return R.hinge_fp(u_neg[:, None] + self.offsets.detach().float()[None, :]).mean(0)
+
+    def _violation(self) -> Tensor:
+        return self._fpr_bounds() - self.fpr_targets
+
+    def _dual_step_(self, eta: float) -> None:
+        self._step_nu_(eta, self._violation())
+
+    def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
+        """``train_auc``: the exact AUC of the scored samples' ``u``; ``certified_auc``: a lower
+        bound on it from the grid points (``tpr >= mean min(1, u + b_k)``, ``fpr <= fp+(u + b_k)/m``);
+        ``grid_tpr_mean``: the mean true TPR at the thresholds ``u + b_k > 0`` (the grid estimate
+        of the AUC when their FPRs meet the targets); ``fpr_excess_max``: the largest true
+        ``FPR_k - t_k``; ``offsets``, ``nu`` per grid point."""
+        u_pos, u_neg = self._split_scores()
+        b = self.offsets.detach().float()
+        out: dict[str, float | int | list | bool | None] = {
+            "train_auc": R.roc_auc(u_pos, u_neg),
+            "certified_auc": None, "grid_tpr_mean": None, "fpr_excess_max": None,
+        }  # fmt: skip
+        if u_pos.numel() and u_neg.numel():
+            z_pos, z_neg = u_pos[:, None] + b, u_neg[:, None] + b
+            tpr_lower = torch.clamp(z_pos, max=1).mean(0).clamp_min(0)
+            out["certified_auc"] = R.certified_auc(tpr_lower, self._fpr_bounds())
+            out["grid_tpr_mean"] = float((z_pos > 0).float().mean())
+            fpr = (z_neg > 0).float().mean(0)
+            out["fpr_excess_max"] = float((fpr - self.fpr_targets).max())
+        return out | self._rate_stats(self._violation()) | {
+            "offsets": b.tolist(), "nu_per_point": self.nu.tolist()
+        }  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return (f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, grid={self.grid}, "
+                f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}")  # fmt: skip
+
+
+def _recall_precision_stats(reg: _RateObjective) -> dict[str, float | None]:
+    u_pos, u_neg = reg._split_scores()
+    recall, precision = R.recall_precision(u_pos, u_neg)
+    return {
+        "certified_recall": R.certified_recall(u_pos),
+        "certified_precision": R.certified_precision(u_pos, u_neg),
+        "train_recall": recall,
+        "train_precision": precision,
+    }
+
+
+__all__ = ["ROCAUC", "PrecisionAtRecall", "RecallAtPrecision"]

@@ -1,0 +1,158 @@
+"""What every reparameterized objective shares (``reparam.base``): loud misuse, the conveniences
+(``attach``, ``epochs``), reported values = the values the loss uses, freshness, legacy state."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from projections import project_onto_c
+from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision, ShapeHead
+
+LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1] * 4)  # N = 40
+MAKERS = {
+    "fbeta": lambda **kw: FBetaRegularizer(LABELS, **kw),
+    "par": lambda **kw: PrecisionAtRecall(LABELS, recall=0.7, **kw),
+    "rap": lambda **kw: RecallAtPrecision(LABELS, precision=0.7, **kw),
+    "auc": lambda **kw: ROCAUC(LABELS, grid=3, **kw),
+}
+
+
+def _loop(reg, head, opt, epochs, *, end_epoch=True, after_step=True, batch=8):
+    x = torch.linspace(-1, 1, 40)[:, None] + LABELS[:, None].float()
+    for _ in range(epochs):
+        for idx in torch.arange(40).split(batch):
+            loss = reg(head(x[idx]), idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if after_step:
+                reg.after_step_()
+        if end_epoch:
+            reg.end_epoch_()
+
+
+def _messages(record) -> str:
+    return " | ".join(str(w.message) for w in record)
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_forgetting_end_epoch_warns_after_one_epoch(kind):
+    reg, head = MAKERS[kind](), ShapeHead(1)
+    opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2)
+    with pytest.warns(RuntimeWarning, match=r"since the last end_epoch_\(\)"):
+        _loop(reg, head, opt, 2, end_epoch=False)
+    with warnings.catch_warnings(record=True) as record:  # once, not at every step
+        warnings.simplefilter("always")
+        _loop(reg, head, opt, 2, end_epoch=False)
+    assert "end_epoch_" not in _messages(record)
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_regularizer_left_out_of_the_optimizer_warns(kind):
+    reg, head = MAKERS[kind](), ShapeHead(1)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2, fused=True)  # fused: no version bumps
+    with pytest.warns(RuntimeWarning, match="pass reg.parameters"):
+        _loop(reg, head, opt, 3, end_epoch=True)
+    with pytest.raises(ValueError, match=r"optimizer must step the regularizer's parameters"):
+        reg.attach(opt)
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_a_correct_loop_is_silent(kind):
+    reg, head = MAKERS[kind](projection="step"), ShapeHead(1)
+    opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2, fused=True)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _loop(reg, head, opt, 4)
+    assert not [w for w in record if issubclass(w.category, RuntimeWarning)], _messages(record)
+
+
+def test_step_mode_without_after_step_warns():
+    reg, head = MAKERS["fbeta"](projection="step"), ShapeHead(1)
+    opt = torch.optim.SGD([*head.parameters(), *reg.parameters()], lr=1e-2)
+    with pytest.warns(RuntimeWarning, match=r"projection='step' but reg.after_step_\(\)"):
+        _loop(reg, head, opt, 2, after_step=False)
+
+
+def test_attach_and_epochs_run_the_hooks():
+    reg, head = MAKERS["fbeta"](projection="step"), ShapeHead(1)
+    opt = torch.optim.SGD([*head.parameters(), *reg.parameters()], lr=1e-2)
+    handle = reg.attach(opt)
+    x = torch.randn(40, 1)
+    seen = []
+    for epoch in reg.epochs(3):
+        seen.append(epoch)
+        for idx in torch.arange(40).split(10):
+            loss = reg(head(x[idx]), idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()  # the hook projects (mode step): 4 projections per epoch
+        assert reg.stats()["projections"] == 4 * epoch
+    assert seen == [1, 2, 3] and int(reg.epoch) == 3
+    assert reg.stats()["projections_last_epoch"] == 4
+    handle.remove()
+    assert list(reg.epochs(5)) == [4, 5] and int(reg.epoch) == 5  # continues from the state
+
+
+def test_break_out_of_epochs_skips_the_epoch_end():
+    reg = MAKERS["par"]()
+    for _epoch in reg.epochs(3):
+        break
+    assert int(reg.epoch) == 0
+
+
+def test_inline_mode_reports_the_values_the_loss_uses():
+    reg = MAKERS["fbeta"](projection="inline")
+    with torch.no_grad():
+        reg.eps_param.fill_(-0.4)
+        reg.tau_param.copy_(torch.linspace(-1, 3, reg.tau_param.numel()))
+    e, t = project_onto_c(reg.eps_param.detach()[0], reg.tau_param.detach())
+    torch.testing.assert_close(reg.eps[0], e)
+    torch.testing.assert_close(reg.tau, t)
+    assert reg.stats()["eps"] == pytest.approx(float(e))
+    epoch_mode = MAKERS["fbeta"](projection="epoch")
+    assert epoch_mode.eps is epoch_mode.eps_param  # outside inline mode: the parameter itself
+
+
+def test_stats_say_how_fresh_the_scores_are():
+    reg = MAKERS["auc"]()
+    s0 = reg.stats()
+    assert s0["scored_fraction"] == 0.0 and s0["score_age_epochs_mean"] is None
+    assert s0["train_auc"] is None
+    reg(torch.randn(20), torch.arange(20))
+    s1 = reg.stats()
+    assert s1["scored_fraction"] == 0.5 and s1["score_age_epochs_max"] == 0
+    assert s1["train_auc"] is not None
+    reg.end_epoch_()
+    reg(torch.randn(10), torch.arange(10))
+    s2 = reg.stats()
+    assert s2["score_age_epochs_max"] == 1 and s2["score_age_epochs_mean"] == pytest.approx(0.5)
+
+
+def test_merge_scores_dates_the_merged_scores():
+    reg = MAKERS["fbeta"]()
+    reg.end_epoch_()
+    reg(torch.ones(4), torch.tensor([0, 1, 2, 3]))  # recorded in epoch 1
+    written = torch.zeros(40, dtype=torch.bool)
+    written[:4] = True
+    reg.merge_scores_(written, lambda t: t.mul_(1))  # one "process": the identity collective
+    assert reg.score_epoch[:4].tolist() == [1, 1, 1, 1] and int(reg.score_epoch[5]) == -1
+    with pytest.raises(ValueError, match="written must be a bool tensor of shape"):
+        reg.merge_scores_(written.long(), lambda t: t)
+
+
+def test_checkpoints_of_the_earlier_layout_still_load():
+    """Before eps/tau were eps_param/tau_param and before score_epoch: renamed and dated on load."""
+    reg = MAKERS["fbeta"]()
+    reg(torch.randn(40), torch.arange(40))
+    reg.end_epoch_()
+    old = dict(reg.state_dict())
+    old["eps"], old["tau"] = old.pop("eps_param"), old.pop("tau_param")
+    del old["score_epoch"]
+    fresh = MAKERS["fbeta"]()
+    fresh.load_state_dict(old)
+    torch.testing.assert_close(fresh.tau_param, reg.tau_param)
+    assert fresh.score_epoch.tolist() == [0] * 40  # seen in the last completed epoch
