@@ -12,14 +12,17 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 
 from . import functional, rate_functional
 from .base import DUAL_SCHEDULES, PROJECTION_MODES, ReparamRegularizer
-from .fbeta import FBetaRegularizer
+from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer
 from .functional import NEGATIVE_LOSSES, certified_fbeta_bound, negative_loss
 from .head import ShapeHead
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 
 __all__ = [
     "DUAL_SCHEDULES",
+    "FBETA_DEFAULTS",
+    "FBETA_PRESETS",
     "NEGATIVE_LOSSES",
+    "PAPER_PRESET",
     "PROJECTION_MODES",
     "ROCAUC",
     "FBetaRegularizer",

@@ -154,8 +154,9 @@ class ReparamRegularizer(ShapeObjective):
 
 
 def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
-    """Checkpoints written before ``eps``/``tau`` became ``eps_param``/``tau_param`` and before
-    ``score_epoch`` existed still load (scores seen then are dated to the last completed epoch)."""
+    """Checkpoints written before ``eps``/``tau`` became ``eps_param``/``tau_param``, before
+    ``score_epoch`` existed (scores seen then are dated to the last completed epoch) and before
+    F-beta's ``decision_threshold`` (then 0, the rule ``u > 0``) still load."""
     for old, new in (("eps", "eps_param"), ("tau", "tau_param")):
         if prefix + old in state_dict and prefix + new not in state_dict:
             state_dict[prefix + new] = state_dict.pop(prefix + old)
@@ -163,3 +164,6 @@ def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
         seen = state_dict[prefix + "seen_ever"]
         last = state_dict.get(prefix + "epoch", torch.zeros((), dtype=torch.int64)) - 1
         state_dict[prefix + "score_epoch"] = torch.where(seen, last, torch.full_like(last, -1))
+    if hasattr(module, "decision_threshold") and prefix + "decision_threshold" not in state_dict:
+        if prefix + "mu" in state_dict:  # F-beta state from before the learned threshold: 0
+            state_dict[prefix + "decision_threshold"] = torch.zeros_like(state_dict[prefix + "mu"])

@@ -31,6 +31,24 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 
+# The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
+# docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
+# passed explicitly (not ``None``) overrides its preset's value.
+FBETA_DEFAULTS: dict[str, object] = {
+    "projection": "inline", "dual_lr_lambda": 0.1, "dual_lr_mu": 0.1, "cap_scores": True,
+}  # fmt: skip
+PAPER_PRESET: dict[str, object] = {
+    "projection": "epoch", "dual_lr_lambda": 1e-3, "dual_lr_mu": 1e-5, "cap_scores": False,
+}  # fmt: skip
+FBETA_PRESETS = (None, "paper")
+
+
+def _apply_preset(preset: str | None, **given: object) -> tuple:
+    """``given`` (the options the presets set, in their order), each left at ``None`` taking the
+    preset's value."""
+    base = PAPER_PRESET if _checks.choice("preset", preset, FBETA_PRESETS) else FBETA_DEFAULTS
+    return tuple(base[key] if value is None else value for key, value in given.items())
+
 
 class FBetaRegularizer(ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
@@ -43,20 +61,39 @@ class FBetaRegularizer(ReparamRegularizer):
         positive_classes: the shape classes ``j`` with an F-beta term of their own (binary:
             ``(1,)``); the regularizer is the mean of their terms. Each term's negatives are all
             samples of the other classes.
-        projection: where ``Pi_C`` is applied: ``"epoch"`` (once per epoch, Algorithm 3),
-            ``"step"`` (after every optimizer step), ``"inline"`` (inside the loss:
-            ``L(Pi_C(eps, tau))``, exact or soft), ``"none"``.
+        projection: where ``Pi_C`` is applied: ``"inline"`` (inside the loss:
+            ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
+            ``"step"`` (after every optimizer step), ``"none"``. ``None``: the preset's
+            (``"inline"``; paper: ``"epoch"``).
         projection_method: ``"auto" | "sort" | "linear"`` for the exact projection.
         inline_strength: with ``projection="inline"``, ``0`` uses the exact projection (autograd
             a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength.
         negative_loss: ``"hinge"`` (the LP), ``"squared_hinge"`` or ``"logistic"`` (Remark 3).
-        dual_lr_lambda, dual_lr_mu: dual step sizes (paper: 1e-3, 1e-5).
+        dual_lr_lambda, dual_lr_mu: dual step sizes; ``None``: the preset's (0.1, 0.1; paper:
+            1e-3, 1e-5). docs/comparison.md has the evidence and the guidance.
         dual_schedule: ``"constant"`` or ``"inverse_epoch"`` (``eta / e`` in epoch ``e = 1, 2, ..``).
         rho: ``> 0`` switches to the augmented Lagrangian (method of multipliers) for the two
             dualized constraints, with dual steps of size ``rho``; ``0`` (default) is the paper's.
         eps_init, tau_init: initial values (1 is feasible for (3') and O(1), as (3') intends).
         mu_init: initial ``mu``; default ``-beta^2`` (docs/method.md sec. 3b: the optimal ``mu`` on
             separable data; ``0`` starts where the paper's code does, and is slower).
+        lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init`` makes every ``tau_i``
+            stationary, ``dL/dtau_i = mu + lambda_i = 0``, so the positives are pulled up from the
+            first step instead of after the first dual step).
+        cap_scores: dualize ``tau_i <= min(u_i, eps)`` instead of ``tau_i <= u_i`` (the same
+            constraint, since ``tau_i <= eps`` in C): the positives' term ``-lambda_i min(u_i, eps)``
+            stops pulling a score up at ``eps`` (the cap is ``eps`` detached; docs/method.md
+            sec. 10). ``None``: the preset's (``True``; paper: ``False``).
+        preset: which values the four options above take when left at ``None``: the library's
+            (``None``, ``FBETA_DEFAULTS``, chosen on the evidence of docs/comparison.md) or the
+            paper's Algorithm 3 as published (``"paper"``, ``PAPER_PRESET``). An option passed
+            explicitly overrides the preset (``preset="paper", projection="step"``: the paper's
+            settings with full projections).
+
+    After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
+    remembered scores (one sort): ``reg.decision_threshold`` (per class), with the F-beta of
+    ``u > threshold`` in ``stats()`` (docs/method.md sec. 2: the certificate is for ``u > 0``; the
+    threshold is a cheap post-hoc decision rule on the same scores).
     """
 
     _constrained_names = ("eps_param", "tau_param")
@@ -67,24 +104,32 @@ class FBetaRegularizer(ReparamRegularizer):
         *,
         beta: float = 1.0,
         positive_classes: Sequence[int] = (1,),
-        projection: str = "epoch",
+        projection: str | None = None,
         projection_method: str = "auto",
         inline_strength: float = 0.0,
         negative_loss: str = "hinge",
-        dual_lr_lambda: float = 1e-3,
-        dual_lr_mu: float = 1e-5,
+        dual_lr_lambda: float | None = None,
+        dual_lr_mu: float | None = None,
         dual_schedule: str = "constant",
         rho: float = 0.0,
         eps_init: float = 1.0,
         tau_init: float = 1.0,
         mu_init: float | None = None,
+        lambda_init: float = 0.0,
+        cap_scores: bool | None = None,
+        preset: str | None = None,
     ) -> None:
+        projection, dual_lr_lambda, dual_lr_mu, cap_scores = _apply_preset(
+            preset, projection=projection, dual_lr_lambda=dual_lr_lambda, dual_lr_mu=dual_lr_mu,
+            cap_scores=cap_scores,
+        )  # fmt: skip
         super().__init__(
             shape_labels, positive_classes=positive_classes, projection=projection,
             inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda,
             dual_lr_rate=dual_lr_mu, dual_lr_rate_name="dual_lr_mu", dual_schedule=dual_schedule,
             rho=rho,
         )  # fmt: skip
+        self.preset = preset
         self.beta = _checks.number("beta", beta, 0, strict=True)
         self.projection_method = _checks.choice(
             "projection_method", projection_method, PROJECTION_METHODS
@@ -96,8 +141,13 @@ class FBetaRegularizer(ReparamRegularizer):
         p, n_pos = len(self.classes), self.pos_index.numel()
         self.eps_param = nn.Parameter(torch.full((p,), eps_init))
         self.tau_param = nn.Parameter(torch.full((n_pos,), tau_init))
-        self.register_buffer("lam", torch.zeros(n_pos))
+        lambda_init = _checks.number("lambda_init", lambda_init, 0)
+        self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
+        if not isinstance(cap_scores, bool):
+            raise ValueError(f"cap_scores must be a bool, got {cap_scores!r}")
+        self.cap_scores = cap_scores
+        self.register_buffer("decision_threshold", torch.zeros(p))
 
     @property
     def dual_lr_mu(self) -> float:
@@ -120,6 +170,9 @@ class FBetaRegularizer(ReparamRegularizer):
         eps, tau = self.constrained_parameters()
         cls = self.class_of.index_select(0, idx)
         batch, n_samples = idx.numel(), self.n_samples
+        if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
+            own = cls.unsqueeze(1) == torch.arange(len(self.classes), device=cls.device)
+            u = torch.where(own, torch.minimum(u, eps.detach().unsqueeze(0)), u)
         if self.rho == 0:  # the hot path: one autograd node per class, no batch split
             slots = self.slot.index_select(0, idx).clamp_min_(0)
             terms = [
@@ -157,11 +210,18 @@ class FBetaRegularizer(ReparamRegularizer):
     # --- the dual step --------------------------------------------------------------------------
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
-        return self.tau.detach().float(), self.scores[self.pos_index, self.tau_group]
+        u = self.scores[self.pos_index, self.tau_group]
+        if self.cap_scores:
+            u = torch.minimum(u, self.eps.detach().float()[self.tau_group])
+        return self.tau.detach().float(), u
 
     def _dual_step_(self, eta: float) -> None:
-        """``mu_j <- mu_j + eta (mean_{S+_j} tau - 1)`` (free multiplier of ``mean tau = 1``)."""
+        """``mu_j <- mu_j + eta (mean_{S+_j} tau - 1)`` (free multiplier of ``mean tau = 1``); then
+        the F-beta-optimal threshold of the remembered scores (``decision_threshold``)."""
         self.mu.add_(eta * (self._class_mean(self.tau.detach()) - 1))
+        for j in range(len(self.classes)):
+            u_pos, u_neg = self._split_scores(j)
+            self.decision_threshold[j] = Fn.best_fbeta_threshold(u_pos, u_neg, self.beta)[0]
 
     def _class_mean(self, tau: Tensor) -> Tensor:
         sums = torch.zeros_like(self.mu).index_add_(0, self.tau_group, tau.float())
@@ -175,12 +235,16 @@ class FBetaRegularizer(ReparamRegularizer):
         ``train_fbeta``: their true F-beta; violations of C (``tau_i > eps``) and of
         ``|mean tau - 1|`` (dualized). Per-class lists when there are several classes."""
         eps, tau = self.eps.detach().float(), self.tau.detach().float()
-        bounds, fbetas = [], []
+        bounds, fbetas, at_threshold = [], [], []
         for j in range(len(self.classes)):
             u_pos, u_neg = self._split_scores(j)
             scored = u_pos.numel() > 0
             bounds.append(Fn.certified_fbeta_bound(u_pos, u_neg, self.beta) if scored else None)
             fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, self.beta) if scored else None)
+            t = float(self.decision_threshold[j])
+            at_threshold.append(
+                Fn.fbeta_of_decisions(u_pos - t, u_neg - t, self.beta) if scored else None
+            )
         out: dict[str, float | int | list | bool | None] = {
             "eps": float(eps.mean()),
             "mu": float(self.mu.mean()),
@@ -188,6 +252,8 @@ class FBetaRegularizer(ReparamRegularizer):
             "violation_mean_tau_max": float((self._class_mean(tau) - 1).abs().max()),
             "certified_fbeta": _mean_or_none(bounds),
             "train_fbeta": _mean_or_none(fbetas),
+            "decision_threshold": float(self.decision_threshold.mean()),
+            "train_fbeta_at_threshold": _mean_or_none(at_threshold),
         }
         if len(self.classes) > 1:
             out |= {"eps_per_class": eps.tolist(), "mu_per_class": self.mu.tolist(),
@@ -198,7 +264,8 @@ class FBetaRegularizer(ReparamRegularizer):
         return (
             f"n={self.n_samples}, positives={self.n_pos.long().tolist()}, "
             f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
-            f"negative_loss={self.negative_loss!r}, rho={self.rho}"
+            f"negative_loss={self.negative_loss!r}, rho={self.rho}, cap_scores={self.cap_scores}"
+            + (f", preset={self.preset!r}" if self.preset else "")
         )
 
 

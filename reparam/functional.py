@@ -212,6 +212,28 @@ def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float) -> float:
     return fbeta_from_counts(tp, float(u_pos.numel()) - tp, float((u_neg > 0).sum()), beta)
 
 
+def best_fbeta_threshold(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[float, float]:
+    """The threshold ``t`` whose decisions ``u > t`` have the highest F-beta on these scores, and
+    that F-beta (one sort, O(n log n)): every distinct score is a candidate cut; ``t`` is the
+    midpoint between the last score kept and the first dropped (``-inf`` side: below all scores).
+    Returns ``(0.0, F-beta of u > 0)`` when there are no positives."""
+    if u_pos.numel() == 0:
+        return 0.0, fbeta_of_decisions(u_pos, u_neg, beta)
+    u = torch.cat([u_pos.detach(), u_neg.detach()]).double()
+    pos = torch.cat([torch.ones(u_pos.numel()), torch.zeros(u_neg.numel())]).to(u.device)
+    order = torch.argsort(u, descending=True)
+    u, pos = u[order], pos[order]
+    tp = torch.cumsum(pos, 0)  # keeping the k highest scores, k = 1..N
+    fp = torch.arange(1, u.numel() + 1, dtype=u.dtype, device=u.device) - tp
+    b2, n = beta**2, float(u_pos.numel())
+    f = (1 + b2) * tp / ((1 + b2) * tp + b2 * (n - tp) + fp)
+    distinct = torch.cat([u[:-1] > u[1:], u.new_ones(1, dtype=torch.bool)])  # a cut between values
+    f = torch.where(distinct, f, torch.zeros_like(f))
+    k = int(torch.argmax(f))
+    below = float(u[k + 1]) if k + 1 < u.numel() else float(u[k]) - 1.0
+    return (float(u[k]) + below) / 2, float(f[k])
+
+
 def fbeta_from_counts(tp: float, fn: float, fp: float, beta: float) -> float:
     """``(1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)``; 0 when the denominator is 0."""
     den = (1 + beta**2) * tp + beta**2 * fn + fp

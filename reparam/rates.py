@@ -131,7 +131,7 @@ class PrecisionAtRecall(_RateObjective):
     """
 
     def __init__(self, shape_labels: object, *, recall: float, positive_class: int = 1,
-                 projection: str = "epoch", inline_strength: float = 0.0,
+                 projection: str = "inline", inline_strength: float = 0.0,
                  dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
                  dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
                  nu_init: float = 1.0, lambda_init: float | None = None,
@@ -205,7 +205,7 @@ class RecallAtPrecision(_RateObjective):
     """
 
     def __init__(self, shape_labels: object, *, precision: float, positive_class: int = 1,
-                 projection: str = "epoch", inline_strength: float = 0.0,
+                 projection: str = "inline", inline_strength: float = 0.0,
                  dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
                  dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
                  nu_init: float = 1.0, lambda_init: float | None = None,
@@ -330,7 +330,7 @@ class ROCAUC(_RateObjective):
     """
 
     def __init__(self, shape_labels: object, *, grid: int = 10, positive_class: int = 1,
-                 projection: str = "epoch", inline_strength: float = 0.0,
+                 projection: str = "inline", inline_strength: float = 0.0,
                  dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
                  dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
                  nu_init: float = 1.0, lambda_init: float | None = None, tau_init: float = 1.0,

@@ -27,7 +27,10 @@ from baselines.objectives import NEWTON
 from projections import PROJECTION_METHODS
 from reparam import (
     DUAL_SCHEDULES,
+    FBETA_DEFAULTS,
+    FBETA_PRESETS,
     NEGATIVE_LOSSES,
+    PAPER_PRESET,
     PROJECTION_MODES,
     ROCAUC,
     FBetaRegularizer,
@@ -106,6 +109,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "negative_loss": NEGATIVE_LOSSES,
     "dual_schedule": DUAL_SCHEDULES,
     "newton": NEWTON,
+    "preset": FBETA_PRESETS,
 }
 
 
@@ -148,7 +152,8 @@ class _RegularizerBase:
 
     name: Literal[("none", *REGULARIZERS)] = "none"
     alpha: float = 1e-3
-    projection: Literal[PROJECTION_MODES] = _default(FBetaRegularizer, "projection")
+    # null: each objective's own default (F-beta: its preset's, ``regularizer.fbeta.preset``)
+    projection: Literal[PROJECTION_MODES] | None = _default(FBetaRegularizer, "projection")
     inline_strength: float = _default(FBetaRegularizer, "inline_strength")
     dual_schedule: Literal[DUAL_SCHEDULES] = _default(FBetaRegularizer, "dual_schedule")
     rho: float = _default(FBetaRegularizer, "rho")
@@ -162,12 +167,14 @@ class _RegularizerBase:
         shared = {}
         for key in COMMON:
             if key in takes:
-                shared[key] = getattr(self, key)
+                if getattr(self, key) is not None:  # None: the objective's own default
+                    shared[key] = getattr(self, key)
             elif getattr(self, key) != getattr(_RegularizerBase, key):
                 raise ValueError(
                     f"regularizer.{key} does not apply to regularizer.name={self.name} (it is an "
                     f"option of the reparameterized objectives); leave it at its default "
                     f"{getattr(_RegularizerBase, key)!r}"
+                    + (" (null)" if getattr(_RegularizerBase, key) is None else "")
                 )
         return {**shared, **asdict(getattr(self, self.name))}
 
@@ -226,10 +233,31 @@ NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
-    """Build a validated ``Config`` from nested plain data (YAML)."""
+    """Build a validated ``Config`` from nested plain data (YAML); the options of the chosen
+    objective left at ``null`` get the values it will use (:func:`_resolve_defaults`)."""
     cfg = _build(Config, raw, "")
     _validate(cfg)
+    _resolve_defaults(cfg.regularizer)
     return cfg
+
+
+def _resolve_defaults(r: _RegularizerBase) -> None:
+    """Write into the config the values the chosen objective takes for options left at ``null``
+    (F-beta: its preset's, ``regularizer.fbeta.preset``; a rate objective: its projection), so the
+    saved config pins them even if the library's defaults change."""
+    if r.name == "none":
+        return
+    if r.name == "fbeta":
+        section = r.fbeta
+        base = PAPER_PRESET if section.preset == "paper" else FBETA_DEFAULTS
+        for key, value in base.items():
+            owner = r if key in COMMON else section
+            if getattr(owner, key) is None:
+                setattr(owner, key, value)
+    elif (
+        r.projection is None and "projection" in inspect.signature(REGULARIZERS[r.name]).parameters
+    ):
+        r.projection = _default(REGULARIZERS[r.name], "projection")
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> Config:

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from reparam.functional import fbeta_from_counts
+from reparam.functional import fbeta_from_counts, fbeta_of_decisions
 from reparam.rate_functional import recall_precision, roc_auc
 
 from . import checkpoint, distributed, reporting
@@ -263,7 +263,8 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
                         positive_class=cfg.regularizer.positive_classes()[0],
                         num_groups=num_groups, keep_images=cfg.train.log_images,
                         segmentation=cfg.data.kind == "cocostuff",
-                        precision=cfg.train.precision)  # fmt: skip
+                        precision=cfg.train.precision,
+                        threshold=_learned_threshold(reg))  # fmt: skip
         eval_seconds = time.perf_counter() - start
         images = test.pop("_images", None)
         total = max(float(sums[2]), 1.0)
@@ -320,17 +321,25 @@ def save_checkpoint(state: TrainState, out: Path, cfg: Config, ctx: distributed.
     return str(path)
 
 
+def _learned_threshold(reg: nn.Module | None) -> float | None:
+    """The F-beta regularizer's learned decision threshold of the first positive class (None for
+    the objectives that learn none)."""
+    threshold = getattr(reg, "decision_threshold", None)
+    return None if threshold is None else float(threshold[0])
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, loader: torch.utils.data.DataLoader, device: torch.device, num_classes: int,
     beta: float = 1.0, positive_class: int = 1, num_groups: int = 2, keep_images: int = 0,
-    segmentation: bool = False, precision: str = "fp32",
+    segmentation: bool = False, precision: str = "fp32", threshold: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Task metrics overall and per shape group, from confusion matrices accumulated over the
     whole split and summed over processes (classification: accuracy; segmentation: mIoU, pixel
     acc., mean class acc., fwIoU); the shape node's metrics for ``positive_class`` against the
     rest: F-beta, precision and recall of its decisions ``u > 0`` (the learned threshold) and the
-    ROC-AUC of its scores. With ``keep_images > 0`` (segmentation) the first images, predictions
+    ROC-AUC of its scores; with a ``threshold`` (F-beta's learned ``decision_threshold``) also the
+    F-beta of ``u > threshold`` (``shape_fbeta_at_threshold``). With ``keep_images > 0`` (segmentation) the first images, predictions
     and labels are returned under ``"_images"``."""
     model.eval()
     dtype = autocast_dtype(precision)
@@ -360,6 +369,10 @@ def evaluate(
     out["shape_fbeta"] = fbeta_from_counts(tp, fn, fp, beta)
     recall, prec = recall_precision(u_pos, u_neg)
     out |= {"shape_precision": prec, "shape_recall": recall, "shape_auc": roc_auc(u_pos, u_neg)}
+    if threshold is not None:
+        out["shape_fbeta_at_threshold"] = fbeta_of_decisions(
+            u_pos - threshold, u_neg - threshold, beta
+        )
     if kept:
         out["_images"] = tuple(torch.cat(parts)[:keep_images] for parts in zip(*kept, strict=True))
     return out

@@ -155,7 +155,7 @@ def test_the_trainer_runs_every_alternative(digits_smnist, tmp_path, name):
     out = tmp_path / "run"
     assert main(["--config", str(ROOT / "configs" / "demo.yaml"), "--regularizer", name,
                  "--out", str(out), f"data.path={digits_smnist}", "train.epochs=1",
-                 "train.progress=false", "regularizer.projection=epoch",
+                 "train.progress=false", "regularizer.projection=null",
                  "regularizer.lp_fbeta.infeasibility_cost=100"]) == 0  # fmt: skip
     final = json.loads((out / "metrics.json").read_text())["final"]
     assert final["reg_train_auc"] is not None and final["test_shape_auc"] is not None
@@ -167,4 +167,5 @@ def test_shared_options_that_do_not_apply_are_an_error():
     with pytest.raises(
         ValueError, match=r"regularizer\.projection does not apply to regularizer\.name=soft_fbeta"
     ):
-        C.load(ROOT / "configs" / "demo.yaml", ["regularizer.name=soft_fbeta"])  # demo: inline
+        C.load(ROOT / "configs" / "demo.yaml",
+               ["regularizer.name=soft_fbeta", "regularizer.projection=inline"])  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from projections import project_onto_c
-from reparam import FBetaRegularizer, ShapeHead
+from reparam import PAPER_PRESET, FBetaRegularizer, ShapeHead
 from reparam import functional as fn
 
 
@@ -16,6 +16,8 @@ def _setup(n=60, seed=0, p_pos=0.4, **kwargs):
     gen = torch.Generator().manual_seed(seed)
     labels = (torch.rand(n, generator=gen) < p_pos).long()
     labels[:2] = torch.tensor([0, 1])
+    for key, value in PAPER_PRESET.items():  # the paper's form, whose closed forms are tested
+        kwargs.setdefault(key, value)
     reg = FBetaRegularizer(labels, **kwargs)
     with torch.no_grad():  # a generic state, not the initial one
         reg.eps.fill_(1.3)
@@ -191,7 +193,7 @@ def test_state_dict_round_trip_continues_identically():
     u = torch.randn(60, generator=gen)
     reg(u, torch.arange(60))
     reg.end_epoch_()
-    clone = FBetaRegularizer(reg.shape_labels)
+    clone = FBetaRegularizer(reg.shape_labels, preset="paper")
     clone.load_state_dict(copy.deepcopy(reg.state_dict()))
     for (k, a), (_, b) in zip(reg.state_dict().items(), clone.state_dict().items(), strict=True):
         assert torch.equal(a, b), k

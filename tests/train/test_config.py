@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from reparam import FBetaRegularizer
 from train import config as C
 from train.__main__ import main
 
@@ -102,7 +103,8 @@ def test_regularizer_section_is_the_constructor_signature():
     for name, cls in C.REGULARIZERS.items():
         params = {k: v for k, v in inspect.signature(cls).parameters.items() if k != "shape_labels"}
         kwargs = dataclasses.replace(section, name=name).kwargs()
-        assert set(kwargs) == set(params), name
+        unset = {k for k in C.COMMON if getattr(section, k) is None}  # the objective's default
+        assert set(kwargs) == set(params) - unset, name
         for key, value in kwargs.items():
             default = params[key].default
             if default is inspect.Parameter.empty:
@@ -112,7 +114,10 @@ def test_regularizer_section_is_the_constructor_signature():
     hints = typing.get_type_hints(C.RegularizerConfig)
     for key, choices in (("projection", reparam.PROJECTION_MODES),
                          ("dual_schedule", reparam.DUAL_SCHEDULES)):  # fmt: skip
-        assert typing.get_args(hints[key]) == choices, key
+        hint = hints[key]
+        if type(None) in typing.get_args(hint):  # Optional: null is the objective's own default
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        assert typing.get_args(hint) == choices, key
     assert typing.get_args(hints["name"]) == ("none", *C.REGULARIZERS)
     fbeta = typing.get_type_hints(C.SECTIONS["fbeta"])
     assert typing.get_args(fbeta["negative_loss"]) == reparam.NEGATIVE_LOSSES
@@ -164,3 +169,26 @@ def test_rate_objectives_need_their_target_and_name_bad_options():
         build_regularizer(cfg.regularizer, torch.tensor([0, 1, 1, 0]))
     with pytest.raises(ValueError, match=r"unknown key regularizer\.roc_auc\.recall"):
         C.load(demo, ["regularizer.roc_auc.recall=0.5"])
+
+
+def test_config_selects_the_paper_preset_and_pins_what_it_resolves():
+    cfg = C.from_dict({"regularizer": {"name": "fbeta", "fbeta": {"preset": "paper"}}})
+    r = cfg.regularizer
+    # the saved config pins the values the preset gave (not null)
+    assert (r.projection, r.fbeta.dual_lr_lambda, r.fbeta.dual_lr_mu, r.fbeta.cap_scores) == (
+        "epoch", 1e-3, 1e-5, False)  # fmt: skip
+    reg = FBetaRegularizer(torch.tensor([0, 1, 1]), **r.kwargs())
+    assert (reg.projection, reg.cap_scores, reg.dual_lr_mu) == ("epoch", False, 1e-5)
+    again = C.from_dict(cfg.to_dict())
+    assert again.to_dict() == cfg.to_dict()
+    ours = C.from_dict({"regularizer": {"name": "fbeta"}}).regularizer
+    assert (ours.projection, ours.fbeta.dual_lr_lambda, ours.fbeta.cap_scores) == (
+        "inline",
+        0.1,
+        True,
+    )
+    # a paper config switched to an alternative: the shared projection stays unset, no error
+    alt = C.load(ROOT / "configs" / "smnist_mlp.yaml", ["regularizer.name=soft_fbeta"])
+    assert alt.regularizer.projection is None
+    with pytest.raises(ValueError, match=r"regularizer\.fbeta\.preset must be one of"):
+        C.from_dict({"regularizer": {"name": "fbeta", "fbeta": {"preset": "fast"}}})

@@ -34,8 +34,12 @@ def test_one_epoch_with_the_regularizer_writes_the_run_folder(digits_smnist, tmp
     (row,) = metrics["history"]
     for key in ("test_accuracy", "test_accuracy_small", "test_accuracy_big", "test_accuracy_gap",
                 "test_shape_fbeta", "reg_eps", "reg_mu", "reg_lambda_mean", "reg_projections",
-                "train_seconds", "epoch_end_seconds", "eval_seconds"):  # fmt: skip
+                "train_seconds", "epoch_end_seconds", "eval_seconds", "reg_decision_threshold",
+                "reg_train_fbeta_at_threshold", "test_shape_fbeta_at_threshold"):  # fmt: skip
         assert key in row, key
+    assert 0 <= row["test_shape_fbeta_at_threshold"] <= 1
+    # the learned threshold is the exact F1-optimal cut of the training scores: never below u > 0
+    assert row["reg_train_fbeta_at_threshold"] >= row["reg_train_fbeta"]
     assert row["reg_projections"] == 1 and 0 <= row["test_accuracy"] <= 1
     assert row["test_accuracy"] > 0.3  # 1 epoch on 600 digit images: well above chance
     ckpt = checkpoint.latest(out)[1]
