@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     settings = " ".join(f'"{x}"' for x in a.settings)
     write_text_atomic(
-        f"<!-- python -m benchmarks.compare smnist --mnist-dir ../shared/data/mnist --jobs {a.jobs} "
+        f"<!-- python -m benchmarks.compare smnist --mnist-dir data/mnist --jobs {a.jobs} "
         f"--settings {settings} --seeds {' '.join(map(str, a.seeds))} -->\n"
         f"{machine_line()}; mean ± sd over seeds; 1 thread per run, {a.jobs} runs at a time\n\n{text}",
         a.out / "compare_smnist.md",
