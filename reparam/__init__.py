@@ -12,7 +12,7 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 
 from . import functional, rate_functional
 from .base import DUAL_SCHEDULES, PROJECTION_MODES, ReparamRegularizer
-from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer
+from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer, resolve_preset
 from .functional import NEGATIVE_LOSSES, certified_fbeta_bound, negative_loss
 from .head import ShapeHead
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
@@ -34,4 +34,5 @@ __all__ = [
     "functional",
     "negative_loss",
     "rate_functional",
+    "resolve_preset",
 ]

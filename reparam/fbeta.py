@@ -43,11 +43,12 @@ PAPER_PRESET: dict[str, object] = {
 FBETA_PRESETS = (None, "paper")
 
 
-def _apply_preset(preset: str | None, **given: object) -> tuple:
-    """``given`` (the options the presets set, in their order), each left at ``None`` taking the
-    preset's value."""
+def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
+    """The options a preset sets (``FBETA_DEFAULTS``' keys; ``given`` may name any of them), each
+    one given as ``None`` or not given taking the preset's value; the trainer's config uses it too,
+    so a saved config pins what the constructor resolves."""
     base = PAPER_PRESET if _checks.choice("preset", preset, FBETA_PRESETS) else FBETA_DEFAULTS
-    return tuple(base[key] if value is None else value for key, value in given.items())
+    return {key: value if given.get(key) is None else given[key] for key, value in base.items()}
 
 
 class FBetaRegularizer(ReparamRegularizer):
@@ -119,10 +120,10 @@ class FBetaRegularizer(ReparamRegularizer):
         cap_scores: bool | None = None,
         preset: str | None = None,
     ) -> None:
-        projection, dual_lr_lambda, dual_lr_mu, cap_scores = _apply_preset(
+        projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
             preset, projection=projection, dual_lr_lambda=dual_lr_lambda, dual_lr_mu=dual_lr_mu,
             cap_scores=cap_scores,
-        )  # fmt: skip
+        ).values()  # fmt: skip
         super().__init__(
             shape_labels, positive_classes=positive_classes, projection=projection,
             inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda,

@@ -30,12 +30,12 @@ from reparam import (
     FBETA_DEFAULTS,
     FBETA_PRESETS,
     NEGATIVE_LOSSES,
-    PAPER_PRESET,
     PROJECTION_MODES,
     ROCAUC,
     FBetaRegularizer,
     PrecisionAtRecall,
     RecallAtPrecision,
+    resolve_preset,
 )
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
@@ -248,12 +248,10 @@ def _resolve_defaults(r: _RegularizerBase) -> None:
     if r.name == "none":
         return
     if r.name == "fbeta":
-        section = r.fbeta
-        base = PAPER_PRESET if section.preset == "paper" else FBETA_DEFAULTS
-        for key, value in base.items():
-            owner = r if key in COMMON else section
-            if getattr(owner, key) is None:
-                setattr(owner, key, value)
+        owners = {key: r if key in COMMON else r.fbeta for key in FBETA_DEFAULTS}
+        given = {key: getattr(owner, key) for key, owner in owners.items()}
+        for key, value in resolve_preset(r.fbeta.preset, **given).items():
+            setattr(owners[key], key, value)
     elif (
         r.projection is None and "projection" in inspect.signature(REGULARIZERS[r.name]).parameters
     ):

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reparam import FBETA_DEFAULTS, PAPER_PRESET, FBetaRegularizer
+from reparam import FBETA_DEFAULTS, PAPER_PRESET, FBetaRegularizer, resolve_preset
 from reparam import functional as fn
 
 
@@ -122,6 +122,10 @@ def test_defaults_and_the_paper_preset():
     assert FBetaRegularizer(labels, preset="paper", projection="inline").projection == "inline"
     with pytest.raises(ValueError, match="preset must be one of"):
         FBetaRegularizer(labels, preset="fast")
+    # the one resolution rule the constructor and the trainer's config share
+    assert resolve_preset("paper", projection="step", cap_scores=None) == {
+        **PAPER_PRESET, "projection": "step"}  # fmt: skip
+    assert resolve_preset(None) == FBETA_DEFAULTS
 
 
 def test_state_from_before_the_learned_threshold_still_loads():
