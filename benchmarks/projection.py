@@ -1,11 +1,13 @@
-"""Projection benchmark: exact (sort, linear) and soft Pi_C vs torch.sort, a generic QP solver, qpth.
+"""Projection benchmark: exact (sort, linear, tree) and soft Pi_C vs torch.sort, one elementwise
+pass, a generic QP solver, qpth.
 
-    python -m benchmarks.projection                  # full run (~2 min on 2 cores), writes the plot
+    python -m benchmarks.projection                  # full run (~3 min on 2 cores), writes the plot
     python -m benchmarks.projection --quick          # small sizes, seconds (smoke test)
 
-Prints three tables measured in one run and writes ``projection.md`` and ``projection.png`` into
+Prints four tables measured in one run and writes ``projection.md`` and ``projection.png`` into
 ``--out``. Targets (issue 2): linear at n = 1e6 <= 0.1 x torch.sort; exact at n = 1e4 >= 1000x
-faster than the generic QP solver; batched 64 x 256 >= 100x faster than qpth.
+faster than the generic QP solver; batched 64 x 256 >= 100x faster than qpth. Issue 15: one
+vector at n = 1e6 and 1e7 (float32) in <= 3x the time of one ``torch.minimum(tau, e)`` pass.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -40,8 +44,10 @@ def time_sizes(sizes: list[int], repeats: int, device: str) -> list[dict]:
             return median_seconds(lambda: fn(eps, tau), repeats=repeats, device=device)
 
         r["torch.sort"] = t(lambda eps, tau: torch.sort(tau, descending=True))
+        r["torch.minimum"] = t(lambda eps, tau: torch.minimum(tau, eps))
         r["sort"] = t(lambda eps, tau: project_onto_c(eps, tau, method="sort"))
         r["linear"] = t(lambda eps, tau: project_onto_c(eps, tau, method="linear"))
+        r["tree"] = t(lambda eps, tau: project_onto_c(eps, tau, method="tree"))
         r["soft smooth"] = t(lambda eps, tau: soft_project_onto_c(eps, tau, strength=SOFT_STRENGTH))
         r["soft sort (torchsort)"] = (
             t(
@@ -66,12 +72,46 @@ def time_sizes(sizes: list[int], repeats: int, device: str) -> list[dict]:
     return rows
 
 
+def time_memory_limit(sizes: list[int], repeats: int, device: str) -> list[dict]:
+    """One vector of float32, eps = 0: the linear and tree methods against one
+    ``torch.minimum(tau, e)`` pass (allocating, as the projection's output is). Each method is timed
+    in turn with the pass (``repeats`` rounds, medians), so that a busy machine slows both alike and
+    neither runs right after the other method (whose temporaries evict the caches)."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    rows = []
+    for n in sizes:
+        eps, tau = _data(n, device)
+        row: dict = {"n": n}
+        for method in ["linear", "tree"]:
+            pair = {
+                "torch.minimum": lambda eps=eps, tau=tau: torch.minimum(tau, eps),
+                method: lambda eps=eps, tau=tau, m=method: project_onto_c(eps, tau, method=m),
+            }
+            times: dict[str, list[float]] = {k: [] for k in pair}
+            for fn in pair.values():
+                fn()  # warm-up
+            for _ in range(repeats):
+                for k, fn in pair.items():
+                    sync()
+                    t0 = time.perf_counter()
+                    fn()
+                    sync()
+                    times[k].append(time.perf_counter() - t0)
+            row[method] = statistics.median(times[method])
+            row[f"torch.minimum ({method})"] = statistics.median(times["torch.minimum"])
+        row["torch.minimum"] = min(row["torch.minimum (linear)"], row["torch.minimum (tree)"])
+        rows.append(row)
+        print(f"  n={n:.0e} done", flush=True)
+    return rows
+
+
 def time_qp_solver(n: int, repeats: int) -> dict:
-    """A generic QP solver (cvxpy, default QP solver and OSQP) on the same projection problem."""
+    """A generic QP solver (cvxpy, default QP solver and OSQP) on the same projection problem; ours
+    in float64 like the solvers."""
     import cvxpy as cp
 
-    eps, tau = _data(n, "cpu")
-    gamma = tau.double().numpy()
+    eps, tau = (v.double() for v in _data(n, "cpu"))
+    gamma = tau.numpy()
     e, t = cp.Variable(), cp.Variable(n)
     prob = cp.Problem(cp.Minimize(cp.square(e - 0.0) + cp.sum_squares(t - gamma)), [e >= 0, t <= e])
     out = {"n": n}
@@ -82,9 +122,9 @@ def time_qp_solver(n: int, repeats: int) -> dict:
         )
         out[f"{solver} solver-only"] = prob.solver_stats.solve_time
         e_ref = float(e.value)
-    e_ours, _ = project_onto_c(eps.double(), tau.double())
+    e_ours, _ = project_onto_c(eps, tau)
     out["abs diff of eps"] = abs(e_ref - float(e_ours))
-    out["ours (auto)"] = median_seconds(lambda: project_onto_c(eps, tau), repeats=max(repeats, 20))
+    out["ours (auto)"] = median_seconds(lambda: project_onto_c(eps, tau), repeats=max(repeats, 50))
     out["ours (sort)"] = median_seconds(
         lambda: project_onto_c(eps, tau, method="sort"), repeats=max(repeats, 20)
     )
@@ -152,7 +192,7 @@ def plot(rows: list[dict], path: Path) -> None:
                 *zip(*pts, strict=True),
                 marker="o",
                 label=k,
-                linestyle="--" if k == "torch.sort" else "-",
+                linestyle="--" if k.startswith("torch.") else "-",
             )
     ax.set_xlabel("n (coordinates of tau)")
     ax.set_ylabel("median time [s]")
@@ -189,21 +229,51 @@ def main(argv: list[str] | None = None) -> str:
     rows = time_sizes(sizes, repeats, args.device)
     keys = [k for k in rows[0] if k != "n"]
     t1 = markdown_table(
-        ["n", *[f"{k} [ms]" for k in keys], "linear / torch.sort", "sort / torch.sort"],
+        [
+            "n",
+            *[f"{k} [ms]" for k in keys],
+            "linear / torch.sort",
+            "sort / torch.sort",
+            "tree / torch.minimum",
+        ],
         [
             [
                 f"1e{round(math.log10(r['n']))}" if r["n"] > 0 else "0",
                 *[fmt_ms(r[k]) for k in keys],
                 f"{r['linear'] / r['torch.sort']:.3f}",
                 f"{r['sort'] / r['torch.sort']:.2f}",
+                f"{r['tree'] / r['torch.minimum']:.2f}",
             ]
             for r in rows
+        ],
+    )
+    mem_sizes = [10_000, 100_000] if args.quick else [1_000_000, 10_000_000]
+    mem = time_memory_limit(mem_sizes, 3 if args.quick else 31, args.device)
+    t_mem = markdown_table(
+        [
+            "n (float32)",
+            "torch.minimum(tau, e) [ms]",
+            "linear [ms]",
+            "tree [ms]",
+            "tree / minimum (target <= 3)",
+            "linear / minimum",
+        ],
+        [
+            [
+                f"1e{round(math.log10(r['n']))}",
+                fmt_ms(r["torch.minimum"]),
+                fmt_ms(r["linear"]),
+                fmt_ms(r["tree"]),
+                f"{r['tree'] / r['torch.minimum (tree)']:.2f}",
+                f"{r['linear'] / r['torch.minimum (linear)']:.1f}",
+            ]
+            for r in mem
         ],
     )
     qp = time_qp_solver(qp_n, 3 if args.quick else 5)
     t2 = markdown_table(
         [
-            "n",
+            "n (float64)",
             "cvxpy+Clarabel solve() [ms]",
             "Clarabel solver-only [ms]",
             "cvxpy+OSQP solve() [ms]",
@@ -264,6 +334,9 @@ def main(argv: list[str] | None = None) -> str:
             f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs; "
             f"soft strength {SOFT_STRENGTH}; n/a = backend not installed or above its size limit.",
             "## One vector of n coordinates\n\n" + t1,
+            "## Near the memory limit\n\nOne vector, float32, eps = 0; each method timed in turn "
+            "with one torch.minimum pass (interleaved), medians; ratios within each pairing.\n\n"
+            + t_mem,
             "## Generic QP solver\n\n" + t2,
             "## Batched\n\n" + t3,
         ]

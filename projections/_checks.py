@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 # the exact projection methods (public as projections.PROJECTION_METHODS)
-METHODS = ("auto", "sort", "linear")
+METHODS = ("auto", "sort", "linear", "tree")
 
 
 def check_float_tensor(name: str, x: object) -> Tensor:
@@ -22,7 +22,9 @@ def check_float_tensor(name: str, x: object) -> Tensor:
 def check_finite(name: str, x: Tensor) -> None:
     # Fast path: a finite sum means no NaN/inf (one reduction, ~30x cheaper than isfinite().all());
     # a non-finite sum may also be an overflow, so only then look at the values themselves.
-    if not x.numel() or math.isfinite(float(x.detach().sum())):
+    if x.requires_grad:
+        x = x.detach()
+    if not x.numel() or math.isfinite(float(x) if x.numel() == 1 else float(x.sum())):
         return
     if not bool(torch.isfinite(torch.stack(torch.aminmax(x))).all()):  # aminmax propagates NaN
         bad = x[~torch.isfinite(x)].flatten()[:3].tolist()

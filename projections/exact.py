@@ -5,7 +5,8 @@ r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (d
                          = (e^*, \min(\gamma, e^*)),\qquad e^* = \max(0, r),\ h(r) = 0.
 
 The root ``r`` is found without autograd (by sort or in expected linear time, see
-:mod:`projections._roots`); :func:`_apply_threshold` then rebuilds ``e*`` from ``r``'s active set
+:mod:`projections._roots`, and for one long row near the cost of a pass, :mod:`projections._tree`);
+:func:`_apply_threshold` then rebuilds ``e*`` from ``r``'s active set
 ``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of docs/method.md sec. 4 a.e.:
 ``d e*/d delta = d e*/d gamma_i = 1 / (|A| + 1)`` for ``i in A`` when ``r > 0`` (0 otherwise);
 clipped coordinates follow ``e*``, the others pass through with identity.
@@ -18,10 +19,12 @@ from torch import Tensor
 
 from . import _checks
 from ._roots import root_linear, root_sort, root_sort_grouped, root_top_prefix
+from ._tree import as_dtype, root_tree, root_tree_value
 
 # Up to this many coordinates per row (grouped: in all), "auto" uses the sort: one fused sort
 # beats the linear method's passes on short rows. Crossovers measured on 2 CPU cores
-# (docs/projection.md): one row ~1e3 (a tie), 64 rows between 128 and 256, grouped ~1e4.
+# (docs/projection.md): 64 rows between 128 and 256, grouped ~1e4. One row uses "tree" on CPU
+# at every n (faster than the sort from n = 8 on, measured) and elsewhere above AUTO_SORT_MAX_N.
 AUTO_SORT_MAX_N = 192
 AUTO_GROUPED_SORT_MAX_N = 8192
 # The linear method first tries the exact root from the TOP_M largest coordinates (topk): it is
@@ -41,7 +44,11 @@ def project_onto_c(
         eps: ``(...,)`` -- the point's ``delta``; with ``groups``, ``(G,)``: one ``eps_g`` per group.
         tau: ``(..., n)`` -- the point's ``gamma``, batched over leading dims; with ``groups``, ``(n,)``.
         method: ``"sort"`` (O(n log n): sort + cumsum + max of the top-i averages), ``"linear"``
-            (expected O(n), no full sort) or ``"auto"`` (sort for rows of at most
+            (expected O(n), no full sort), ``"tree"`` (one row: a max tree of the coordinates,
+            else verified Newton steps from a sample; with few coordinates clipped it reads ``tau``
+            once besides validation and the output pass; batched or grouped input uses
+            ``"linear"``) or ``"auto"`` (one row: ``"tree"``, off the CPU only above
+            ``AUTO_SORT_MAX_N`` coordinates; several rows: sort up to
             ``AUTO_SORT_MAX_N`` -- grouped: ``AUTO_GROUPED_SORT_MAX_N`` -- coordinates, else linear).
         groups: optional int64 ``(n,)`` with values in ``[0, G)``: coordinate ``i`` is constrained
             by ``tau_i <= eps[groups[i]]`` (one projection per group, solved jointly).
@@ -62,8 +69,12 @@ def project_onto_c(
     out_dtype = eps.dtype
     if out_dtype in _LOW_PRECISION:  # sums of half-precision values are too coarse
         eps, tau = eps.float(), tau.float()
-    r = projection_root(eps, tau, method=method, groups=groups, _checked=True)
-    e, t = _apply_threshold(eps, tau, r, groups)
+    method = _resolve(method, tau, eps.numel(), groups)
+    if method == "tree" and not _needs_grad(eps, tau):
+        e, t = _project_tree(eps, tau)
+    else:
+        r = projection_root(eps, tau, method=method, groups=groups, _checked=True)
+        e, t = _apply_threshold(eps, tau, r, groups)
     return e.to(out_dtype), t.to(out_dtype)
 
 
@@ -98,10 +109,9 @@ def projection_root(
             eps, tau = _checks.check_pair(eps, tau)
         else:
             eps, tau, groups = _checks.check_grouped(eps, tau, groups)
-    n = tau.shape[-1]
-    if method == "auto":
-        limit = AUTO_SORT_MAX_N if groups is None else AUTO_GROUPED_SORT_MAX_N
-        method = "linear" if n > limit else "sort"
+    method = _resolve(method, tau, eps.numel(), groups)
+    if method == "tree":
+        return root_tree(eps.detach(), tau.detach())
     if groups is not None:
         if method == "sort":
             return root_sort_grouped(eps.detach(), tau.detach(), groups)
@@ -109,6 +119,36 @@ def projection_root(
     if method == "sort":
         return root_sort(eps.detach(), tau.detach())
     return _root_linear_rows(eps.detach(), tau.detach())
+
+
+def _resolve(method: str, tau: Tensor, rows: int, groups: Tensor | None) -> str:
+    """The concrete method: "auto" by size and device; "tree" only for one ungrouped row."""
+    if method == "auto":
+        n = tau.shape[-1]
+        if groups is not None:
+            return "linear" if n > AUTO_GROUPED_SORT_MAX_N else "sort"
+        if rows == 1 and (tau.device.type == "cpu" or n > AUTO_SORT_MAX_N):
+            return "tree"
+        return "sort" if n <= AUTO_SORT_MAX_N else "linear"
+    if method == "tree" and (groups is not None or rows != 1):
+        return "linear"
+    return method
+
+
+def _needs_grad(eps: Tensor, tau: Tensor) -> bool:
+    return torch.is_grad_enabled() and (eps.requires_grad or tau.requires_grad)
+
+
+def _project_tree(eps: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
+    """One row without autograd: the root by :func:`root_tree`, whose passes use the output
+    buffer as scratch memory, then one pass ``min(tau, e*)`` into that buffer."""
+    x = tau.detach() if tau.requires_grad else tau
+    if x.dim() != 1 or not x.is_contiguous():
+        x = x.reshape(-1).contiguous()
+    r, scratch = root_tree_value(float(eps), x)
+    e = float(as_dtype(x.dtype, max(r, 0.0)))  # e* rounded to tau's dtype, as r.clamp_min(0) is
+    t = torch.clamp_max(x, e) if scratch is None else torch.clamp_max(x, e, out=scratch)
+    return eps.new_full(eps.shape, e), t if tau.dim() == 1 else t.view(tau.shape)
 
 
 def _root_linear_rows(eps: Tensor, tau: Tensor) -> Tensor:
@@ -147,8 +187,7 @@ def _apply_threshold(
     and its autograd is the Jacobian of docs/method.md sec. 4.
     """
     expand = (lambda x: x[groups]) if groups is not None else (lambda x: x.unsqueeze(-1))
-    need_grad = torch.is_grad_enabled() and (eps.requires_grad or tau.requires_grad)
-    if not need_grad:
+    if not _needs_grad(eps, tau):
         e = r.clamp_min(0)
         return e, torch.minimum(tau, expand(e))
     active = tau > expand(r)

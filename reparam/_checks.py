@@ -108,14 +108,14 @@ def batch(scores: object, idx: object, classes: tuple[int, ...], n_total: int,
         )
     if u.shape[0] != b:
         raise ValueError(f"scores and idx must have the same batch size, got {u.shape[0]} and {b}")
-    # one reduction instead of an elementwise test: a NaN/inf anywhere makes the sum non-finite
-    if (
-        b
-        and not bool(torch.isfinite(u.detach().sum()))
-        and not bool(torch.isfinite(u.detach()).all())
-    ):
-        raise ValueError("scores must be finite, got NaN or inf (check the network's outputs)")
-    if b:
+    # Reading a value of an accelerator tensor waits for the device (a synchronization per
+    # step): scores and indices on the CPU are checked here; on an accelerator the caller checks
+    # (the trainer: its non-finite flag; an index out of range fails in the indexing kernels).
+    # One reduction instead of an elementwise test: a NaN/inf anywhere makes the sum non-finite.
+    if b and u.device.type == "cpu" and not math.isfinite(u.detach().sum().item()):
+        if not bool(torch.isfinite(u.detach()).all()):
+            raise ValueError("scores must be finite, got NaN or inf (check the network's outputs)")
+    if b and idx.device.type == "cpu":
         lo, hi = (int(v) for v in idx.aminmax())
         if lo < 0 or hi >= n_total:
             raise ValueError(

@@ -85,8 +85,12 @@ class ReparamRegularizer(ShapeObjective):
         self.projections_epoch += 1
 
     @property
-    def _projects_after_step(self) -> bool:
-        return self.projection == "step"
+    def _needs_after_step(self) -> str | None:
+        return (
+            "projection='step' projects there, so nothing is projected"
+            if (self.projection == "step")
+            else None
+        )
 
     def _after_step_body_(self) -> None:
         """After every optimizer step: projects in mode ``"step"``."""
@@ -156,7 +160,8 @@ class ReparamRegularizer(ShapeObjective):
 def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
     """Checkpoints written before ``eps``/``tau`` became ``eps_param``/``tau_param``, before
     ``score_epoch`` existed (scores seen then are dated to the last completed epoch) and before
-    F-beta's ``decision_threshold`` (then 0, the rule ``u > 0``) still load."""
+    F-beta's ``decision_threshold`` (then 0, the rule ``u > 0``) still load; a dense-``tau``
+    state loads into a ``sparse_adam`` regularizer with fresh (zero) moments."""
     for old, new in (("eps", "eps_param"), ("tau", "tau_param")):
         if prefix + old in state_dict and prefix + new not in state_dict:
             state_dict[prefix + new] = state_dict.pop(prefix + old)
@@ -164,6 +169,9 @@ def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
         seen = state_dict[prefix + "seen_ever"]
         last = state_dict.get(prefix + "epoch", torch.zeros((), dtype=torch.int64)) - 1
         state_dict[prefix + "score_epoch"] = torch.where(seen, last, torch.full_like(last, -1))
+    for name in ("tau_adam_moments", "tau_adam_step"):  # dense -> sparse_adam
+        if hasattr(module, name) and prefix + name not in state_dict:
+            state_dict[prefix + name] = torch.zeros_like(getattr(module, name))
     if hasattr(module, "decision_threshold") and prefix + "decision_threshold" not in state_dict:
         if prefix + "mu" in state_dict:  # F-beta state from before the learned threshold: 0
             state_dict[prefix + "decision_threshold"] = torch.zeros_like(state_dict[prefix + "mu"])

@@ -30,6 +30,9 @@ from projections import PROJECTION_METHODS, project_onto_c, soft_project_onto_c
 from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
+from .sparse import TAU_UPDATES, accumulate_, sparse_step_
+
+DEFAULT_TAU_LR = 1e-3  # tau_lr=None with a sparse tau update (Adam's default lr)
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
 # docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
@@ -66,7 +69,7 @@ class FBetaRegularizer(ReparamRegularizer):
             ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
             ``"step"`` (after every optimizer step), ``"none"``. ``None``: the preset's
             (``"inline"``; paper: ``"epoch"``).
-        projection_method: ``"auto" | "sort" | "linear"`` for the exact projection.
+        projection_method: ``"auto" | "sort" | "linear" | "tree"`` for the exact projection.
         inline_strength: with ``projection="inline"``, ``0`` uses the exact projection (autograd
             a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength.
         negative_loss: ``"hinge"`` (the LP), ``"squared_hinge"`` or ``"logistic"`` (Remark 3).
@@ -90,6 +93,16 @@ class FBetaRegularizer(ReparamRegularizer):
             paper's Algorithm 3 as published (``"paper"``, ``PAPER_PRESET``). An option passed
             explicitly overrides the preset (``preset="paper", projection="step"``: the paper's
             settings with full projections).
+        tau_update: who steps ``tau`` (docs/method.md sec. 11). ``"dense"`` (default): ``tau_param``
+            is an ``nn.Parameter`` in ``reg.parameters()``, stepped by your optimizer with the
+            network (every row, every step: O(n)). ``"sparse_sgd"`` / ``"sparse_adam"``: the
+            regularizer steps the rows the batch touched in :meth:`after_step_` (plain SGD, the
+            paper's Algorithm 3; or lazy Adam, ``torch.optim.SparseAdam``'s rule): O(B) per step;
+            ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
+            ``after_step_()`` after every optimizer step (or :meth:`attach`) and projection
+            ``"epoch"``, ``"step"`` or ``"none"`` (``"inline"`` differentiates through the
+            projection of every ``tau``: O(n) per step), ``rho = 0``.
+        tau_lr: the sparse update's step size (``None``: 1e-3).
 
     After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
     remembered scores (one sort): ``reg.decision_threshold`` (per class), with the F-beta of
@@ -119,6 +132,8 @@ class FBetaRegularizer(ReparamRegularizer):
         lambda_init: float = 0.0,
         cap_scores: bool | None = None,
         preset: str | None = None,
+        tau_update: str = "dense",
+        tau_lr: float | None = None,
     ) -> None:
         projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
             preset, projection=projection, dual_lr_lambda=dual_lr_lambda, dual_lr_mu=dual_lr_mu,
@@ -141,7 +156,27 @@ class FBetaRegularizer(ReparamRegularizer):
         mu_init = _checks.number("mu_init", -(self.beta**2) if mu_init is None else mu_init)
         p, n_pos = len(self.classes), self.pos_index.numel()
         self.eps_param = nn.Parameter(torch.full((p,), eps_init))
-        self.tau_param = nn.Parameter(torch.full((n_pos,), tau_init))
+        self.tau_update = _checks.choice("tau_update", tau_update, TAU_UPDATES)
+        self.tau_lr = _checks.number(
+            "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True
+        )
+        if self.tau_update == "dense":
+            self.tau_param = nn.Parameter(torch.full((n_pos,), tau_init))
+        else:
+            if self.projection == "inline" or self.rho > 0:
+                raise ValueError(
+                    f"tau_update={tau_update!r} steps only the rows a batch touches, but "
+                    + ("projection='inline'" if self.projection == "inline" else f"rho={rho}")
+                    + " couples every tau in each step's loss (O(n) per step): use projection "
+                    "'epoch' (the paper's), 'step' or 'none', with rho=0, or tau_update='dense'"
+                )
+            self.register_buffer("tau_param", torch.full((n_pos,), tau_init))
+            if self.tau_update == "sparse_adam":  # lazy Adam's [m, v] per row, and its step count
+                self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
+                self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
+            # the gradient summed since the last step and its count (zero outside touched rows)
+            self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
+        self._pending: list[tuple[Tensor, Tensor]] = []  # (rows, touched) since the last step
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -169,22 +204,33 @@ class FBetaRegularizer(ReparamRegularizer):
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
         """``L_B`` (docs/method.md sec. 3), the mean over positive classes."""
         eps, tau = self.constrained_parameters()
-        cls = self.class_of.index_select(0, idx)
         batch, n_samples = idx.numel(), self.n_samples
+        if self.rho == 0 and len(self.classes) == 1:  # the hot path: one autograd node
+            slot = self.slot.index_select(0, idx)
+            is_pos, u = slot >= 0, u.view(-1)
+            if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
+                u = torch.where(is_pos, torch.minimum(u, eps.detach()), u)
+            return Fn.batch_lagrangian(
+                eps, tau, u, self.lam, self.mu, is_pos, slot.clamp_min_(0), beta=self.beta,
+                scale=n_samples / (self._n_pos_list[0] * batch), kind=self.negative_loss,
+                tau_grad_sink=self._tau_grad_sink, terms_fn=self._terms_fn,
+            ).view(())  # fmt: skip
+        cls = self.class_of.index_select(0, idx)
         if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
             own = cls.unsqueeze(1) == torch.arange(len(self.classes), device=cls.device)
             u = torch.where(own, torch.minimum(u, eps.detach().unsqueeze(0)), u)
-        if self.rho == 0:  # the hot path: one autograd node per class, no batch split
+        if self.rho == 0:  # one autograd node per class, no batch split
             slots = self.slot.index_select(0, idx).clamp_min_(0)
             terms = [
                 Fn.batch_lagrangian(
                     eps.select(0, j), tau, u.select(1, j), self.lam, self.mu.select(0, j),
                     cls == j, slots,
                     beta=self.beta, scale=n_samples / (n_pos * batch), kind=self.negative_loss,
+                    tau_grad_sink=self._tau_grad_sink, terms_fn=self._terms_fn,
                 )
                 for j, n_pos in enumerate(self._n_pos_list)
             ]  # fmt: skip
-            return terms[0] if len(terms) == 1 else torch.stack(terms).mean()
+            return torch.stack(terms).mean()
         terms = []
         for j, n_pos in enumerate(self._n_pos_list):  # augmented Lagrangian (rho > 0)
             pos = cls == j
@@ -195,6 +241,51 @@ class FBetaRegularizer(ReparamRegularizer):
                 rho=self.rho, scale=n_samples / (n_pos * batch),
             ))  # fmt: skip
         return torch.stack(terms).mean()
+
+    def compile(self, **kwargs: object) -> None:
+        """``torch.compile`` (with ``kwargs``) the regularizer's per-step math: the forward of
+        ``L_B`` with its closed-form derivatives (``Fn.batch_lagrangian_terms``, one fused kernel);
+        the bookkeeping around it (score memory, counters, misuse checks) and the sparse ``tau``
+        step stay eager (compiled in-place updates of the ``(n,)`` buffers were slower: measured in
+        docs/results.md). Replaces ``nn.Module.compile``, which would trace the bookkeeping too.
+        The first steps compile (seconds); results match eager to rounding
+        (tests/reparam/test_compile.py)."""
+        self._terms_fn = torch.compile(Fn.batch_lagrangian_terms, **kwargs)
+
+    _terms_fn = None  # None: the eager Fn.batch_lagrangian_terms
+
+    @property
+    def _tau_grad_sink(self):
+        return None if self.tau_update == "dense" else self._add_tau_grad
+
+    def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
+        """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient."""
+        accumulate_(self._tau_grad, rows, touched, grad.to(self._tau_grad))
+        self._pending.append((rows, touched))
+
+    @property
+    def _needs_after_step(self) -> str | None:
+        if self.tau_update != "dense":
+            return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
+        return super()._needs_after_step
+
+    def _after_step_body_(self) -> None:
+        """The sparse ``tau`` step on the rows the backward passes since the last call touched
+        (``reparam.sparse``), then the base's (projection in mode ``"step"``)."""
+        if self._pending:
+            if len(self._pending) == 1:
+                rows, touched = self._pending[0]
+            else:
+                rows = torch.cat([r for r, _ in self._pending])
+                touched = torch.cat([t for _, t in self._pending])
+            self._pending.clear()
+            adam = self.tau_update == "sparse_adam"
+            sparse_step_(
+                self.tau_update, self.tau_param, self._tau_grad, rows, touched, lr=self.tau_lr,
+                moments=self.tau_adam_moments if adam else None,
+                step=self.tau_adam_step if adam else None,
+            )  # fmt: skip
+        super()._after_step_body_()
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = len(self.classes) == 1  # the plain form is faster than one group of the grouped form
@@ -267,6 +358,11 @@ class FBetaRegularizer(ReparamRegularizer):
             f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
             f"negative_loss={self.negative_loss!r}, rho={self.rho}, cap_scores={self.cap_scores}"
             + (f", preset={self.preset!r}" if self.preset else "")
+            + (
+                f", tau_update={self.tau_update!r}, tau_lr={self.tau_lr:g}"
+                if self.tau_update != "dense"
+                else ""
+            )
         )
 
 

@@ -14,6 +14,8 @@ by ``n`` maps one onto the other (docs/method.md sec. 2; ``tests/reparam/test_lp
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -73,6 +75,8 @@ def batch_lagrangian(
     beta: float,
     scale: float,
     kind: str = "hinge",
+    tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
+    terms_fn: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None,
 ) -> Tensor:
     r"""``minibatch_lagrangian`` on a whole batch in one autograd node (the training hot path).
 
@@ -88,43 +92,63 @@ def batch_lagrangian(
 
     ``~15`` tensor ops for forward + backward instead of ``~50`` autograd nodes: the regularizer
     stays a small fraction of a training step even for a linear model (docs/results.md).
+
+    ``tau_grad_sink``: for sparse updates of ``tau`` (``reparam.sparse``; ``tau`` then needs no
+    grad): the backward calls ``tau_grad_sink(slots, is_pos, grad)`` with the gradient per batch
+    entry (0 for negatives) instead of building a dense ``(n,)`` gradient -- O(B), not O(n).
+    ``terms_fn``: the forward math (default :func:`batch_lagrangian_terms`; a compiled copy of it).
     """
-    return _BatchLagrangian.apply(eps, tau, u, lam, mu, is_pos, slots, beta**2, scale, kind)
+    return _BatchLagrangian.apply(
+        eps, tau, u, lam, mu, is_pos, slots, beta**2, scale, kind, tau_grad_sink,
+        terms_fn or batch_lagrangian_terms,
+    )  # fmt: skip
+
+
+def batch_lagrangian_terms(
+    eps: Tensor, tau: Tensor, u: Tensor, lam: Tensor, mu: Tensor, is_pos: Tensor, slots: Tensor,
+    beta2: float, scale: float, kind: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
+    hands to ``torch.compile``): ``(L_B, dL/du, dL/dtau per batch entry, dL/deps)``, the
+    derivatives per unit of incoming gradient."""
+    t, lam_b = tau.index_select(0, slots), lam.index_select(0, slots)
+    z = eps + u
+    if kind == "hinge":
+        phi, dphi = z.clamp_min(0), (z > 0).to(z.dtype)
+    elif kind == "squared_hinge":
+        r = z.clamp_min(0)
+        phi, dphi = r * r, 2 * r
+    elif kind == "logistic":
+        phi, dphi = F.softplus(z), torch.sigmoid(z)
+    else:
+        raise ValueError(f"negative_loss must be one of {NEGATIVE_LOSSES}, got {kind!r}")
+    mu_lam = mu + lam_b
+    terms = torch.where(is_pos, mu_lam * t - lam_b * u, phi)
+    d_u = torch.where(is_pos, -lam_b, dphi) * scale
+    d_tau = torch.where(is_pos, mu_lam * scale, 0.0)
+    d_eps = beta2 + scale * torch.where(is_pos, 0.0, dphi).sum()
+    return beta2 * eps + scale * terms.sum(), d_u, d_tau, d_eps
 
 
 class _BatchLagrangian(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, kind):
-        t, lam_b = tau.index_select(0, slots), lam.index_select(0, slots)
-        z = eps + u
-        if kind == "hinge":
-            phi, dphi = z.clamp_min(0), (z > 0).to(z.dtype)
-        elif kind == "squared_hinge":
-            r = z.clamp_min(0)
-            phi, dphi = r * r, 2 * r
-        elif kind == "logistic":
-            phi, dphi = F.softplus(z), torch.sigmoid(z)
-        else:
-            raise ValueError(f"negative_loss must be one of {NEGATIVE_LOSSES}, got {kind!r}")
-        terms = torch.where(is_pos, (mu + lam_b) * t - lam_b * u, phi)
-        # everything the backward needs, per unit of incoming gradient, in the same pass
-        d_u = torch.where(is_pos, -lam_b, dphi)
-        d_tau = torch.where(is_pos, mu + lam_b, torch.zeros_like(lam_b))
-        d_eps = beta2 + scale * torch.where(is_pos, 0.0, dphi).sum()
-        ctx.save_for_backward(slots, d_u, d_tau, d_eps)
-        ctx.n_tau, ctx.scale = tau.shape[0], scale
-        return beta2 * eps + scale * terms.sum()
+    def forward(ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, kind, sink, terms_fn):
+        loss, d_u, d_tau, d_eps = terms_fn(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, kind)
+        ctx.save_for_backward(slots, d_u, d_tau, d_eps, is_pos)
+        ctx.n_tau, ctx.sink = tau.shape[0], sink
+        return loss
 
     @staticmethod
     def backward(ctx, g):
-        slots, d_u, d_tau, d_eps = ctx.saved_tensors
-        gs = g * ctx.scale
-        grad_u = gs * d_u if ctx.needs_input_grad[2] else None
+        slots, d_u, d_tau, d_eps, is_pos = ctx.saved_tensors
+        grad_u = g * d_u if ctx.needs_input_grad[2] else None
         grad_eps = g * d_eps if ctx.needs_input_grad[0] else None
         grad_tau = None
         if ctx.needs_input_grad[1]:
-            grad_tau = d_tau.new_zeros(ctx.n_tau).index_add_(0, slots, gs * d_tau)
-        return grad_eps, grad_tau, grad_u, None, None, None, None, None, None, None
+            grad_tau = d_tau.new_zeros(ctx.n_tau).index_add_(0, slots, g * d_tau)
+        elif ctx.sink is not None:
+            ctx.sink(slots, is_pos, g * d_tau)
+        return (grad_eps, grad_tau, grad_u) + (None,) * 9
 
 
 def augmented_minibatch_lagrangian(

@@ -107,7 +107,7 @@ class ShapeObjective(nn.Module):
         with torch.no_grad():  # explicit index ops: ~3x cheaper than Python indexing per call
             self.scores.index_copy_(0, idx, u.detach())
             self.seen_ever.index_fill_(0, idx, True)
-            self.score_epoch.index_copy_(0, idx, self.epoch.expand(batch))
+            self.score_epoch.index_copy_(0, idx, self.epoch.expand(batch))  # no .item()
             self.batches += 1
         return self._loss(u, idx)
 
@@ -141,8 +141,9 @@ class ShapeObjective(nn.Module):
         pass
 
     @property
-    def _projects_after_step(self) -> bool:
-        return False
+    def _needs_after_step(self) -> str | None:
+        """What ``after_step_()`` does that is lost without it (``None``: nothing; no warning)."""
+        return None
 
     # --- conveniences ---------------------------------------------------------------------------
 
@@ -267,12 +268,12 @@ class ShapeObjective(nn.Module):
                 "`for epoch in reg.epochs(E):`.",
             )
         self._samples_since_after += batch
-        if self._projects_after_step and self._samples_since_after > n:
+        if self._samples_since_after > n and (needs := self._needs_after_step) is not None:
             self._warn_once(
                 "after_step",
-                f"{type(self).__name__}: projection='step' but reg.after_step_() has not been "
-                f"called for more than one epoch of samples, so nothing is projected. Call it "
-                f"after every optimizer.step(), or reg.attach(optimizer) once.",
+                f"{type(self).__name__}: reg.after_step_() has not been called for more than one "
+                f"epoch of samples, but {needs}. Call it after every optimizer.step(), or "
+                f"reg.attach(optimizer) once.",
             )
         self._samples_since_check += batch
         if self._samples_since_check > n:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import overhead, projection, segmentation
+from benchmarks import overhead, projection, reg_step, segmentation
 
 
 def test_projection_benchmark_quick(tmp_path, capsys):
@@ -15,10 +15,12 @@ def test_projection_benchmark_quick(tmp_path, capsys):
 
 
 def test_overhead_benchmark_quick(tmp_path, digits_smnist, capsys):
-    assert overhead.main(["--quick", "--epochs", "1", "--data", str(digits_smnist),
-                          "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert overhead.main(["--quick", "--epochs", "1", "--repeats", "1", "--data",
+                          str(digits_smnist), "--out", str(tmp_path)]) == 0  # fmt: skip
     text = (tmp_path / "overhead.md").read_text()
     assert "linear, batch 100 (paper)" in text and "epoch end / epoch" in text
+    for variant, _ in overhead.VARIANTS:  # before and after in one table
+        assert f"| {variant} |" in text, variant
     assert (tmp_path / "overhead.png").stat().st_size > 0
 
 
@@ -37,3 +39,11 @@ def test_scale_benchmark_quick(tmp_path):
     text = (tmp_path / "scale.md").read_text()
     assert "bf16 / fp32 time" in text and "2 / 1 throughput" in text
     assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_reg_step_benchmark_quick(tmp_path, capsys):
+    assert reg_step.main(["--sizes", "1e2,1e3", "--steps", "3", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "reg_step.md").read_text()
+    for mode in reg_step.MODES:
+        assert f"| {mode} |" in text, mode
+    assert "ratio 1e+03 / 1e+02" in text and (tmp_path / "reg_step.png").stat().st_size > 0

@@ -37,6 +37,7 @@ from reparam import (
     RecallAtPrecision,
     resolve_preset,
 )
+from reparam.sparse import TAU_UPDATES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
 # ``regularizer.<name>``, the options the reparameterized objectives share are in ``regularizer``
@@ -85,6 +86,9 @@ class ModelConfig:
     shape_input: Literal["features", "logits"] = (
         "features"  # shape head reads: pixels / last hidden, or logits
     )
+    # smnist, shape_input "features": the class outputs and the shape node in one GEMM (the
+    # paper's one linear layer with 11 outputs); same parameters and state_dict keys as false
+    shared_gemm: bool = False
     encoder: str = "resnet50"  # cocostuff: smp encoder name ("vgg16_bn" for segnet)
     # cocostuff: "imagenet" (downloads once), null (random init) or a local weights file path
     encoder_weights: str | None = "imagenet"
@@ -110,6 +114,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dual_schedule": DUAL_SCHEDULES,
     "newton": NEWTON,
     "preset": FBETA_PRESETS,
+    "tau_update": TAU_UPDATES,
 }
 
 
@@ -209,6 +214,12 @@ class TrainConfig:
         "fp32"  # network arithmetic (autocast; fp16 scaled)
     )
     nonfinite: Literal["stop", "skip"] = "stop"  # NaN/inf loss: error naming the step | count it
+    # steps between host reads of the device-side non-finite flag (also read before every
+    # checkpoint and at the epoch end); 1: every step, no sync saved (docs/robustness.md)
+    nonfinite_check_every: int = 100
+    # torch.compile the network (nn.Module.compile: checkpoints unchanged) and the regularizer's
+    # per-step math where it has its own compile() (F-beta)
+    compile: bool = False
     progress: bool = True  # tqdm bar (shown only on a terminal)
     log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
 
@@ -238,7 +249,26 @@ def from_dict(raw: dict[str, Any]) -> Config:
     cfg = _build(Config, raw, "")
     _validate(cfg)
     _resolve_defaults(cfg.regularizer)
+    _resolve_sparse_tau(cfg)
     return cfg
+
+
+def _resolve_sparse_tau(cfg: Config) -> None:
+    """F-beta's sparse ``tau`` update (``regularizer.fbeta.tau_update``) steps ``tau`` itself:
+    ``tau_lr: null`` takes the lr the optimizer would give ``tau`` (``optim.regularizer_lr``, else
+    ``optim.lr``), pinned in the saved config. fp16's loss scaling would scale its gradient (only
+    the optimizer's gradients are unscaled): refused."""
+    r, o = cfg.regularizer, cfg.optim
+    if r.name != "fbeta" or r.fbeta.tau_update == "dense":
+        return
+    if r.fbeta.tau_lr is None:
+        r.fbeta.tau_lr = o.lr if o.regularizer_lr is None else o.regularizer_lr
+    if cfg.train.precision == "fp16":
+        raise ValueError(
+            f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} does not support "
+            f"train.precision=fp16 (its gradient would carry the loss scale): use bf16 or fp32, "
+            f"or tau_update=dense"
+        )
 
 
 def _resolve_defaults(r: _RegularizerBase) -> None:
@@ -357,6 +387,12 @@ def _validate(cfg: Config) -> None:
                 "train.stop_after_steps"):  # fmt: skip
         if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
+    every = cfg.train.nonfinite_check_every
+    if every < 1:
+        raise ValueError(
+            f"train.nonfinite_check_every must be an integer >= 1 (the steps between reads of the "
+            f"non-finite flag; 1 reads it every step), got {every!r}"
+        )
     r = cfg.regularizer
     if r.name != "none":
         r.kwargs()  # shared options that the chosen objective does not take are an error

@@ -4,9 +4,12 @@ Per step (docs/method.md sec. 3b): ``loss = CE(logits, y) + alpha * L_B(u, idx)`
 steps the network and the regularizer's ``(eps, tau)``; ``reg.after_step_()`` projects in mode
 ``step``. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
 remembered scores), evaluation on the test split, logging (console, TensorBoard, ``metrics.json``)
-and an atomic checkpoint of the ``TrainState``. The same loop trains S-MNIST classification (logits
-``(B, 10)``) and COCO-Stuff segmentation (logits ``(B, C, H, W)``, pixel labels with ignore index
-255): only the metrics differ. Under ``torchrun`` every process runs it; rank 0 logs and writes.
+and an atomic checkpoint of the ``TrainState``. A step reads nothing back from the device: whether
+it was finite stays there and is read every ``train.nonfinite_check_every`` steps, before every
+checkpoint and at the epoch end (:class:`NonFiniteGuard`). The same loop trains S-MNIST
+classification (logits ``(B, 10)``) and COCO-Stuff segmentation (logits ``(B, C, H, W)``, pixel
+labels with ignore index 255): only the metrics differ. Under ``torchrun`` every process runs it;
+rank 0 logs and writes.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class Setup:
     state: TrainState
     written: Tensor | None  # bool (N,): samples whose score this process wrote since the last merge
     last_checkpoint: str
+    reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
 
 
 def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
@@ -127,7 +131,13 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     reg = build_regularizer(cfg.regularizer, data.train_shape_labels)
     reg = reg.to(device) if reg is not None else None
+    if ctx.enabled and getattr(reg, "tau_update", "dense") != "dense":
+        raise ValueError(
+            f"regularizer.fbeta.tau_update={reg.tau_update} runs in one process only (each process "
+            f"would step its own rows of tau): under torchrun use tau_update=dense"
+        )
     optimizer = build_optimizer(cfg, model, reg)
+    _zero_momentum_buffers_(optimizer)
     train_loader = make_loader(data.train, cfg.data.batch_size // ctx.world, shuffle=True,
                                seed=cfg.train.seed, num_workers=cfg.data.num_workers,
                                rank=ctx.rank, world=ctx.world, distributed=ctx.enabled)  # fmt: skip
@@ -136,6 +146,8 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
                               distributed=ctx.enabled)  # fmt: skip
     scheduler = build_scheduler(cfg, optimizer, len(train_loader))
     scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
+    if cfg.train.compile:
+        compile_(model, reg)
     net = model
     if ctx.enabled:  # gradients of the network averaged by DDP; of (eps, tau) after backward
         net = nn.parallel.DistributedDataParallel(
@@ -150,37 +162,127 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
         if state.totals is not None and not ctx.is_main:
             state.totals[:3] = 0  # the saved sums are over all processes already: count them once
     # each process remembers the scores of its own samples; they are merged before a dual step
-    written = torch.zeros(len(data.train), dtype=torch.bool) if ctx.enabled and reg else None
+    written = (torch.zeros(len(data.train), dtype=torch.bool, device=device)
+               if ctx.enabled and reg else None)  # fmt: skip
     return Setup(out, device, data, model, net, reg, optimizer, scheduler, scaler, train_loader,
-                 test_loader, state, written,
-                 "none yet" if found is None else str(found[0]))  # fmt: skip
+                 test_loader, state, written, "none yet" if found is None else str(found[0]),
+                 list(reg.parameters()) if reg is not None else [])  # fmt: skip
+
+
+def compile_(model: nn.Module, reg: nn.Module | None) -> None:
+    """``train.compile``: ``torch.compile`` the network in place (``nn.Module.compile``: the
+    ``state_dict`` keys stay the eager ones, no ``_orig_mod.``; called before DDP wraps it, the order
+    the torch.compile docs recommend), and the regularizer with its own ``compile()`` if it has one
+    (F-beta: its per-step math). ``nn.Module.compile`` on a regularizer would also trace the Python
+    bookkeeping of its forward pass (score memory, misuse counters, input checks): graph breaks and
+    guards for little gain, so the objectives without their own stay eager (README, "Compile")."""
+    model.compile()
+    if reg is not None and type(reg).compile is not nn.Module.compile:
+        reg.compile()
+
+
+def _zero_momentum_buffers_(optimizer: torch.optim.Optimizer) -> None:
+    """Give fused SGD zero momentum buffers before its first step. A skipped step (``found_inf``,
+    :func:`train_step`) must leave the optimizer as it was, but fused SGD allocates its buffers
+    uninitialized on its first step and fills them only if the step runs, so a skipped first step
+    would leave garbage momentum (torch 2.13, CPU). With zeros, ``buf = momentum * 0 + grad`` is
+    what the first step sets anyway (dampening 0): bit for bit the same training."""
+    if not isinstance(optimizer, torch.optim.SGD):
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] != 0:
+            for p in group["params"]:
+                optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+
+
+class NonFiniteGuard:
+    """``train.nonfinite`` without a host read per step (docs/robustness.md, "Non-finite steps").
+
+    :meth:`record` keeps a step's finiteness flag on the device (or-reduced over processes) and
+    counts a non-finite step there (``totals[3]``; ``stop``: also its step and task loss), and
+    :func:`train_step` makes such a step a no-op without reading the flag. :meth:`read` is the one
+    host read: every ``train.nonfinite_check_every`` steps, before every checkpoint and at the epoch
+    end. ``stop`` raises :class:`NonFiniteLossError` there, naming the first non-finite step;
+    ``skip`` takes the window's non-finite steps back out of ``state.global_step`` (which counts
+    the steps of a window as they are taken).
+    """
+
+    def __init__(self, mode: str, processes: bool, last_checkpoint: str) -> None:
+        self.skip = mode == "skip"
+        self.processes = processes  # several: every process must drop the same steps
+        self.last_checkpoint = last_checkpoint  # named by the error
+        self.unread = 0  # steps taken since the last read whose flag is not known on the host
+
+    def begin_epoch(self, epoch: int, totals: Tensor) -> None:
+        self.epoch, self.totals = epoch, totals
+        self.skipped_read = int(totals[3])  # resumed mid-epoch: the epoch's count so far
+        self.first_step = torch.full((), -1, dtype=torch.int64, device=totals.device)
+        self.first_loss = torch.zeros((), dtype=torch.float64, device=totals.device)
+
+    def record(self, k: int, task: Tensor, u: Tensor) -> Tensor:
+        """The flag of step ``k`` (0-d bool, on the device): task loss and shape scores finite."""
+        ok = torch.isfinite(task) & torch.isfinite(u).all()
+        if self.processes:  # a step is dropped everywhere if it is non-finite anywhere
+            ok = distributed.all_reduce_((~ok).float()) == 0
+        bad = ~ok
+        self.totals[3].add_(bad)
+        if not self.skip:  # the first non-finite step of the epoch, for the error
+            first = bad & (self.first_step < 0)
+            self.first_step.masked_fill_(first, k)
+            self.first_loss.copy_(torch.where(first, task.detach().double(), self.first_loss))
+        return ok
+
+    def read(self, state: TrainState, ok: Tensor | None = None) -> bool:
+        """The host read: raises for ``stop`` if a step since the epoch began was non-finite;
+        else corrects ``state.global_step``. ``ok``: the flag of the current step when it has not
+        been taken yet; returns whether it is finite (``True`` without one)."""
+        parts = [self.totals[3:], self.first_step.double().view(1), self.first_loss.view(1)]
+        if ok is not None:
+            parts.append(ok.double().view(1))
+        skipped, first_step, first_loss, *current = torch.cat(parts).tolist()
+        if first_step >= 0:
+            raise NonFiniteLossError(
+                f"non-finite loss or shape score at epoch {self.epoch} step {int(first_step)} "
+                f"(task loss {first_loss}); last good checkpoint: {self.last_checkpoint}. Lower "
+                f"the lr, check the data, or set train.nonfinite=skip to drop such steps"
+            )
+        finite = not current or current[0] == 1.0
+        new = round(skipped) - self.skipped_read
+        self.skipped_read = round(skipped)
+        state.global_step -= new - (not finite)  # the current step was not counted yet
+        self.unread = 0
+        return finite
 
 
 def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
            ctx: distributed.Context) -> dict[str, Any]:  # fmt: skip
     s = setup(cfg, ctx, resume, log)
-    state, reg, optimizer, scheduler, scaler = s.state, s.reg, s.optimizer, s.scheduler, s.scaler
-    device, train_loader, written = s.device, s.train_loader, s.written
+    state, reg, device, train_loader, written = s.state, s.reg, s.device, s.train_loader, s.written
     sampler = train_loader.sampler.sampler
     from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
 
     writer = SummaryWriter(str(s.out / "tb"), purge_step=state.epoch + 1) if ctx.is_main else None
     alpha, autocast = cfg.regularizer.alpha, autocast_dtype(cfg.train.precision)
-    reg_params = list(reg.parameters()) if reg is not None else []
     every, limit = cfg.train.checkpoint_every, cfg.train.stop_after_steps
+    check_every = cfg.train.nonfinite_check_every
     num_groups = max(2, int(s.data.train_shape_labels.max()) + 1)
-    last_checkpoint = s.last_checkpoint
+    guard = NonFiniteGuard(cfg.train.nonfinite, ctx.enabled, s.last_checkpoint)
     log(f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
-        f"device {device}; {ctx.world} process(es); precision {cfg.train.precision}")  # fmt: skip
+        f"device {device}; {ctx.world} process(es); precision {cfg.train.precision}"
+        + ("; compiled" if cfg.train.compile else ""))  # fmt: skip
     if reg is not None:
         log(f"regularizer: alpha={alpha:g} {reg.extra_repr()}")
+
+    def boundary() -> bool:  # a checkpoint or the stop is due at this global step
+        g = state.global_step
+        return bool(every and g % every == 0) or (limit is not None and g >= limit)
 
     # --- epochs ---------------------------------------------------------------------------------------
     for epoch in range(state.epoch + 1, cfg.train.epochs + 1):
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(epoch)  # DistributedSampler: the epoch's permutation
         state.begin_epoch(device)
-        task_sum, reg_sum, seen, skipped = state.totals.unbind()  # views into state.totals
+        guard.begin_epoch(epoch, state.totals)
         s.net.train()
         k = skip = state.step_in_epoch  # resuming inside the epoch: the batches already taken
         train_loader.sampler.skip = skip
@@ -190,61 +292,28 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
         stop = interrupted = False
         start = time.perf_counter()
         for k, batch in enumerate(bar, start=skip + 1):
-            # -- one step: forward, check, regularized loss, backward, optimizer step --
-            x, y, idx = batch["image"].to(device), batch["label"].to(device).long(), batch["index"]
-            with torch.autocast(device.type, dtype=autocast or torch.float32,
-                                enabled=autocast is not None):  # fmt: skip
-                logits, u = s.net(x)
-                task = task_loss(logits, y)
-            u = u.float()
             state.step_in_epoch = k
-            if not bool(torch.isfinite(task) & torch.isfinite(u).all()):  # before L_B sees u
-                if cfg.train.nonfinite == "stop":
-                    raise NonFiniteLossError(
-                        f"non-finite loss or shape score at epoch {epoch} step {k} (task loss "
-                        f"{float(task.detach())}); last good checkpoint: {last_checkpoint}. Lower "
-                        f"the lr, check the data, or set train.nonfinite=skip to drop such steps"
-                    )
-                skipped += 1
-                optimizer.zero_grad(set_to_none=True)
-                continue
-            loss = task
-            if reg is not None:
-                reg_loss = reg(u, idx.to(device))
-                loss = task + alpha * reg_loss
-                if written is not None:
-                    written[idx] = True
-            optimizer.zero_grad(set_to_none=True)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            distributed.average_gradients_(reg_params)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            if reg is not None:
-                reg.after_step_()
-                reg_sum += reg_loss.detach() * len(y)
-            task_sum += task.detach() * len(y)
-            seen += len(y)
-            state.global_step += 1
+            if not train_step(s, batch, k, guard, alpha, autocast, check=k % check_every == 0):
+                continue  # found non-finite by this step's own check (skip): dropped
+            state.global_step += 1  # until a read says the window held non-finite steps
 
             # -- mid-epoch checkpoint (every N steps, or where train.stop_after_steps stops) --
+            if boundary() and guard.unread:  # no state after a non-finite step is ever saved
+                guard.read(state)  # and the boundary is one of exact (finite) global steps
             stop = limit is not None and state.global_step >= limit
             # stopping after the last batch lets the epoch run out instead: the sampler's generator
             # then advances exactly as in an uninterrupted epoch, whatever the stopping point
             interrupted = stop and k < len(train_loader)
             if (every and state.global_step % every == 0) or interrupted:
-                last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
+                guard.last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
             if interrupted:
                 break
         train_seconds = time.perf_counter() - start
         if interrupted:
             log(f"stopped after global step {state.global_step} (train.stop_after_steps); "
-                f"checkpoint {last_checkpoint}")  # fmt: skip
+                f"checkpoint {guard.last_checkpoint}")  # fmt: skip
             break
+        guard.read(state)  # stop: raises before the epoch's dual step sees the scores
 
         # -- end of epoch: the regularizer's projection and dual step on the remembered scores --
         start = time.perf_counter()
@@ -272,7 +341,7 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
                "reg_loss": float(sums[1]) / total if reg is not None else None,
                "train_seconds": train_seconds, "epoch_end_seconds": epoch_end_seconds,
                "steps": k, "eval_seconds": eval_seconds,
-               "skipped_steps_total": state.skipped_steps + int(skipped)}  # fmt: skip
+               "skipped_steps_total": state.skipped_steps + int(state.totals[3])}  # fmt: skip
         row |= {f"test_{name}": v for name, v in test.items()}
         if reg is not None:
             row |= {f"reg_{name}": v for name, v in reg.stats().items() if not isinstance(v, list)}
@@ -284,7 +353,7 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
             writer.flush()
             metrics = reporting.summary(state.history, cfg)
             write_text_atomic(json.dumps(metrics, indent=2) + "\n", s.out / "metrics.json")
-        last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
+        guard.last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
         log(reporting.epoch_line(row))
         if stop:
             log(f"stopped after global step {state.global_step} (train.stop_after_steps)")
@@ -292,6 +361,84 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
     if writer is not None:
         writer.close()
     return reporting.summary(state.history, cfg)
+
+
+def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard, alpha: float,
+               autocast: torch.dtype | None, check: bool) -> bool:  # fmt: skip
+    """Step ``k`` of the epoch: forward, the finiteness flag, the regularized loss, backward, the
+    optimizer, the lr schedule and ``reg.after_step_()``, with no host read of a device value
+    unless ``check`` (then the flag is read before anything is updated: ``stop`` raises, and a
+    non-finite step under ``skip`` is dropped: ``False`` is returned and nothing is updated).
+
+    An unread non-finite step is a no-op on the device instead: its loss sums are not counted, the
+    optimizer skips it (``found_inf``, as ``torch.amp.GradScaler`` skips a step of a fused
+    optimizer; with fp16 the loss is made NaN so the scaler's own check skips it), the regularizer
+    sees finite placeholder scores and, under ``skip``, gets back the memory rows and the batch
+    counter its forward pass wrote. The lr schedule and ``reg.after_step_()`` still run (they
+    cannot wait for the flag); docs/robustness.md says what that changes."""
+    state, reg, optimizer, scaler, device = s.state, s.reg, s.optimizer, s.scaler, s.device
+    # host -> device copies need no synchronization; non_blocking: the blocking form waits for the
+    # stream (torch.cuda.set_sync_debug_mode flags it)
+    x, y, idx = (batch[key].to(device, non_blocking=True) for key in ("image", "label", "index"))
+    with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        logits, u = s.net(x)
+        task = task_loss(logits, y.long())
+    u = u.float()
+    ok = guard.record(k, task, u)
+    if check and not guard.read(state, ok):
+        optimizer.zero_grad(set_to_none=True)
+        return False
+    guard.unread += not check
+    loss, reg_loss = task, None
+    if reg is not None:
+        reg_loss = _regularizer_loss(reg, torch.where(ok, u, 0.0), idx, ok, guard.skip)
+        loss = task + alpha * reg_loss
+        if s.written is not None:
+            s.written.index_copy_(0, idx, s.written.index_select(0, idx) | ok)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None or getattr(reg, "tau_update", "dense") != "dense":
+        # NaN gradients: the scaler skips the step, and so does a sparse tau update (its own
+        # finiteness check); the fused optimizer skips it through found_inf below
+        loss = loss * torch.where(ok, 1.0, float("nan"))
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
+    distributed.average_gradients_(s.reg_params)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.found_inf = (~ok).float()  # fused Adam / SGD skip the update on the device
+        optimizer.step()
+        del optimizer.found_inf
+    if s.scheduler is not None:
+        s.scheduler.step()
+    if reg is not None:
+        reg.after_step_()
+    n = len(y)
+    losses = torch.stack((task, reg_loss if reg is not None else torch.zeros_like(task))).detach()
+    state.totals[:2].add_(torch.where(ok, losses * n, 0.0))  # where: NaN * 0 would be NaN
+    state.totals[2].add_(ok, alpha=n)
+    return True
+
+
+# the score memory of ``reparam.ShapeObjective``: what its forward pass writes per sample
+_MEMORY = ("scores", "seen_ever", "score_epoch")
+
+
+def _regularizer_loss(reg: nn.Module, u: Tensor, idx: Tensor, ok: Tensor, restore: bool) -> Tensor:
+    """``reg(u, idx)``; with ``restore``, a non-finite step (``ok`` false) leaves the regularizer's
+    score memory and batch counter as they were (restored on the device, no host read)."""
+    if not restore:
+        return reg(u, idx)
+    before = [getattr(reg, name).index_select(0, idx) for name in _MEMORY]
+    loss = reg(u, idx)
+    for name, old in zip(_MEMORY, before, strict=True):
+        memory = getattr(reg, name)
+        memory.index_copy_(0, idx, torch.where(ok, memory.index_select(0, idx), old))
+    reg.batches.sub_((~ok).long())
+    return loss
 
 
 def save_checkpoint(state: TrainState, out: Path, cfg: Config, ctx: distributed.Context,

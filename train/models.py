@@ -6,6 +6,12 @@ node, ``reparam.ShapeHead``), read from the same forward pass: from the represen
 classifier reads (``shape_input="features"``: the pixels for ``linear``, the last hidden layer for
 ``mlp``) or from the class logits (``"logits"``).
 
+``model.shared_gemm: true`` (``"features"`` only) computes the class logits and the shape scores
+with one matrix product of the representation with the stacked weights ``[W_cls; w_shape]`` (the
+paper's single layer with 11 outputs) instead of two; the parameters, their initialization and
+the ``state_dict`` keys are those of the two-layer path, which stays the default (tested equal to
+rounding).
+
 Note for ``linear`` + ``"features"`` (the paper's one linear layer with 11 outputs): the shape node
 shares no parameter with the 10 class outputs, so the regularizer's gradient on the classifier is
 exactly zero and the class predictions equal the baseline's (tested). It can change the classifier
@@ -50,12 +56,25 @@ class SMNISTNet(nn.Module):
         self.shape_input = cfg.shape_input
         in_features = width if cfg.shape_input == "features" else num_classes
         self.shape_head = ShapeHead(in_features, shape_scores)
+        if cfg.shared_gemm and cfg.shape_input != "features":
+            raise ValueError(
+                "model.shared_gemm needs model.shape_input=features (the shape node reads the "
+                f"classifier's input), got shape_input={cfg.shape_input!r}"
+            )
+        self.shared_gemm = cfg.shared_gemm
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x``: uint8 images ``(B, H, W)`` (scaled to [0, 1] here) or float."""
         if not x.is_floating_point():
             x = x.float().div_(255.0)
         features = self.body(x)
+        if self.shared_gemm:  # one GEMM: features @ [W_cls; w_shape]^T + [b_cls; b_shape]
+            head = self.shape_head.linear
+            weight = torch.cat([self.classifier.weight, head.weight])
+            out = torch.addmm(torch.cat([self.classifier.bias, head.bias]), features, weight.t())
+            k = self.classifier.out_features
+            u = out[:, k:]
+            return out[:, :k], u.squeeze(1) if self.shape_head.num_scores == 1 else u
         logits = self.classifier(features)
         u = self.shape_head(features if self.shape_input == "features" else logits)
         return logits, u

@@ -10,7 +10,7 @@ from projections import _roots, project_onto_c, project_onto_c_, projection_root
 
 from .reference import qp_project
 
-METHODS = ["sort", "linear"]
+METHODS = ["sort", "linear", "tree"]
 
 
 def _instances(rng: np.random.Generator, count: int):

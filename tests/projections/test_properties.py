@@ -25,7 +25,7 @@ def points(draw, max_n: int = 30):
     return torch.tensor(delta, dtype=torch.float64), torch.from_numpy(gamma)
 
 
-methods = st.sampled_from(["sort", "linear"])
+methods = st.sampled_from(["sort", "linear", "tree"])
 
 
 def _tol(*xs: torch.Tensor) -> float:
@@ -74,11 +74,12 @@ def test_non_expansive(p, q, method):
 
 
 @given(points(max_n=60))
-def test_sort_equals_linear(p):
+def test_sort_equals_linear_and_tree(p):
     es, ts = project_onto_c(*p, method="sort")
-    el, tl = project_onto_c(*p, method="linear")
     tol = _tol(*p)
-    assert abs(es.item() - el.item()) <= tol and bool(((ts - tl).abs() <= tol).all())
+    for method in ["linear", "tree"]:
+        el, tl = project_onto_c(*p, method=method)
+        assert abs(es.item() - el.item()) <= tol and bool(((ts - tl).abs() <= tol).all())
 
 
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(0, 12), st.integers(0, 2**31 - 1), methods)

@@ -48,6 +48,12 @@ def test_defaults_fill_missing_sections(tmp_path):
         ("trian.epochs=3", r"unknown key trian; valid keys in config: experiment, data"),
         ("train.epochs=three", r"train.epochs must be int, got 'three'"),
         ("train.epochs=0", r"train.epochs must be > 0, got 0"),
+        (
+            "train.nonfinite_check_every=0",
+            r"train.nonfinite_check_every must be an integer >= 1 \(.*\), got 0",
+        ),
+        ("train.nonfinite_check_every=true", r"train.nonfinite_check_every must be int, got True"),
+        ("train.compile=yes please", r"train.compile must be bool, got 'yes please'"),
         ("regularizer.projection=sometimes", r"regularizer.projection must be one of"),
         ("regularizer.alpha=-1", r"regularizer.alpha must be >= 0"),
         ("model.hidden=5", r"model.hidden must be a list"),

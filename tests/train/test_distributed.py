@@ -112,6 +112,30 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
     })  # fmt: skip
 
 
+def _poisoned_worker(rank: int, world: int, port: int, overrides: list[str], folder: str) -> None:
+    """``loop.run`` as one rank of ``world`` whose training forward pass 3 gives NaN logits on
+    rank 1 only; saves the final model, regularizer and summary."""
+    _join_env(rank, world, port)
+    built: dict[str, Any] = {}
+    build_model_ = loop.build_model
+
+    def build_model(*args: Any, **kwargs: Any) -> Any:
+        model = built["model"] = build_model_(*args, **kwargs)
+        forward, calls = model.forward, [0]
+
+        def poisoned(x):
+            logits, u = forward(x)
+            calls[0] += model.training
+            return (logits * float("nan") if rank == 1 and calls[0] == 3 else logits), u
+
+        model.forward = poisoned
+        return model
+
+    loop.build_model = build_model
+    summary = loop.run(C.load(ROOT / "configs" / "demo.yaml", overrides), log=lambda *_: None)
+    _record(folder, rank, {"model": built["model"].state_dict(), "summary": summary})
+
+
 def _resume_worker(rank: int, world: int, port: int, run_dir: str) -> None:
     """``loop.run(..., resume=run_dir)`` as one rank of ``world`` (the saved config, no stop)."""
     _join_env(rank, world, port)
@@ -210,6 +234,24 @@ def test_two_processes_stop_and_resume_like_uninterrupted(runs, digits_smnist, t
         for key, value in reference[part].items():
             assert torch.equal(resumed[part][key], value), f"{part}.{key}"
     assert resumed["history"][-1]["test_accuracy"] == reference["history"][-1]["test_accuracy"]
+
+
+def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_path):
+    """``train.nonfinite=skip`` (flag read every 100 steps): NaN logits on rank 1 only, at its
+    step 3. The flag is or-reduced over the processes, so both drop the step (no rank waits in a
+    collective the other skipped) and end with the same state, one step skipped."""
+    out, folder = tmp_path / "run", tmp_path / "records"
+    folder.mkdir()
+    overrides = [*_overrides(digits_smnist, out), "train.epochs=1", "train.nonfinite=skip"]
+    _spawn(_poisoned_worker, 2, overrides, str(folder))
+    records = _records(folder, 2)
+    for record in records:
+        assert [h["skipped_steps_total"] for h in record["summary"]["history"]] == [1]
+    for key, value in records[0]["model"].items():
+        assert torch.equal(records[1]["model"][key], value), key
+    final = checkpoint.latest(out)[1]
+    assert final["global_step"] == N // 20 - 1 and final["skipped_steps"] == 1
+    assert all(bool(torch.isfinite(v).all()) for v in final["model"].values())
 
 
 def test_two_processes_train_like_one(runs):

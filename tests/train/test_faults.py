@@ -23,6 +23,7 @@ from train.loop import NonFiniteLossError, run
 from .run_utils import (
     ROOT,
     all_finite,
+    assert_bitwise_equal,
     assert_same_training_state,
     final_checkpoint,
     poison_training_forwards,
@@ -173,11 +174,15 @@ def test_resume_without_a_checkpoint_exits_2(digits_smnist, tmp_path, capsys):
 # --- non-finite loss / shape score ----------------------------------------------------------------
 
 
+@pytest.mark.parametrize("every", ["1", "100"])  # read per step | at the checkpoints' reads
 @pytest.mark.parametrize("target", ["logits", "u"])
 def test_nonfinite_stop_names_the_epoch_step_and_last_good_checkpoint(
-    digits_smnist, tmp_path, monkeypatch, target
+    digits_smnist, tmp_path, monkeypatch, target, every
 ):
-    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.checkpoint_every=2")
+    """The first non-finite step is named exactly, whenever its flag is read; no checkpoint after
+    it is written (the flag is read before every checkpoint)."""
+    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.checkpoint_every=2",
+                     f"train.nonfinite_check_every={every}")  # fmt: skip
     per_epoch = steps_per_epoch(cfg)
     poison_training_forwards(monkeypatch, [per_epoch + 7], target)
     saved = [s for s in range(1, per_epoch + 7) if s % 2 == 0 or s == per_epoch]
@@ -202,11 +207,13 @@ def test_nonfinite_stop_after_a_resume_names_the_checkpoint_resumed_from(
 
 
 def test_nonfinite_stop_exits_1_on_the_command_line(digits_smnist, tmp_path, monkeypatch, capsys):
-    poison_training_forwards(monkeypatch, [3])
+    poison_training_forwards(monkeypatch, [3])  # read at the end of epoch 1 (k = 100 > 6 steps)
     assert main(smnist_args(digits_smnist, tmp_path / "run")) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: non-finite loss or shape score at epoch 1 step 3")
     assert "last good checkpoint: none yet" in err
+    assert checkpoint.latest(tmp_path / "run") is None  # raised before the epoch's checkpoint
+    assert not (tmp_path / "run" / "metrics.json").exists()
 
 
 @pytest.mark.parametrize("target", ["logits", "u"])
@@ -224,6 +231,65 @@ def test_nonfinite_skip_drops_exactly_the_bad_steps(digits_smnist, tmp_path, mon
     for name in ("lam", "mu", "eps_param", "tau_param", "scores"):
         assert bool(torch.isfinite(reg[name]).all()), name
     assert int(reg["epoch"]) == 2 and bool(reg["seen_ever"].any())
+
+
+@pytest.mark.parametrize(
+    ("optim", "target"),
+    [("adam", "logits"), ("adam", "u"), ("sgd", "logits"), ("sgd", "u"), ("adam", "u-sparse")],
+)
+def test_nonfinite_skip_without_host_reads_equals_the_per_step_check(
+    digits_smnist, tmp_path, monkeypatch, optim, target
+):
+    """``skip`` with the flag read every 100 steps drops the same steps as reading it every step,
+    bit for bit: a non-finite step is a no-op on the device (optimizer skipped through
+    ``found_inf``, also the very first step of fused SGD; loss sums; the regularizer's score memory
+    and batch counter restored). Constant lr and the inline projection: nothing that still runs on
+    such a step (lr schedule, ``after_step_``) changes anything."""
+    per_epoch = steps_per_epoch(smnist_cfg(digits_smnist, tmp_path / "x"))
+    target, _, sparse = target.partition("-")  # sparse: the regularizer steps tau (after_step_)
+    extra = ("regularizer.projection=epoch", "regularizer.fbeta.tau_update=sparse_adam") * bool(
+        sparse
+    )
+    states, histories = [], []
+    for every in ("1", "100"):
+        out = tmp_path / f"every-{every}"
+        cfg = smnist_cfg(digits_smnist, out, "train.nonfinite=skip", f"optim.name={optim}",
+                         f"train.nonfinite_check_every={every}", *extra)  # fmt: skip
+        with monkeypatch.context() as m:
+            poison_training_forwards(m, [1, 4, per_epoch + 2], target)
+            histories.append(without_timing(run(cfg, log=quiet)["history"]))
+        states.append(final_checkpoint(out))
+    assert [h["skipped_steps_total"] for h in histories[0]] == [2, 3]
+    assert histories[0] == histories[1]
+    a, b = ({k: v for k, v in s.items() if k not in ("config", "history")} for s in states)
+    assert_bitwise_equal(a, b)
+    assert a["global_step"] == 2 * per_epoch - 3
+
+
+def test_nonfinite_skip_with_fp16_scaler_between_reads(digits_smnist, tmp_path, monkeypatch):
+    """fp16: an unread non-finite step (here a finite task loss, an infinite shape score) is
+    skipped by the gradient scaler (its loss made NaN), which halves its scale as for an overflow;
+    otherwise the run is the one that reads the flag every step."""
+    states = []
+    for every in ("1", "100"):
+        out = tmp_path / f"every-{every}"
+        cfg = smnist_cfg(digits_smnist, out, "train.nonfinite=skip", "train.precision=fp16",
+                         f"train.nonfinite_check_every={every}")  # fmt: skip
+        per_epoch = steps_per_epoch(cfg)
+        with monkeypatch.context() as m:
+            poison_training_forwards(m, [2, per_epoch + 3], "u")
+            summary = run(cfg, log=quiet)
+        assert [h["skipped_steps_total"] for h in summary["history"]] == [1, 2]
+        states.append(final_checkpoint(out))
+    a, b = states
+    assert a["global_step"] == b["global_step"] == 2 * per_epoch - 2
+    assert b["scaler"]["scale"] == a["scaler"]["scale"] / 4  # two backoffs
+    steps = [[s["step"] for s in x["optimizer"]["state"].values()] for x in (a, b)]
+    assert steps[0] == steps[1]  # the scaler skipped exactly the two non-finite steps
+    for part in ("model", "regularizer"):
+        for name, value in a[part].items():
+            torch.testing.assert_close(b[part][name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert all_finite(b["model"]) and all_finite(b["regularizer"])
 
 
 def test_skipped_steps_and_epoch_loss_survive_a_mid_epoch_resume(

@@ -64,14 +64,19 @@ STOPS = {  # where run B stops, from the steps per epoch
         ("at-the-epoch-boundary", "step", "fbeta"),
         ("mid-epoch-2-after-a-dual-step", "epoch", "roc_auc"),
         ("mid-epoch-1-then-across-the-epoch-boundary", "step", "recall_at_precision"),
+        ("mid-epoch-2-after-a-dual-step", "epoch", "fbeta-sparse_adam"),  # + model.shared_gemm
     ],
 )
 def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     digits_smnist, tmp_path, where, projection, objective
 ):
+    objective, _, tau_update = objective.partition("-")
     extra = (f"regularizer.projection={projection}", f"regularizer.name={objective}",
              "regularizer.recall_at_precision.precision=0.8")  # fmt: skip
     reg_state = REG_STATE if objective == "fbeta" else RATE_STATE
+    if tau_update:  # the fast step: tau's lazy Adam state is the regularizer's, checkpointed
+        extra += (f"regularizer.fbeta.tau_update={tau_update}", "model.shared_gemm=true")
+        reg_state += ("tau_adam_moments", "tau_adam_step")
     cfg = smnist_cfg(digits_smnist, tmp_path / "a", *extra)
     per_epoch = steps_per_epoch(cfg)
     stop = STOPS[where](per_epoch)

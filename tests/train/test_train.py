@@ -180,3 +180,29 @@ def test_cli_error_is_one_line(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "data_prep.smnist" in proc.stderr
+
+
+def test_sparse_tau_and_shared_gemm_train(digits_smnist, tmp_path):
+    """The fast step (issue 15): ``tau`` stepped sparsely by the regularizer, one GEMM for the
+    class outputs and the shape node. ``tau_lr: null`` takes the optimizer's lr for the
+    regularizer (pinned in the saved config); the Adam state of ``tau`` is checkpointed (a
+    resumed run is bitwise equal: tests/train/test_resume.py)."""
+    fast = ("regularizer.projection=epoch", "regularizer.fbeta.tau_update=sparse_adam",
+            "model.shared_gemm=true", "optim.regularizer_lr=0.02")  # fmt: skip
+    summary = run(_cfg(digits_smnist, tmp_path / "run", *fast), log=lambda *_: None)
+    saved = C.load(tmp_path / "run" / "config.yaml")
+    assert saved.regularizer.fbeta.tau_lr == 0.02 and saved.model.shared_gemm
+    ckpt = checkpoint.latest(tmp_path / "run")[1]
+    row = summary["history"][-1]
+    assert int(ckpt["regularizer"]["tau_adam_step"]) == row["steps"]
+    assert len(ckpt["optimizer"]["param_groups"][1]["params"]) == 1  # eps only: tau is not in it
+    assert row["test_accuracy"] > 0.3 and row["reg_tau_mean"] != 1.0  # tau moved
+
+
+def test_sparse_tau_is_refused_with_fp16_and_inline(digits_smnist, tmp_path):
+    with pytest.raises(ValueError, match=r"does not support train\.precision=fp16"):
+        _cfg(digits_smnist, tmp_path, "regularizer.projection=epoch",
+             "regularizer.fbeta.tau_update=sparse_sgd", "train.precision=fp16")  # fmt: skip
+    cfg = _cfg(digits_smnist, tmp_path / "r", "regularizer.fbeta.tau_update=sparse_sgd")
+    with pytest.raises(ValueError, match=r"regularizer \(fbeta\): tau_update='sparse_sgd'"):
+        run(cfg, log=lambda *_: None)

@@ -1,0 +1,100 @@
+r"""Updates of the per-positive variables ``tau`` that touch only the rows a batch used
+(docs/method.md sec. 11): the per-step work is O(B) whatever the number of positives ``n``.
+
+A batch's ``L_B`` depends on ``tau_i`` only for its positives, so its gradient is sparse: at most
+``B`` nonzero rows. A dense optimizer nevertheless reads and writes all ``n`` rows of ``tau`` (and
+of its moment estimates) every step. The two sparse rules here do the same arithmetic on the
+touched rows only:
+
+* ``"sparse_sgd"``: ``tau_i <- tau_i - lr g_i`` for the touched rows -- the step of the paper's
+  Algorithm 3, and exactly what dense SGD (no momentum, no weight decay) does, since the other rows'
+  gradient is zero.
+* ``"sparse_adam"``: lazy Adam, the semantics of ``torch.optim.SparseAdam``: the moment estimates
+  of the touched rows only are updated,
+
+  .. math::
+      m_i \leftarrow \beta_1 m_i + (1-\beta_1) g_i,\quad
+      v_i \leftarrow \beta_2 v_i + (1-\beta_2) g_i^2,\quad
+      \tau_i \leftarrow \tau_i - \mathrm{lr}\,\frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t}\,
+      \frac{m_i}{\sqrt{v_i} + \epsilon},
+
+  with ``t`` the number of steps taken (one count for all rows, as SparseAdam's). Rows a batch did
+  not touch keep their moments (dense Adam would decay them and keep moving the row with its
+  stale momentum).
+
+Why not ``torch.optim.SparseAdam`` itself: its state lives in a separate optimizer, outside the
+regularizer's ``state_dict`` (checkpoints, ``.to()``), and its coalescing of the sparse gradient
+sorts the indices and sizes its output by the data, a host synchronization on accelerators per
+step. The rule is the same (``tests/reparam/test_sparse.py`` checks it against SparseAdam), and
+every operation here has a size fixed by the batch: no synchronization.
+
+Bookkeeping: the backward pass adds the batch's gradient into a dense accumulator ``acc`` (zero
+outside the touched rows) and a count of contributions per row, and remembers the rows; the step
+reads the rows' summed gradient, updates them and zeroes the accumulator there again. Several
+backward passes before one step (gradient accumulation) sum, as dense gradients do. A row listed
+twice (a sample twice in one batch) receives one update: each occurrence applies ``1 / count`` of
+it. A step whose gradient holds NaN/inf changes nothing (as a fused optimizer skips such a step).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+TAU_UPDATES = ("dense", "sparse_sgd", "sparse_adam")
+ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
+ADAM_EPS = 1e-8
+
+
+def accumulate_(acc: Tensor, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
+    """``acc[rows] += [grad, touched]``: ``acc`` is ``(n, 2)``, the summed gradient and the number
+    of contributions per row (``grad`` is 0 where not touched)."""
+    acc.index_add_(0, rows, torch.stack([grad, touched.to(grad.dtype)], 1))
+
+
+@torch.no_grad()
+def sparse_step_(
+    rule: str,
+    tau: Tensor,
+    acc: Tensor,
+    rows: Tensor,
+    touched: Tensor,
+    *,
+    lr: float,
+    moments: Tensor | None = None,
+    step: Tensor | None = None,
+) -> None:
+    """One ``rule`` step (``"sparse_sgd"`` / ``"sparse_adam"``, module docstring) on the rows
+    ``rows[touched]`` of ``tau`` (and of the Adam state: ``moments`` ``(n, 2)`` = ``[m, v]``, the
+    step count ``step``), from the gradient summed in ``acc`` (:func:`accumulate_`), which is zero
+    again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not ``touched``
+    (their update is zero). In place; no host synchronization. Row-paired state (``[g, count]``,
+    ``[m, v]``) halves the scattered reads and writes of a step."""
+    g, count = acc.index_select(0, rows).unbind(1)
+    ok = torch.isfinite(g).all()  # a non-finite gradient skips the whole step (on the device)
+    share = touched / count.clamp_min(1) * ok  # 1/count per occurrence: one update per row
+    g = torch.where(ok, g, 0.0)
+    if rule == "sparse_sgd":
+        tau.index_add_(0, rows, g * share * -lr)
+    elif rule == "sparse_adam":
+        step.add_(ok)
+        old = moments.index_select(0, rows)
+        betas, one_minus_betas = _betas(old.dtype, old.device)
+        delta = (torch.stack([g, g * g], 1) - old) * one_minus_betas
+        m, v = (old + delta).unbind(1)
+        bias = 1 - betas ** step.clamp_min(1)  # [1 - b1^t, 1 - b2^t]; t = 0: skipped
+        size = bias[1].sqrt() / bias[0] * -lr
+        moments.index_add_(0, rows, delta * share.unsqueeze(1))
+        tau.index_add_(0, rows, m / (v.sqrt() + ADAM_EPS) * (size * share))
+    else:
+        raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
+    acc.index_fill_(0, rows, 0.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _betas(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """``([b1, b2], [1 - b1, 1 - b2])`` on the state's device (read-only; made once)."""
+    betas = torch.tensor(ADAM_BETAS, dtype=torch.float64)
+    return betas.to(device, dtype), (1 - betas).to(device, dtype)

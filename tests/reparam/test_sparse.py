@@ -1,0 +1,212 @@
+"""Sparse ``tau`` updates (``reparam.sparse``, ``FBetaRegularizer(tau_update=...)``): the same
+trajectory as the dense rule they replace (dense SGD; ``torch.optim.SparseAdam``), rows a batch did
+not touch left bit-for-bit alone, duplicates, accumulation, a non-finite step skipped, loud misuse,
+state round trips."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reparam import FBetaRegularizer, ShapeHead
+
+N = 60
+LABELS = torch.tensor([0, 1, 2, 1, 0, 2, 1, 1, 0, 2] * 6)  # N = 60; classes 1 and 2 positive
+# the short loops below leave the epoch counters alone on purpose
+pytestmark = [
+    pytest.mark.filterwarnings(r"ignore:.*since the last end_epoch_\(\):RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:.*receive gradients but no optimizer:RuntimeWarning"),
+    pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning"),
+]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def _batches(seed: int, steps: int, batch: int = 12, *, repeat: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = torch.randperm(N, generator=g)[:batch]
+        if repeat:  # a sample twice in one batch
+            idx = torch.cat([idx, idx[:3]])
+        yield idx
+
+
+def _pair(classes, **kw):
+    """A dense and a sparse regularizer with the same start, a head for each (same weights)."""
+    torch.manual_seed(0)
+    head = ShapeHead(1, len(classes) if len(classes) > 1 else 1)
+    common = dict(positive_classes=classes, projection="epoch", lambda_init=0.3, **kw)
+    dense = FBetaRegularizer(LABELS, tau_update="dense", **common)
+    return head, dense, common
+
+
+def _x():
+    return torch.linspace(-1, 1, N)[:, None] + LABELS[:, None].float() / 2
+
+
+def _run(head, reg, batches, make_tau_opt=None, *, eps_lr=0.05):
+    """Train ``reg`` with a copy of ``head``: SGD on the head and ``eps``; ``tau`` by
+    ``make_tau_opt(tau)`` (the dense reference, fed sparse or dense grads) or, without it, by the
+    regularizer's own sparse update in ``after_step_()``."""
+    head = _clone(head)
+    if make_tau_opt is None:
+        assert [n for n, _ in reg.named_parameters()] == ["eps_param"]
+    opts = [torch.optim.SGD([*head.parameters(), reg.eps_param], lr=eps_lr)]
+    if make_tau_opt is not None:
+        opts.append(make_tau_opt(reg.tau_param))
+    x = _x().to(reg.tau_param.device)
+    head.to(x.device)
+    for idx in batches:
+        loss = reg(_scores(head, x[idx]), idx.to(x.device))
+        for opt in opts:
+            opt.zero_grad()
+        loss.backward()
+        for opt in opts:
+            opt.step()
+        reg.after_step_()
+    return reg
+
+
+def _scores(head, x):
+    u = head(x)
+    return u if u.dim() == 1 else torch.cat([torch.zeros_like(u[:, :1]), u], 1)  # column = class
+
+
+def _clone(head):
+    h = ShapeHead(head.linear.in_features, head.linear.out_features)
+    h.load_state_dict(head.state_dict())
+    return h
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("classes", [(1,), (1, 2)])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_sparse_sgd_equals_dense_sgd(classes, repeat, device):
+    head, dense, common = _pair(classes)
+    dense = _run(head, dense.to(device), _batches(1, 15, repeat=repeat),
+                       lambda t: torch.optim.SGD([t], lr=0.2))  # fmt: skip
+    sparse = FBetaRegularizer(LABELS, tau_update="sparse_sgd", tau_lr=0.2, **common).to(device)
+    sparse = _run(head, sparse, _batches(1, 15, repeat=repeat))
+    torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(sparse.eps_param, dense.eps_param, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(sparse.tau_param, torch.ones_like(sparse.tau_param))  # it moved
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("classes", [(1,), (1, 2)])
+@pytest.mark.parametrize("repeat", [False, True])
+def test_sparse_adam_equals_torch_sparse_adam(classes, repeat, device):
+    """The dense regularizer's tau gradient, made sparse on exactly the touched rows, stepped by
+    ``torch.optim.SparseAdam``: the same trajectory as ``tau_update='sparse_adam'``."""
+    head, dense, common = _pair(classes)
+    batches = list(_batches(2, 15, repeat=repeat))
+    touched = iter(batches)
+
+    class SparseFromDense:  # SparseAdam needs a sparse grad: keep the rows the batch touched
+        def __init__(self, tau):
+            self.tau, self.opt = tau, torch.optim.SparseAdam([tau], lr=0.05)
+
+        def zero_grad(self):
+            self.tau.grad = None
+
+        def step(self):
+            idx = next(touched).to(self.tau.device)
+            rows = dense.slot[idx]
+            rows = rows[rows >= 0].unique()
+            g = self.tau.grad
+            self.tau.grad = torch.sparse_coo_tensor(rows[None], g[rows], g.shape)
+            self.opt.step()
+
+    dense = _run(head, dense.to(device), batches, SparseFromDense)
+    sparse = FBetaRegularizer(LABELS, tau_update="sparse_adam", tau_lr=0.05, **common).to(device)
+    sparse = _run(head, sparse, batches)
+    torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach(), rtol=1e-5, atol=1e-6)
+    assert int(sparse.tau_adam_step) == len(batches)
+
+
+def test_rows_outside_the_batch_are_left_bit_for_bit():
+    reg = FBetaRegularizer(LABELS, projection="none", tau_update="sparse_adam", lambda_init=0.5)
+    for _ in range(3):  # give every row some moments first
+        for idx in torch.arange(N).split(20):
+            reg(torch.randn(len(idx), requires_grad=True), idx).backward()
+            reg.after_step_()
+    before = {k: v.clone() for k, v in reg.state_dict().items()}
+    idx = torch.tensor([1, 3, 6, 0])  # positives 1, 3, 6 (class 1) and a negative
+    reg(torch.randn(4, requires_grad=True), idx).backward()
+    reg.after_step_()
+    rows = reg.slot[idx[:3]]
+    others = torch.ones(reg.tau_param.numel(), dtype=torch.bool)
+    others[rows] = False
+    for name in ("tau_param", "tau_adam_moments"):
+        assert torch.equal(reg.state_dict()[name][others], before[name][others]), name
+        assert not torch.equal(reg.state_dict()[name][rows], before[name][rows]), name
+    assert torch.count_nonzero(reg._tau_grad) == 0
+
+
+def test_gradient_accumulation_sums_like_dense_gradients():
+    """Two backward passes, one step: the dense SGD step on the summed gradient."""
+    kw = dict(projection="none", lambda_init=0.4)
+    dense = FBetaRegularizer(LABELS, **kw)
+    sparse = FBetaRegularizer(LABELS, tau_update="sparse_sgd", tau_lr=0.5, **kw)
+    u = torch.randn(N)
+    for idx in (torch.arange(0, 20), torch.arange(10, 30)):  # overlapping rows
+        dense(u[idx].clone().requires_grad_(), idx).backward()
+        sparse(u[idx].clone().requires_grad_(), idx).backward()
+    with torch.no_grad():
+        dense.tau_param -= 0.5 * dense.tau_param.grad
+    sparse.after_step_()
+    torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach())
+
+
+@pytest.mark.parametrize("rule", ["sparse_sgd", "sparse_adam"])
+def test_a_nonfinite_gradient_skips_the_step(rule):
+    reg = FBetaRegularizer(LABELS, projection="none", tau_update=rule, lambda_init=0.5)
+    before = {k: v.clone() for k, v in reg.state_dict().items()}
+    rows = torch.tensor([0, 1, 2])
+    reg._add_tau_grad(rows, torch.ones(3, dtype=torch.bool), torch.tensor([1.0, float("nan"), 2]))
+    reg.after_step_()
+    for k, v in reg.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # and the next finite step works
+    reg(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
+    reg.after_step_()
+    assert not torch.equal(reg.tau_param, before["tau_param"])
+
+
+@pytest.mark.parametrize("bad", [dict(projection="inline"), dict(projection="epoch", rho=1.0)])
+def test_sparse_with_a_coupling_loss_is_refused(bad):
+    with pytest.raises(ValueError, match=r"tau_update='sparse_adam'.*O\(n\) per step"):
+        FBetaRegularizer(LABELS, tau_update="sparse_adam", **bad)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [(dict(tau_update="lazy"), "tau_update must be one of"), (dict(tau_lr=0.0), "tau_lr must be")],
+)
+def test_bad_options_name_the_argument(kw, match):
+    with pytest.raises(ValueError, match=match):
+        FBetaRegularizer(LABELS, projection="epoch", **kw)
+
+
+def test_forgetting_after_step_warns_in_sparse_mode():
+    reg = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_sgd")
+    with pytest.warns(RuntimeWarning, match=r"after_step_\(\) has not been called.*tau does not"):
+        for _ in range(2):
+            for idx in torch.arange(N).split(20):
+                reg(torch.randn(len(idx), requires_grad=True), idx).backward()
+            reg.end_epoch_()
+
+
+def test_state_round_trip_and_dense_state_loads_into_sparse_adam():
+    reg = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam", lambda_init=0.5)
+    for idx in torch.arange(N).split(20):
+        reg(torch.randn(len(idx), requires_grad=True), idx).backward()
+        reg.after_step_()
+    reg.end_epoch_()
+    copy = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam")
+    copy.load_state_dict(reg.state_dict())
+    for k, v in reg.state_dict().items():
+        assert torch.equal(copy.state_dict()[k], v), k
+    dense = FBetaRegularizer(LABELS, projection="epoch", lambda_init=0.5)
+    fresh = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam")
+    fresh.load_state_dict(dense.state_dict())  # no moments in a dense state: start at zero
+    assert int(fresh.tau_adam_step) == 0 and torch.equal(fresh.tau_param, dense.tau_param.detach())
