@@ -118,11 +118,7 @@ def segment_times(
         yield
         u, idx = _checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
         yield
-        with torch.no_grad():
-            reg.scores.index_copy_(0, idx, u.detach())
-            reg.seen_ever.index_fill_(0, idx, True)
-            reg.score_epoch.index_copy_(0, idx, reg.epoch.expand(len(idx)))
-            reg.batches += 1
+        reg._remember_(u, idx)
         yield
         loss = reg._loss(u, idx)
         yield

@@ -373,8 +373,8 @@ def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard
     An unread non-finite step is a no-op on the device instead: its loss sums are not counted, the
     optimizer skips it (``found_inf``, as ``torch.amp.GradScaler`` skips a step of a fused
     optimizer; with fp16 the loss is made NaN so the scaler's own check skips it), the regularizer
-    sees finite placeholder scores and, under ``skip``, gets back the memory rows and the batch
-    counter its forward pass wrote. The lr schedule and ``reg.after_step_()`` still run (they
+    sees finite placeholder scores and, under ``skip``, leaves its score memory and batch count as
+    they were (its ``valid`` argument). The lr schedule and ``reg.after_step_()`` still run (they
     cannot wait for the flag); docs/robustness.md says what that changes."""
     state, reg, optimizer, scaler, device = s.state, s.reg, s.optimizer, s.scaler, s.device
     # host -> device copies need no synchronization; non_blocking: the blocking form waits for the
@@ -391,7 +391,8 @@ def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard
     guard.unread += not check
     loss, reg_loss = task, None
     if reg is not None:
-        reg_loss = _regularizer_loss(reg, torch.where(ok, u, 0.0), idx, ok, guard.skip)
+        # skip: a non-finite step leaves the regularizer's score memory as it was (on the device)
+        reg_loss = reg(torch.where(ok, u, 0.0), idx, valid=ok if guard.skip else None)
         loss = task + alpha * reg_loss
         if s.written is not None:
             s.written.index_copy_(0, idx, s.written.index_select(0, idx) | ok)
@@ -421,24 +422,6 @@ def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard
     state.totals[:2].add_(torch.where(ok, losses * n, 0.0))  # where: NaN * 0 would be NaN
     state.totals[2].add_(ok, alpha=n)
     return True
-
-
-# the score memory of ``reparam.ShapeObjective``: what its forward pass writes per sample
-_MEMORY = ("scores", "seen_ever", "score_epoch")
-
-
-def _regularizer_loss(reg: nn.Module, u: Tensor, idx: Tensor, ok: Tensor, restore: bool) -> Tensor:
-    """``reg(u, idx)``; with ``restore``, a non-finite step (``ok`` false) leaves the regularizer's
-    score memory and batch counter as they were (restored on the device, no host read)."""
-    if not restore:
-        return reg(u, idx)
-    before = [getattr(reg, name).index_select(0, idx) for name in _MEMORY]
-    loss = reg(u, idx)
-    for name, old in zip(_MEMORY, before, strict=True):
-        memory = getattr(reg, name)
-        memory.index_copy_(0, idx, torch.where(ok, memory.index_select(0, idx), old))
-    reg.batches.sub_((~ok).long())
-    return loss
 
 
 def save_checkpoint(state: TrainState, out: Path, cfg: Config, ctx: distributed.Context,

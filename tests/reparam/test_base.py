@@ -159,3 +159,21 @@ def test_checkpoints_of_the_earlier_layout_still_load():
     fresh.load_state_dict(old)
     torch.testing.assert_close(fresh.tau_param, reg.tau_param)
     assert fresh.score_epoch.tolist() == [0] * 40  # seen in the last completed epoch
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_valid_false_leaves_the_score_memory_as_it_was(kind):
+    """``reg(u, idx, valid=flag)``: a device flag decides, without a host read, whether the call
+    remembers the batch (a trainer dropping non-finite steps between reads passes it)."""
+    reg, plain = MAKERS[kind](), MAKERS[kind]()
+    u, idx = torch.randn(8), torch.arange(3, 11)
+    before = {k: v.clone() for k, v in reg.state_dict().items()}
+    reg(u, idx, valid=torch.tensor(False))
+    for name, value in reg.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    reg(u, idx, valid=torch.tensor(True))
+    plain(u, idx)
+    for name, value in plain.state_dict().items():
+        assert torch.equal(reg.state_dict()[name], value), name
+    with pytest.raises(ValueError, match="valid must be a one-element bool tensor"):
+        reg(u, idx, valid=torch.tensor([True, False]))
