@@ -172,6 +172,8 @@ def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
     for name in ("tau_adam_moments", "tau_adam_step"):  # dense -> sparse_adam
         if hasattr(module, name) and prefix + name not in state_dict:
             state_dict[prefix + name] = torch.zeros_like(getattr(module, name))
+    if hasattr(module, "inert_ref") and prefix + "inert_ref" not in state_dict:  # before 2026-11
+        state_dict[prefix + "inert_ref"] = torch.zeros_like(module.inert_ref)
     if hasattr(module, "decision_threshold") and prefix + "decision_threshold" not in state_dict:
         if prefix + "mu" in state_dict:  # F-beta state from before the learned threshold: 0
             state_dict[prefix + "decision_threshold"] = torch.zeros_like(state_dict[prefix + "mu"])

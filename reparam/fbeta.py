@@ -184,6 +184,9 @@ class FBetaRegularizer(ReparamRegularizer):
             raise ValueError(f"cap_scores must be a bool, got {cap_scores!r}")
         self.cap_scores = cap_scores
         self.register_buffer("decision_threshold", torch.zeros(p))
+        self.inert: str | None = None  # why it may be doing nothing, after each end_epoch_()
+        # (eps, mu, mean tau, rms tau, 1) at the last epoch end, for _check_inert (zeros: none yet)
+        self.register_buffer("inert_ref", torch.zeros(2 * p + 3))
 
     @property
     def dual_lr_mu(self) -> float:
@@ -314,6 +317,66 @@ class FBetaRegularizer(ReparamRegularizer):
         for j in range(len(self.classes)):
             u_pos, u_neg = self._split_scores(j)
             self.decision_threshold[j] = Fn.best_fbeta_threshold(u_pos, u_neg, self.beta)[0]
+        self._check_inert()
+
+    def _check_inert(self) -> None:
+        """After the epoch's dual step: why the regularizer may be doing nothing (``stats()["inert"]``,
+        ``None`` when nothing looks wrong; docs/segmentation.md has the CamVid measurements).
+
+        * the node decides one way for every scored training sample: the positives are not pulled
+          above 0 (``lambda`` ~0: the paper's ``lambda_init=0`` with its dual step 1e-3 per epoch);
+        * ``eps`` and ``tau`` moved by < 1e-3 in the epoch while ``tau_i <= u_i`` is violated: the
+          optimizer barely steps them (their gradients carry ``alpha``: with SGD the step is
+          ``lr * alpha``);
+        * ``mean tau`` is off 1 by > 0.01 and ``mu`` moved by < 1e-4: ``dual_lr_mu`` is too small
+          to enforce the equality (the paper's 1e-5);
+        * no certified bound: the positives' mean capped score is below 1."""
+        eps, tau = self.eps.detach().float(), self.tau.detach().float()
+        p = len(self.classes)
+        one = torch.ones_like(eps[:1])
+        moments = torch.cat([tau.mean().view(1), tau.square().mean().sqrt().view(1), one])
+        now = torch.cat([eps, self.mu.float(), moments.nan_to_num()])  # no positive: mean NaN
+        prev = self.inert_ref.clone() if float(self.inert_ref[-1]) == 1 else None
+        self.inert_ref.copy_(now)
+        stats = self._objective_stats()
+        reasons = []
+        for j, cls in enumerate(self.classes):
+            u_pos, u_neg = self._split_scores(j)
+            u = torch.cat([u_pos, u_neg])
+            if u.numel() and (bool((u <= 0).all()) or bool((u > 0).all())):
+                side = "above" if bool((u > 0).all()) else "at or below"
+                reasons.append(
+                    f"the shape node's scores of every scored training sample are {side} 0 (class "
+                    f"{cls}: u in [{float(u.min()):.3g}, {float(u.max()):.3g}], lambda mean "
+                    f"{float(self.lam.mean()):.3g}): the positives are not pulled above the margin. "
+                    f"Start lambda at beta^2 with capped scores (lambda_init={self.beta**2:g}, "
+                    f"cap_scores=True), raise dual_lr_lambda, or use the library defaults (preset=None)"
+                )
+        if prev is not None:
+            delta = (now - prev).abs()
+            moved = max(float(delta[:p].max()), float(delta[2 * p :].max()))  # eps, tau moments
+            target_tau, target_u = self._lambda_targets()
+            seen = self.seen_ever[self.pos_index]
+            violated = float((target_tau - target_u).clamp_min(0)[seen].mean()) if seen.any() else 0
+            if moved < 1e-3 and violated > 1e-3:
+                reasons.append(
+                    f"eps and tau moved by < 1e-3 in the last epoch ({moved:.2g}) although tau_i <= "
+                    f"u_i is violated by {violated:.3g} on average: their gradients are scaled by "
+                    f"alpha, so with SGD their step is lr * alpha; train them with Adam (as the "
+                    f"paper) or raise their lr (optim.regularizer_lr)"
+                )
+            off = float((self._class_mean(tau) - 1).abs().max())
+            if off > 0.01 and float(delta[p : 2 * p].max()) < 1e-4:
+                reasons.append(
+                    f"mean tau is {off:.3g} away from 1 and mu moved by < 1e-4: dual_lr_mu="
+                    f"{self.dual_lr_mu:g} is too small to enforce mean tau = 1 (the defaults: 0.1)"
+                )
+        if self.seen_ever.any() and stats["certified_fbeta"] is None:
+            reasons.append(
+                "no certified F-beta bound (the positives' mean score capped at eps is below 1): "
+                "the positives are not above the margin yet"
+            )
+        self.inert = "; ".join(reasons) or None
 
     def _class_mean(self, tau: Tensor) -> Tensor:
         sums = torch.zeros_like(self.mu).index_add_(0, self.tau_group, tau.float())
@@ -346,6 +409,7 @@ class FBetaRegularizer(ReparamRegularizer):
             "train_fbeta": _mean_or_none(fbetas),
             "decision_threshold": float(self.decision_threshold.mean()),
             "train_fbeta_at_threshold": _mean_or_none(at_threshold),
+            "inert": getattr(self, "inert", None),
         }
         if len(self.classes) > 1:
             out |= {"eps_per_class": eps.tolist(), "mu_per_class": self.mu.tolist(),

@@ -105,7 +105,7 @@ CLI_CASES: list[tuple[str, Callable[[Path], list[str]], int, str, str | None]] =
      None),
     ("missing-cocostuff-cache",
      lambda t: ["--config", str(TINY), "--out", str(t / "run"), f"data.path={t / 'no-data'}"], 2,
-     r"^error: .*no-data does not hold a complete COCO-Stuff cache: no meta\.json.*"
+     r"^error: .*no-data does not hold a complete segmentation cache: no meta\.json.*"
      r"python -m data_prep\.cocostuff", None),
 ]  # fmt: skip
 
@@ -152,7 +152,7 @@ def test_cli_incomplete_cocostuff_cache(coco_cache_stuff, tmp_path, capsys):
     argv = ["--config", str(TINY), "--out", str(tmp_path / "run"), f"data.path={copy}"]
     code, stderr = _cli(argv, capsys)
     assert code == 2
-    assert "does not hold a complete COCO-Stuff cache: val/labels.npy is missing" in stderr
+    assert "does not hold a complete segmentation cache: val/labels.npy is missing" in stderr
 
 
 def test_smnist_prep_md5_mismatch_names_the_file(tmp_path, capsys):

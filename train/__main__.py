@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="= train.out (run folder; must be new or empty)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value")
-    a = p.parse_args(argv)
+    # intermixed: key=value overrides may come before, between and after the options
+    a = p.parse_intermixed_args(argv)
     overrides = list(a.overrides)
     for key, value in (("regularizer.name", a.regularizer), ("regularizer.alpha", a.alpha),
                        ("train.out", a.out)):  # fmt: skip

@@ -66,15 +66,23 @@ def _default(cls: type, name: str) -> Any:
 
 @dataclass
 class DataConfig:
-    kind: Literal["smnist", "cocostuff"] = "smnist"  # data set
-    path: str = "data/smnist"  # folder written by `python -m data_prep.smnist` / `.cocostuff`
+    # "segmentation": a cache of data_prep.cocostuff or data_prep.camvid ("cocostuff": its old name)
+    kind: Literal["smnist", "segmentation", "cocostuff"] = "smnist"
+    # the folder written by `python -m data_prep.smnist` / `.cocostuff` / `.camvid`
+    path: str = "data/smnist"
     train_subset: int | None = None  # use the first N training images (None: all)
-    test_subset: int | None = None  # (cocostuff: the val split is the test split)
+    # first N images of the reported split (segmentation: test where the cache has one, else val)
+    test_subset: int | None = None
     batch_size: int = 100
     eval_batch_size: int = 2000
     num_workers: int = 0
-    hflip: bool = True  # cocostuff training: random horizontal flip (image and mask together)
-    scale_range: list[float] | None = None  # cocostuff training: scale jitter [lo, hi], then crop
+    hflip: bool = True  # segmentation training: random horizontal flip (image and mask together)
+    # segmentation training: scale jitter [lo, hi], then a crop back to the image size
+    scale_range: list[float] | None = None
+
+    @property
+    def segmentation(self) -> bool:
+        return self.kind in ("segmentation", "cocostuff")
 
 
 @dataclass
@@ -220,6 +228,10 @@ class TrainConfig:
     # torch.compile the network (nn.Module.compile: checkpoints unchanged) and the regularizer's
     # per-step math where it has its own compile() (F-beta)
     compile: bool = False
+    # even out the task loss over the shape groups (train/groups.py): "balanced" reweighting
+    # (weight N / (G N_g) per group) or online group DRO (Sagawa et al. 2020) with step dro_step
+    group_weighting: Literal["none", "balanced", "dro"] = "none"
+    dro_step: float = 0.01
     progress: bool = True  # tqdm bar (shown only on a terminal)
     log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
 
@@ -238,7 +250,7 @@ class Config:
 
 
 POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr",
-            "train.keep_checkpoints"}  # fmt: skip
+            "train.keep_checkpoints", "train.dro_step"}  # fmt: skip
 NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho",
                 "train.log_images"}  # fmt: skip
 
@@ -402,7 +414,7 @@ def _validate(cfg: Config) -> None:
                 f"regularizer.{name}.{key} must be set for regularizer.name={name} "
                 f"(the target {key} in (0, 1)), e.g. regularizer.{name}.{key}=0.8"
             )
-    smnist = cfg.data.kind == "smnist"
+    smnist = not cfg.data.segmentation
     if smnist != (cfg.model.name in SMNIST_MODELS):
         expected = (
             f"one of {SMNIST_MODELS}" if smnist

@@ -5,8 +5,10 @@ runs with ``batch_size=None`` over a ``BatchSampler``.
 
 * S-MNIST lives in memory (uint8, 440 MB for the full build); a batch is one fancy-indexing op
   (~100x less Python per epoch than one ``__getitem__`` + collate per sample).
-* COCO-Stuff is read from the memory-mapped cache (``train.caches.cocostuff``, built by ``data_prep.cocostuff``) (already resized to
-  the training size; no JPEG decoding while training). Training batches get joint image/mask
+* Segmentation (COCO-Stuff, CamVid) is read from the memory-mapped cache (``train.caches.segmentation``,
+  built by ``data_prep.cocostuff`` or ``data_prep.camvid``), already resized to the training size (no
+  image decoding while training). A cache with a test split (CamVid) gives a ``val`` split to select
+  the epoch on and a ``test`` split to report; COCO-Stuff's val is both. Training batches get joint image/mask
   augmentations from ``torchvision.transforms.v2`` per sample (flip, optional scale jitter + crop
   with the mask padded by the ignore index). Images stay uint8 until the model (less to copy
   between worker processes).
@@ -32,13 +34,11 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from .caches import cocostuff, smnist
+from .caches import segmentation, smnist
 from .config import DataConfig
 from .torchvision_compat import ensure_torchvision_importable
 
-IGNORE_INDEX = (
-    cocostuff.IGNORE
-)  # unlabelled pixels (255) in the cache; the loss and metrics skip them
+IGNORE_INDEX = segmentation.IGNORE  # unlabelled pixels (255); the loss and metrics skip them
 
 
 class IndexedTensorDataset(Dataset):
@@ -64,7 +64,7 @@ class IndexedTensorDataset(Dataset):
 
 
 class SegmentationCacheDataset(Dataset):
-    """One split of a COCO-Stuff cache: ``ds[[i, ...]]`` -> ``image`` uint8 ``(B, 3, H, W)``,
+    """One split of a segmentation cache: ``ds[[i, ...]]`` -> ``image`` uint8 ``(B, 3, H, W)``,
     ``label`` uint8 ``(B, H, W)`` (255 = ignore; widened on the device), ``shape`` ``(B,)``, ``index`` ``(B,)``.
 
     The arrays are memory-mapped lazily in each process (a pickled ``np.memmap`` would copy the
@@ -172,11 +172,13 @@ def segmentation_augment(cfg: DataConfig, size: tuple[int, int]) -> JointAugment
 @dataclass
 class DataBundle:
     train: IndexedTensorDataset | SegmentationCacheDataset
-    test: IndexedTensorDataset | SegmentationCacheDataset
+    test: IndexedTensorDataset | SegmentationCacheDataset  # the split the run reports
     meta: dict
     num_classes: int
     image_shape: tuple[int, int]
     class_names: list[str] | None = None
+    # the split the run selects its epoch on, when it is not the reported one (CamVid: val)
+    val: SegmentationCacheDataset | None = None
 
     @property
     def train_shape_labels(self) -> Tensor:
@@ -186,10 +188,10 @@ class DataBundle:
 def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     """Read the prepared cache for ``cfg.kind`` (first ``*_subset`` samples when set); ``seed``
     drives the training augmentations (COCO-Stuff)."""
-    if cfg.kind == "cocostuff":
-        return _load_cocostuff(cfg, seed)
+    if cfg.segmentation:
+        return _load_segmentation(cfg, seed)
     if cfg.kind != "smnist":
-        raise ValueError(f"data.kind must be 'smnist' or 'cocostuff', got {cfg.kind!r}")
+        raise ValueError(f"data.kind must be 'smnist' or 'segmentation', got {cfg.kind!r}")
     splits, meta = smnist.load(cfg.path)
     out = {}
     for split, limit in (("train", cfg.train_subset), ("test", cfg.test_subset)):
@@ -204,14 +206,16 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     return DataBundle(out["train"], out["test"], meta, num_classes=10, image_shape=canvas)
 
 
-def _load_cocostuff(cfg: DataConfig, seed: int) -> DataBundle:
-    _, meta = cocostuff.load(cfg.path)  # validates the cache (complete, files present)
+def _load_segmentation(cfg: DataConfig, seed: int) -> DataBundle:
+    _, meta = segmentation.load(cfg.path)  # validates the cache (complete, files present)
     size = tuple(meta["image_size"])
+    select, report = segmentation.eval_splits(meta)
     train = SegmentationCacheDataset(cfg.path, "train", cfg.train_subset,
                                      segmentation_augment(cfg, size), seed)  # fmt: skip
-    test = SegmentationCacheDataset(cfg.path, "val", cfg.test_subset)
+    test = SegmentationCacheDataset(cfg.path, report, cfg.test_subset)
+    val = SegmentationCacheDataset(cfg.path, select) if select != report else None
     return DataBundle(train, test, meta, num_classes=meta["num_classes"], image_shape=size,
-                      class_names=meta.get("class_names"))  # fmt: skip
+                      class_names=meta.get("class_names"), val=val)  # fmt: skip
 
 
 class ResumableBatchSampler(BatchSampler):

@@ -43,7 +43,8 @@ from .build import (
 )
 from .config import Config
 from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
-from .files import write_text_atomic
+from .files import atomic_path, write_npz, write_text_atomic
+from .groups import GroupWeighting
 from .metrics import GroupedConfusion, GroupedSegmentationConfusion
 from .models import build_model
 from .state import TrainState
@@ -53,9 +54,14 @@ class NonFiniteLossError(FloatingPointError):
     """A step produced a NaN / inf loss or shape score (``train.nonfinite: stop``)."""
 
 
-def task_loss(logits: Tensor, y: Tensor) -> Tensor:
+def task_loss(logits: Tensor, y: Tensor, groups: GroupWeighting | None = None,
+              shape: Tensor | None = None) -> Tensor:  # fmt: skip
     """Cross-entropy; pixels labelled ``IGNORE_INDEX`` do not count (a batch with no labelled
-    pixel gives 0, not NaN)."""
+    pixel gives 0, not NaN). With ``groups`` (``train.group_weighting``), the per-pixel (per-sample)
+    terms weighted over the samples' shape groups ``shape`` (train/groups.py)."""
+    if groups is not None:
+        per_term = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="none")
+        return groups.loss(per_term, shape, y != IGNORE_INDEX if logits.dim() > 2 else None)
     if logits.dim() == 2:
         return F.cross_entropy(logits, y)
     total = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -96,6 +102,8 @@ class Setup:
     scaler: torch.amp.GradScaler | None
     train_loader: DataLoader
     test_loader: DataLoader
+    val_loader: DataLoader | None  # the selection split, when it is not the reported one
+    groups: GroupWeighting | None  # train.group_weighting
     state: TrainState
     written: Tensor | None  # bool (N,): samples whose score this process wrote since the last merge
     last_checkpoint: str
@@ -141,9 +149,18 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
     train_loader = make_loader(data.train, cfg.data.batch_size // ctx.world, shuffle=True,
                                seed=cfg.train.seed, num_workers=cfg.data.num_workers,
                                rank=ctx.rank, world=ctx.world, distributed=ctx.enabled)  # fmt: skip
-    test_loader = make_loader(data.test, cfg.data.eval_batch_size, shuffle=False,
-                              num_workers=cfg.data.num_workers, rank=ctx.rank, world=ctx.world,
-                              distributed=ctx.enabled)  # fmt: skip
+    test_loader, val_loader = (
+        None if ds is None else make_loader(ds, cfg.data.eval_batch_size, shuffle=False,
+                                            num_workers=cfg.data.num_workers, rank=ctx.rank,
+                                            world=ctx.world, distributed=ctx.enabled)
+        for ds in (data.test, data.val)
+    )  # fmt: skip
+    groups = None
+    if cfg.train.group_weighting != "none":
+        groups = GroupWeighting(
+            cfg.train.group_weighting, data.train_shape_labels, _num_groups(data),
+            cfg.train.dro_step, distributed.all_reduce_ if ctx.enabled else None, ctx.world,
+        ).to(device)  # fmt: skip
     scheduler = build_scheduler(cfg, optimizer, len(train_loader))
     scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
     if cfg.train.compile:
@@ -156,7 +173,7 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
         )  # fmt: skip
     sampler = train_loader.sampler.sampler  # batch_size=None: .sampler is the batch sampler
     state = TrainState(cfg.to_dict(), model, optimizer, scheduler, scaler, reg,
-                       getattr(sampler, "generator", None))  # fmt: skip
+                       getattr(sampler, "generator", None), groups=groups)  # fmt: skip
     if found is not None:
         state.load_state_dict(found[1])
         if state.totals is not None and not ctx.is_main:
@@ -165,8 +182,14 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
     written = (torch.zeros(len(data.train), dtype=torch.bool, device=device)
                if ctx.enabled and reg else None)  # fmt: skip
     return Setup(out, device, data, model, net, reg, optimizer, scheduler, scaler, train_loader,
-                 test_loader, state, written, "none yet" if found is None else str(found[0]),
+                 test_loader, val_loader, groups, state, written,
+                 "none yet" if found is None else str(found[0]),
                  list(reg.parameters()) if reg is not None else [])  # fmt: skip
+
+
+def _num_groups(data: DataBundle) -> int:
+    """Shape groups: at least small / big, more with p > 2 shape bins."""
+    return max(2, int(data.train_shape_labels.max()) + 1)
 
 
 def compile_(model: nn.Module, reg: nn.Module | None) -> None:
@@ -265,7 +288,6 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
     alpha, autocast = cfg.regularizer.alpha, autocast_dtype(cfg.train.precision)
     every, limit = cfg.train.checkpoint_every, cfg.train.stop_after_steps
     check_every = cfg.train.nonfinite_check_every
-    num_groups = max(2, int(s.data.train_shape_labels.max()) + 1)
     guard = NonFiniteGuard(cfg.train.nonfinite, ctx.enabled, s.last_checkpoint)
     log(f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
         f"device {device}; {ctx.world} process(es); precision {cfg.train.precision}"
@@ -327,34 +349,34 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
 
         # -- evaluation and logging --
         start = time.perf_counter()
-        test = evaluate(s.model, s.test_loader, device, s.data.num_classes,
-                        cfg.regularizer.fbeta.beta,
-                        positive_class=cfg.regularizer.positive_classes()[0],
-                        num_groups=num_groups, keep_images=cfg.train.log_images,
-                        segmentation=cfg.data.kind == "cocostuff",
-                        precision=cfg.train.precision,
-                        threshold=_learned_threshold(reg))  # fmt: skip
+        evaluated, images, per_image = evaluate_splits(s, cfg)
         eval_seconds = time.perf_counter() - start
-        images = test.pop("_images", None)
         total = max(float(sums[2]), 1.0)
         row = {"epoch": epoch, "train_loss": float(sums[0]) / total,
                "reg_loss": float(sums[1]) / total if reg is not None else None,
                "train_seconds": train_seconds, "epoch_end_seconds": epoch_end_seconds,
                "steps": k, "eval_seconds": eval_seconds,
                "skipped_steps_total": state.skipped_steps + int(state.totals[3])}  # fmt: skip
-        row |= {f"test_{name}": v for name, v in test.items()}
+        row |= evaluated
         if reg is not None:
             row |= {f"reg_{name}": v for name, v in reg.stats().items() if not isinstance(v, list)}
+        if s.groups is not None:
+            row |= s.groups.stats()
         state.end_epoch(row)
         if ctx.is_main:
             if images is not None:
                 reporting.log_segmentation_images(writer, *images, s.data.num_classes, epoch)
+            if per_image is not None and reporting.selected_epoch(state.history) == epoch:
+                with atomic_path(s.out / "per_image_test.npz") as tmp:  # the selected epoch's
+                    write_npz(tmp, {**per_image, "epoch": torch.tensor([epoch]).numpy()})
             reporting.log_scalars(writer, row, epoch)
             writer.flush()
             metrics = reporting.summary(state.history, cfg)
             write_text_atomic(json.dumps(metrics, indent=2) + "\n", s.out / "metrics.json")
         guard.last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
         log(reporting.epoch_line(row))
+        if row.get("reg_inert"):
+            log(f"warning: the regularizer looks inert: {row['reg_inert']}")
         if stop:
             log(f"stopped after global step {state.global_step} (train.stop_after_steps)")
             break
@@ -382,7 +404,7 @@ def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard
     x, y, idx = (batch[key].to(device, non_blocking=True) for key in ("image", "label", "index"))
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         logits, u = s.net(x)
-        task = task_loss(logits, y.long())
+        task = task_loss(logits, y.long(), s.groups, batch["shape"])
     u = u.float()
     ok = guard.record(k, task, u)
     if check and not guard.read(state, ok):
@@ -451,6 +473,25 @@ def save_checkpoint(state: TrainState, out: Path, cfg: Config, ctx: distributed.
     return str(path)
 
 
+def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None, dict | None]:
+    """The epoch's evaluation: the reported split (``test_*``, with the images for TensorBoard and
+    the per-image IoUs of segmentation) and, when the data set has one, the selection split
+    (``val_*``)."""
+    kwargs = dict(device=s.device, num_classes=s.data.num_classes,
+                  beta=cfg.regularizer.fbeta.beta,
+                  positive_class=cfg.regularizer.positive_classes()[0],
+                  num_groups=_num_groups(s.data), segmentation=cfg.data.segmentation,
+                  precision=cfg.train.precision, threshold=_learned_threshold(s.reg))  # fmt: skip
+    test = evaluate(s.model, s.test_loader, keep_images=cfg.train.log_images, **kwargs)
+    images, per_image = test.pop("_images", None), test.pop("_per_image", None)
+    out = {f"test_{name}": v for name, v in test.items()}
+    if s.val_loader is not None:
+        val = evaluate(s.model, s.val_loader, **kwargs)
+        val.pop("_per_image", None)
+        out |= {f"val_{name}": v for name, v in val.items()}
+    return out, images, per_image
+
+
 def _learned_threshold(reg: nn.Module | None) -> float | None:
     """The F-beta regularizer's learned decision threshold of the first positive class (None for
     the objectives that learn none)."""
@@ -476,13 +517,16 @@ def evaluate(
     confusion = (GroupedSegmentationConfusion(num_classes, num_groups) if segmentation
                  else GroupedConfusion(num_classes, num_groups))  # fmt: skip
     shape_scores, shape_positive = [], []
-    kept = []
+    kept, per_image, indices = [], [], []
     for batch in loader:
         with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             logits, u = model(batch["image"].to(device))
         pred = logits.argmax(1)
         if segmentation:
-            confusion.update(batch["label"].to(device), pred, batch["shape"])
+            label = batch["label"].to(device)
+            confusion.update(label, pred, batch["shape"])
+            per_image.append(per_image_iou(label, pred, num_classes).cpu())
+            indices.append(batch["index"])
             if sum(len(k[0]) for k in kept) < keep_images:
                 kept.append((batch["image"][:keep_images], pred[:keep_images].cpu(),
                              batch["label"][:keep_images]))  # fmt: skip
@@ -505,4 +549,22 @@ def evaluate(
         )
     if kept:
         out["_images"] = tuple(torch.cat(parts)[:keep_images] for parts in zip(*kept, strict=True))
+    if per_image:  # in data-set order (the processes' shards interleave)
+        index = distributed.all_gather_cat(torch.cat(indices))
+        iou = distributed.all_gather_cat(torch.cat(per_image))
+        order = torch.argsort(index)
+        out["_per_image"] = {"index": index[order].numpy(), "iou": iou[order].numpy()}
     return out
+
+
+def per_image_iou(label: Tensor, pred: Tensor, num_classes: int) -> Tensor:
+    """float64 ``(B, C)``: IoU of each class in each image over its labelled pixels (NaN where the
+    class is in neither the image's ground truth nor its prediction)."""
+    b, c = label.shape[0], num_classes
+    valid = label != IGNORE_INDEX
+    image = torch.arange(b, device=label.device).view(-1, 1, 1).expand_as(label)
+    flat = (image * c + label.long().clamp(0, c - 1)) * c + pred.long()
+    cm = torch.bincount(flat[valid], minlength=b * c * c).view(b, c, c).double()
+    tp = cm.diagonal(dim1=1, dim2=2)
+    union = cm.sum(2) + cm.sum(1) - tp
+    return torch.where(union > 0, tp / union.clamp_min(1), torch.nan)

@@ -8,21 +8,41 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .caches.cocostuff import IGNORE
+from .caches.segmentation import IGNORE
 from .config import Config
 
 
+def selected_epoch(history: list[dict[str, Any]]) -> int | None:
+    """The epoch a run reports: the best ``val_miou`` (``val_accuracy``) when the data set has a
+    selection split (ties: the earlier epoch), else the last epoch."""
+    if not history:
+        return None
+    key = next((k for k in ("val_miou", "val_accuracy") if history[-1].get(k) is not None), None)
+    if key is None:
+        return history[-1]["epoch"]
+    best = max(history, key=lambda h: (-math.inf if h.get(key) is None else h[key], -h["epoch"]))
+    return best["epoch"]
+
+
 def summary(history: list[dict[str, Any]], cfg: Config) -> dict[str, Any]:
-    """What ``metrics.json`` holds: the config, the last epoch's test and regularizer numbers with
-    total times (``final``), and every epoch's row (``history``)."""
+    """What ``metrics.json`` holds: the config, the last epoch's test, val and regularizer numbers
+    with total times (``final``), the same numbers at the selected epoch (``selected``: the best
+    val epoch where the data set has a val split besides test, else the last), and every epoch's row
+    (``history``)."""
     if not history:
         return {}
+
+    def figures(row: dict[str, Any]) -> dict[str, Any]:
+        return {k: row[k] for k in row if k.startswith(("test_", "val_", "reg_", "group_"))}
+
     last = history[-1]
-    final = {k: last[k] for k in last if k.startswith("test_") or k.startswith("reg_")}
+    final = figures(last)
     final["epochs"] = last["epoch"]
     final["train_seconds_total"] = sum(h["train_seconds"] for h in history)
     final["epoch_end_seconds_total"] = sum(h["epoch_end_seconds"] for h in history)
-    return {"config": cfg.to_dict(), "final": final, "history": history}
+    chosen = selected_epoch(history)
+    selected = figures(next(h for h in history if h["epoch"] == chosen)) | {"epoch": chosen}
+    return {"config": cfg.to_dict(), "final": final, "selected": selected, "history": history}
 
 
 def epoch_line(row: dict[str, Any]) -> str:
@@ -42,6 +62,8 @@ def epoch_line(row: dict[str, Any]) -> str:
         )
         + f"  {row['train_seconds']:.1f}s"
     )
+    if row.get(f"val_{metric}") is not None:
+        line += f"  val {row[f'val_{metric}']:.4f}"
     figures = (("reg_eps", "eps", ".3f"), ("reg_mu", "mu", ".3f"), ("reg_nu", "nu", ".3f"),
                ("reg_certified_fbeta", "bound", ".3f"), ("reg_certified_recall", "cert. R", ".3f"),
                ("reg_certified_precision", "cert. P", ".3f"), ("reg_train_auc", "train AUC", ".3f"),

@@ -46,6 +46,7 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
     totals: Tensor | None = None
     epoch_start: Tensor | None = None
+    groups: Any = None  # train.group_weighting's state (group DRO's q), or None
 
     def begin_epoch(self, device: torch.device) -> None:
         """Mark the start (or, after a resume, the continuation) of an epoch."""
@@ -83,6 +84,7 @@ class TrainState:
             "sampler_generator": self.epoch_start,
             "history": self.history,
             "epoch_totals": self.totals.cpu() if inside and self.totals is not None else None,
+            "groups": None if self.groups is None else self.groups.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -93,6 +95,8 @@ class TrainState:
                          (self.regularizer, "regularizer")):  # fmt: skip
             if obj is not None:
                 obj.load_state_dict(state[key])
+        if self.groups is not None and state.get("groups") is not None:
+            self.groups.load_state_dict(state["groups"])
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.skipped_steps = state["global_step"], state["skipped_steps"]
         self.history = state["history"]

@@ -31,7 +31,7 @@ computed on the resized maps:
   number of labelled pixels.
 
 Cache (``--out DIR``): the layout, its format constants and its reader ``load`` (arrays
-memory-mapped) are in ``train.caches.cocostuff``. Per split, ``images``, ``labels``, ``shape``,
+memory-mapped) are in ``train.caches.segmentation`` (shared with ``data_prep.camvid``). Per split, ``images``, ``labels``, ``shape``,
 ``size``, ``fractions`` and ``image_ids`` ``.npy`` arrays and ``table.csv`` (one row per image:
 image_id, file_name, orig_height, orig_width, size, shape, classes = the class indices present,
 space-separated); ``class_sizes.png``: histogram of per-(image, class) ``f_c`` (log x) with ``t``
@@ -58,7 +58,7 @@ Modules: ``options`` (``Options``), ``classes`` (category ids -> class indices),
 counts), ``plot``, ``build`` (``prepare``, ``is_complete``) and ``cli`` (``main``).
 """
 
-from train.caches.cocostuff import (
+from train.caches.segmentation import (
     ARRAYS,
     FORMAT_VERSION,
     IGNORE,

@@ -3,14 +3,14 @@ and ``table.csv`` written atomically, and the split's counts for ``meta.json``."
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import numpy as np
 
-from train.caches.cocostuff import ARRAYS, TABLE_NAME
-from train.files import atomic_path, file_digest
+from train.caches.segmentation import TABLE_NAME
+from train.files import atomic_path
 
+from ..segmentation_cache import array_entries, split_counts, table_rows, write_array, write_table
 from .options import Options
 from .shards import _gather
 
@@ -44,23 +44,12 @@ def _write_split(folder: Path, shards: list[Path], r: dict, n_pixels: int) -> di
     folder.mkdir(exist_ok=True)
     h, w = r["image_size"]
     _write_images_and_labels(folder, shards, r["keep"], (h, w))
-    _write_array(folder / "shape.npy", r["shape"].astype(np.int64))
-    _write_array(folder / "size.npy", r["size"].astype(np.int64))
-    _write_array(folder / "fractions.npy", (r["counts"] / n_pixels).astype(np.float32))
-    _write_array(folder / "image_ids.npy", np.array([x["id"] for x in r["records"]], np.int64))
-    _write_table(folder / TABLE_NAME, r["records"], r["size"], r["shape"], r["counts"])
-    return {
-        f"{folder.name}/{a}.npy": {
-            "sha256": file_digest(folder / f"{a}.npy", "sha256"),
-            "bytes": (folder / f"{a}.npy").stat().st_size,
-        }
-        for a in ARRAYS
-    }
-
-
-def _write_array(path: Path, array: np.ndarray) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+    write_array(folder / "shape.npy", r["shape"].astype(np.int64))
+    write_array(folder / "size.npy", r["size"].astype(np.int64))
+    write_array(folder / "fractions.npy", (r["counts"] / n_pixels).astype(np.float32))
+    write_array(folder / "image_ids.npy", np.array([x["id"] for x in r["records"]], np.int64))
+    write_table(folder / TABLE_NAME, table_rows(r["records"], r["size"], r["shape"], r["counts"]))
+    return array_entries(folder)
 
 
 def _write_images_and_labels(folder: Path, paths: list[Path], keep: np.ndarray, hw) -> None:
@@ -83,32 +72,9 @@ def _write_images_and_labels(folder: Path, paths: list[Path], keep: np.ndarray, 
         del images, labels
 
 
-def _write_table(path: Path, records: list[dict], size, shape, counts) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(
-            ["image_id", "file_name", "orig_height", "orig_width", "size", "shape", "classes"]
-        )
-        for r, sz, s, cnt in zip(records, size, shape, counts, strict=True):
-            classes = " ".join(str(c) for c in np.flatnonzero(cnt))
-            writer.writerow(
-                [r["id"], r["file_name"], r["height"], r["width"], int(sz), int(s), classes]
-            )
-
-
 def _split_meta(result: dict, no_sky: int | None) -> dict[str, object]:
-    counts, shape, size = result["counts"], result["shape"], result["size"]
-    meta = {
-        "count": len(shape),
-        "shape_counts": {
-            str(b): int(n) for b, n in enumerate(np.bincount(shape, minlength=result["bins"]))
-        },
-        "class_pixels": counts.sum(0).astype(np.int64).tolist(),
-        "class_images": (counts > 0).sum(0).astype(np.int64).tolist(),
-        "size_mean": float(size.mean()),
-        "size_min": int(size.min()),
-        "size_max": int(size.max()),
-        "no_labelled_pixels": int((counts.sum(1) == 0).sum()),
+    meta = split_counts(result["shape"], result["counts"], result["size"], result["bins"])
+    meta |= {
         "skipped": result["skipped"],
         "skipped_count": len(result["skipped"]),
         "edges": result["edges"],

@@ -10,7 +10,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from train.caches.cocostuff import (
+from train.caches.segmentation import (
     FORMAT_VERSION,
     IGNORE,
     META_NAME,
@@ -131,6 +131,7 @@ def prepare(options: Options, *, log: Callable[[str], object] = print) -> Path:
     meta = {
         "format_version": FORMAT_VERSION,
         "dataset": "COCO-Stuff 2017",
+        "split_names": list(SPLITS),  # reported on val (COCO-Stuff's test labels are not public)
         "setup": options.setup,
         "only": options.only,
         "num_classes": len(class_ids),

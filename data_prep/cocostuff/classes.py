@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.caches.cocostuff import IGNORE
+from train.caches.segmentation import IGNORE
 
 from .options import Options
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from train.caches.cocostuff import IGNORE
+from train.caches.segmentation import IGNORE
 
 from .classes import describe_stuffthing_values, stuffthing_lut
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.caches.cocostuff import SPLITS
+from train.caches.segmentation import SPLITS
 from train.files import file_digest
 
 from .classes import STUFF_IDS, category_lut

@@ -6,32 +6,27 @@ from pathlib import Path
 
 import numpy as np
 
+from ..segmentation_cache import save_size_histogram
 from .options import Options
 
 
 def plot_class_sizes(path: Path, options: Options, train: dict[str, np.ndarray], edges) -> None:
     """The paper's Fig. 6: histogram of per-(image, class) fractions (log x) with ``t``; sky: of ``s'``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     if options.sky:
-        ax.hist(train["size"], bins=40, color="tab:blue")
-        ax.set_xlabel("sky pixels s' per image")
-        title = "COCO-Stuff sky-other (train): sky size per image"
-    else:
-        n_pixels = options.size[0] * options.size[1]
-        f = train["counts"][train["counts"] > 0] / n_pixels
-        ax.hist(f, bins=np.logspace(np.log10(1 / n_pixels), 0, 50), color="tab:blue")
-        ax.set_xscale("log")
-        ax.set_xlabel("fraction of the image's pixels f_c, per (image, class present)")
-        title = f"COCO-Stuff {options.setup} (train): class sizes"
-    for e in edges:
-        ax.axvline(e, color="tab:red", lw=1)
-    ax.set_ylabel("count")
-    ax.set_title(f"{title}; red: threshold(s)")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=90, metadata={"Software": None})
-    plt.close(fig)
+        save_size_histogram(
+            path,
+            train["size"],
+            edges,
+            xlabel="sky pixels s' per image",
+            title="COCO-Stuff sky-other (train): sky size per image",
+        )
+        return
+    n_pixels = options.size[0] * options.size[1]
+    save_size_histogram(
+        path,
+        train["counts"][train["counts"] > 0] / n_pixels,
+        edges,
+        log_from=1 / n_pixels,
+        xlabel="fraction of the image's pixels f_c, per (image, class present)",
+        title=f"COCO-Stuff {options.setup} (train): class sizes",
+    )

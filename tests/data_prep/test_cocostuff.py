@@ -282,7 +282,7 @@ def test_interrupted_run_resumes_from_its_shards(coco_root, tmp_path, monkeypatc
     assert not (out / cs.META_NAME).exists() and not cs.is_complete(out)
     assert len(list((out / cs.PARTIAL_NAME / "train").glob("shard_*.npz"))) == 2
     with pytest.raises(
-        ValueError, match=r"not hold a complete COCO-Stuff cache.*data_prep\.cocostuff"
+        ValueError, match=r"not hold a complete segmentation cache.*data_prep\.cocostuff"
     ):
         cs.load(out)
 

@@ -295,3 +295,30 @@ def test_fused_batch_lagrangian_equals_the_reference_and_passes_gradcheck(kind):
         lambda e, t, v: fn.batch_lagrangian(e, t, v, lam, mu, is_pos, slots, **kw),
         (eps, tau, u_off),
     )
+
+
+def _one_epoch(reg: FBetaRegularizer, scores: torch.Tensor) -> dict:
+    reg(scores, torch.arange(len(scores)))
+    reg.end_epoch_()
+    return reg.stats()
+
+
+def test_inert_regularizer_says_why_and_what_to_change():
+    s = torch.tensor([1, 0] * 10)
+    # the paper's preset with the scores all below 0 (what CamVid showed): one decision for all
+    reg = FBetaRegularizer(s, preset="paper")
+    stats = _one_epoch(reg, torch.where(s == 1, -0.5, -2.0))
+    assert "at or below 0" in stats["inert"] and "lambda_init=1" in stats["inert"]
+    assert "no certified F-beta bound" in stats["inert"]
+    # no optimizer step between two epoch ends while tau_i <= u_i is violated: the SGD symptom
+    second = _one_epoch(reg, torch.where(s == 1, -0.5, -2.0))["inert"]
+    assert "eps and tau moved by < 1e-3" in second and "optim.regularizer_lr" in second
+    # mean tau off 1 and a negligible mu step (the paper's 1e-5)
+    reg = FBetaRegularizer(s, preset="paper", tau_init=1.5, eps_init=1.5)
+    good = torch.where(s == 1, 2.0, -2.0)
+    _one_epoch(reg, good)
+    assert "dual_lr_mu=1e-05 is too small" in _one_epoch(reg, good)["inert"]
+    # separable scores above the margin, at the LP's fixed point: nothing to say
+    healthy = FBetaRegularizer(s)
+    assert _one_epoch(healthy, good)["inert"] is None
+    assert _one_epoch(healthy, good + 0.1)["inert"] is None

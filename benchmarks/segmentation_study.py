@@ -1,0 +1,278 @@
+"""CamVid segmentation study: what evens out small- and big-object images on real photos.
+
+    python -m benchmarks.segmentation_study run --camvid ../shared/data/camvid --jobs 2   # resumable
+    python -m benchmarks.segmentation_study table                                        # docs/figures/
+    python -m benchmarks.segmentation_study timing                                       # cost per step
+
+``run`` builds the two CamVid caches (``data_prep.camvid``: sky vs rest, the paper's experiment 2;
+the 11 classes with experiment 3's shape label) and trains every (task, method, seed) of the grid
+with ``configs/camvid_sky.yaml`` / ``configs/camvid.yaml`` (DeepLabV3+ / ResNet-18 from scratch,
+120x160, batch 8, Adam 1e-3, ``--epochs`` epochs) through ``benchmarks.sweep`` (one thread per
+run, ``--jobs`` at a time, finished runs reused, interrupted ones resumed from their last epoch).
+Every run selects its epoch on val (best ``val_miou``) and reports test at that epoch.
+
+``table`` writes ``docs/figures/segmentation_study.md`` (mean +- sd over the seeds: mIoU, sky IoU,
+pixel and class-average accuracy, mIoU per shape group, the gap, the worst group, the shape node's
+test F1, seconds per epoch; per-class IoU) and ``segmentation_study.png`` (the baseline's val mIoU
+per epoch, and per-image sky IoU against the image's sky fraction). ``timing`` measures one training
+step of each method against the baseline's, interleaved, on CamVid batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .sweep import Job, mean_sd, metrics, run_jobs
+
+TASKS = {  # task -> (config, cache, data_prep.camvid task)
+    "sky": ("configs/camvid_sky.yaml", "data/camvid-sky", "sky"),
+    "all": ("configs/camvid.yaml", "data/camvid", "all"),
+}
+# method -> overrides: the same data, seeds, epochs and model for every method; one setting each
+METHODS = {
+    "baseline": (),
+    "fbeta defaults": ("regularizer.name=fbeta", "regularizer.fbeta.preset=null"),
+    "fbeta paper + lambda_init 1, capped": (
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=paper",
+        "regularizer.fbeta.lambda_init=1.0",
+        "regularizer.fbeta.cap_scores=true",
+    ),
+    "roc_auc": ("regularizer.name=roc_auc",),
+    "soft-F1": ("regularizer.name=soft_fbeta",),
+    "group-balanced": ("train.group_weighting=balanced",),
+    "group DRO": ("train.group_weighting=dro",),
+}
+
+
+def jobs(
+    epochs: int, seeds: list[int], tasks: list[str], methods: list[str]
+) -> list[tuple[str, str, Job]]:
+    """``(task, method, job)`` of every run of the grid, seed by seed (an interrupted sweep has
+    every method at the first seeds)."""
+    out = []
+    for seed in seeds:
+        for task in tasks:
+            config, cache, _ = TASKS[task]
+            for method in methods:
+                key = f"{task}-{method.replace(' ', '_').replace(',', '')}-seed{seed}"
+                overrides = (
+                    *METHODS[method],
+                    f"data.path={cache}",
+                    f"train.epochs={epochs}",
+                    f"train.seed={seed}",
+                )
+                out.append((task, method, Job(key, config, overrides)))
+    return out
+
+
+def _runs(root: Path, grid: list[tuple[str, str, Job]]) -> dict[tuple[str, str], list[dict]]:
+    """``{(task, method): [metrics of each finished seed]}``."""
+    found: dict[tuple[str, str], list[dict]] = {}
+    for task, method, job in grid:
+        m = metrics(root / job.key)
+        if m is not None:
+            found.setdefault((task, method), []).append(m | {"_dir": str(root / job.key)})
+    return found
+
+
+def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -> str:
+    runs = _runs(root, grid)
+    lines = []
+    for task in TASKS:
+        names = None
+        lines += [
+            f"\n### {task}: test at the best-val epoch (mean ± sd over seeds)\n",
+            "| method | seeds | mIoU | sky IoU | pixel acc | class-avg acc | mIoU small | "
+            "mIoU big | gap | worst group | shape-node F1 | epoch | s / epoch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        per_class = []
+        for method in METHODS:
+            ms = runs.get((task, method))
+            if not ms:
+                continue
+            sel = [m["selected"] for m in ms]
+            names = ms[0]["config"]["data"]["path"]
+            sky = 1 if task == "sky" else 0  # class index of sky in the cache
+            worst = [min(g for g in s["test_miou_per_group"] if g is not None) for s in sel]
+            secs = [statistics.mean(h["train_seconds"] for h in m["history"]) for m in ms]
+            shape = (
+                [s["test_shape_fbeta"] for s in sel]
+                if method not in ("baseline", "group-balanced", "group DRO")
+                else [None]
+            )
+            lines.append(
+                f"| {method} | {len(ms)}/{seeds} | {mean_sd(s['test_miou'] for s in sel)} "
+                f"| {mean_sd(s['test_iou'][sky] for s in sel)} "
+                f"| {mean_sd(s['test_pixel_accuracy'] for s in sel)} "
+                f"| {mean_sd(s['test_mean_class_accuracy'] for s in sel)} "
+                f"| {mean_sd(s['test_miou_small'] for s in sel)} "
+                f"| {mean_sd(s['test_miou_big'] for s in sel)} "
+                f"| {mean_sd(s['test_miou_gap'] for s in sel)} | {mean_sd(worst)} "
+                f"| {mean_sd(shape)} | {mean_sd((s['epoch'] for s in sel), '.1f')} "
+                f"| {mean_sd(secs, '.0f')} |"
+            )
+            ious = np.array([[np.nan if v is None else v for v in s["test_iou"]] for s in sel])
+            per_class.append((method, ious))
+        if per_class and task == "all":
+            classes = json.loads((Path(names) / "meta.json").read_text())["class_names"]
+            lines += [
+                f"\n### {task}: per-class test IoU (mean over seeds)\n",
+                "| method | " + " | ".join(classes) + " |",
+                "|---" * (len(classes) + 1) + "|",
+            ]
+            for method, ious in per_class:
+                lines.append(
+                    f"| {method} | " + " | ".join(f"{v:.3f}" for v in np.nanmean(ious, 0)) + " |"
+                )
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "segmentation_study.md").write_text(
+        "<!-- python -m benchmarks.segmentation_study table (runs: python -m "
+        "benchmarks.segmentation_study run) -->\n" + text
+    )
+    _plot(runs, out / "segmentation_study.png")
+    return text
+
+
+def _plot(runs: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    for task, ax in zip(TASKS, axes[:2], strict=True):
+        for method in ("baseline", "fbeta defaults", "group DRO"):
+            for i, m in enumerate(runs.get((task, method), [])):
+                val = [h["val_miou"] for h in m["history"]]
+                ax.plot(
+                    range(1, len(val) + 1),
+                    val,
+                    color=f"C{list(METHODS).index(method)}",
+                    alpha=0.7,
+                    label=method if i == 0 else None,
+                )
+        ax.set(
+            title=f"CamVid {task}: val mIoU per epoch (each seed)", xlabel="epoch", ylabel="mIoU"
+        )
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    for method in ("baseline", "fbeta defaults", "group DRO"):
+        xs, ys = [], []
+        for m in runs.get(("sky", method), []):
+            per = np.load(Path(m["_dir"]) / "per_image_test.npz")
+            cache = Path(m["config"]["data"]["path"]) / "test"
+            fraction = np.load(cache / "fractions.npy")[per["index"], 1]
+            xs.append(fraction)
+            ys.append(per["iou"][:, 1])
+        if xs:
+            ax.scatter(
+                np.concatenate(xs),
+                np.concatenate(ys),
+                s=4,
+                alpha=0.4,
+                label=method,
+                color=f"C{list(METHODS).index(method)}",
+            )
+    ax.set(
+        title="sky task, test: per-image sky IoU vs the image's sky fraction (all seeds)",
+        xlabel="sky fraction of the image",
+        ylabel="sky IoU",
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def timing(steps: int, task: str) -> str:
+    """Median step time of each method / the baseline's, steps interleaved, on CamVid batches."""
+    import torch
+
+    from train import config as config_mod
+    from train import distributed
+    from train.loop import NonFiniteGuard, setup, train_step
+
+    torch.set_num_threads(2)
+    config, cache, _ = TASKS[task]
+    trainers = {}
+    for method, overrides in METHODS.items():
+        cfg = config_mod.load(
+            config,
+            [
+                *overrides,
+                f"data.path={cache}",
+                "train.checkpoint=false",
+                "train.out=/tmp/segmentation_study_timing/" + method.replace(" ", "_"),
+            ],
+        )
+        s = setup(cfg, distributed.Context(), None, lambda *_: None)
+        guard = NonFiniteGuard("stop", False, "none")
+        s.state.begin_epoch(s.device)
+        guard.begin_epoch(1, s.state.totals)
+        trainers[method] = (s, guard, cfg, iter(s.train_loader))
+    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    for k in range(steps + 3):
+        for method, (s, guard, cfg, it) in trainers.items():
+            batch = next(it, None)
+            if batch is None:
+                it = iter(s.train_loader)
+                trainers[method] = (s, guard, cfg, it)
+                batch = next(it)
+            t0 = time.perf_counter()
+            train_step(s, batch, k + 1, guard, cfg.regularizer.alpha, None, check=False)
+            if k >= 3:  # warm-up
+                times[method].append(time.perf_counter() - t0)
+    base = statistics.median(times["baseline"])
+    rows = ["| method | step (s) | / baseline |", "|---|---|---|"]
+    for method, ts in times.items():
+        rows.append(
+            f"| {method} | {statistics.median(ts):.3f} | {statistics.median(ts) / base:.3f} |"
+        )
+    return (
+        f"CamVid {task}, batch 8, 120x160, 2 threads, median of {steps} interleaved steps\n"
+        + "\n".join(rows)
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("run", "table", "timing"))
+    p.add_argument("--camvid", type=Path, default=Path("../shared/data/camvid"))
+    p.add_argument("--runs", type=Path, default=Path("runs/segmentation_study"))
+    p.add_argument("--out", type=Path, default=Path("docs/figures"))
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20, help="timing: steps per method")
+    a = p.parse_args(argv)
+    grid = jobs(a.epochs, a.seeds, a.tasks, a.methods)
+    if a.what == "timing":
+        print(timing(a.steps, a.tasks[0]))
+        return 0
+    if a.what == "run":
+        from data_prep import camvid
+
+        for task in a.tasks:
+            _, cache, kind = TASKS[task]
+            camvid.prepare(camvid.Options(root=a.camvid, out=cache, task=kind))
+        start = time.perf_counter()
+        run_jobs([job for *_, job in grid], a.runs, a.jobs)
+        print(f"sweep wall time {time.perf_counter() - start:.0f} s", flush=True)
+    print(table(a.runs, jobs(a.epochs, a.seeds, list(TASKS), list(METHODS)), len(a.seeds), a.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""A small resumable sweep harness for studies that train through ``python -m train``'s loop.
+
+A job is a key (its run folder name) and a config plus ``key=value`` overrides. ``run_jobs`` trains
+the jobs whose run folder holds no complete ``metrics.json``, ``jobs`` at a time, each in its own
+process with one thread; a job interrupted after an epoch's checkpoint continues from it
+(``--resume``), so killing a sweep loses at most one epoch per running job. ``mean_sd`` formats a
+column of per-seed values.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Job:
+    key: str  # the run folder's name under the sweep's root
+    config: str  # configs/<x>.yaml
+    overrides: tuple[str, ...] = field(default_factory=tuple)
+
+
+def metrics(out: Path) -> dict[str, Any] | None:
+    """The run's ``metrics.json`` if the run finished (all its epochs), else ``None``."""
+    try:
+        m = json.loads((out / "metrics.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    done = m.get("final", {}).get("epochs") == m.get("config", {}).get("train", {}).get("epochs")
+    return m if done else None
+
+
+def _train(job: Job, out: str) -> str:
+    import torch
+
+    from train import checkpoint
+    from train import config as config_mod
+    from train.loop import run
+
+    torch.set_num_threads(1)
+    quiet = ["train.progress=false", "train.log_images=0", "train.keep_checkpoints=1"]
+    if checkpoint.latest(Path(out)) is not None:  # an interrupted run: go on from its checkpoint
+        cfg = config_mod.load(Path(out) / "config.yaml", ["train.stop_after_steps=null"])
+        run(cfg, log=lambda *_: None, resume=out)
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        cfg = config_mod.load(job.config, [*job.overrides, *quiet, f"train.out={out}"])
+        run(cfg, log=lambda *_: None)
+    return out
+
+
+def run_jobs(jobs: Sequence[Job], root: Path, workers: int) -> None:
+    """Train the unfinished ``jobs`` into ``root/<key>``, ``workers`` processes at a time."""
+    todo = [j for j in jobs if metrics(root / j.key) is None]
+    print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
+    if not todo:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_train, j, str(root / j.key)): j for j in todo}
+        for f in as_completed(futures):
+            print("done", f.result(), flush=True)
+
+
+def mean_sd(values: Iterable[float | None], fmt: str = ".3f", scale: float = 1.0) -> str:
+    """``"mean ± sd"`` of the values that are not ``None`` (``n/a`` if none; sd 0 for one)."""
+    xs = [v * scale for v in values if v is not None]
+    if not xs:
+        return "n/a"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):{fmt}} ± {sd:{fmt}}"
