@@ -1,6 +1,6 @@
 """Why the paper's F-beta preset does nothing in CamVid segmentation, and what repairs it.
 
-    python -m benchmarks.segmentation_inert --camvid ../shared/data/camvid --jobs 2
+    python -m benchmarks.segmentation_inert --camvid <CamVid dir> --jobs 2
 
 Trains each variant of ``VARIANTS`` (``configs/camvid_sky.yaml``: DeepLabV3+ / ResNet-18 from
 scratch, Adam 1e-3, alpha 1e-3) on the sky task at 60x80 for ``--epochs`` epochs, one seed, through
@@ -72,7 +72,7 @@ def table(root: Path, grid: list[tuple[str, Job]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--camvid", type=Path, default=Path("../shared/data/camvid"))
+    p.add_argument("--camvid", type=Path, required=True, help="the CamVid folder (SegNet layout)")
     p.add_argument("--runs", type=Path, default=Path("runs/segmentation_inert"))
     p.add_argument("--out", type=Path, default=Path("docs/figures"))
     p.add_argument("--epochs", type=int, default=8)

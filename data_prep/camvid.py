@@ -26,8 +26,8 @@ report on test) is written atomically, ``meta.json`` last; the same inputs and o
 same ``.npy`` bytes; a re-run with the same options and inputs (names and sizes of every file) does
 nothing. ``class_sizes.png`` is the size histogram with the threshold(s).
 
-    python -m data_prep.camvid --root ../shared/data/camvid --task sky --out data/camvid-sky
-    python -m data_prep.camvid --root ../shared/data/camvid --task all --out data/camvid
+    python -m data_prep.camvid --root <CamVid dir> --task sky --out data/camvid-sky
+    python -m data_prep.camvid --root <CamVid dir> --task all --out data/camvid
 """
 
 from __future__ import annotations

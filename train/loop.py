@@ -377,6 +377,13 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
         log(reporting.epoch_line(row))
         if row.get("reg_inert"):
             log(f"warning: the regularizer looks inert: {row['reg_inert']}")
+        elif reg is not None and row.get("test_shape_positive_rate") in (0.0, 1.0):
+            side = "big" if row["test_shape_positive_rate"] else "small"
+            log(
+                f"warning: the shape node decides {side!r} for every test image: the regularizer "
+                f"({cfg.regularizer.name}) has not trained it to separate the groups yet (see its "
+                f"reg_* figures; a larger alpha, more epochs, or another objective)"
+            )
         if stop:
             log(f"stopped after global step {state.global_step} (train.stop_after_steps)")
             break
@@ -543,6 +550,7 @@ def evaluate(
     out["shape_fbeta"] = fbeta_from_counts(tp, fn, fp, beta)
     recall, prec = recall_precision(u_pos, u_neg)
     out |= {"shape_precision": prec, "shape_recall": recall, "shape_auc": roc_auc(u_pos, u_neg)}
+    out["shape_positive_rate"] = float((scores > 0).float().mean()) if len(scores) else None
     if threshold is not None:
         out["shape_fbeta_at_threshold"] = fbeta_of_decisions(
             u_pos - threshold, u_neg - threshold, beta
