@@ -175,7 +175,8 @@ def _plot(runs: dict, path: Path) -> None:
         ax.set(
             title=f"CamVid {task}: val mIoU per epoch (each seed)", xlabel="epoch", ylabel="mIoU"
         )
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     ax = axes[2]
     for method in ("baseline", "fbeta defaults", "group DRO"):
         xs, ys = [], []
@@ -199,7 +200,8 @@ def _plot(runs: dict, path: Path) -> None:
         xlabel="sky fraction of the image",
         ylabel="sky IoU",
     )
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -375,15 +375,8 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
             write_text_atomic(json.dumps(metrics, indent=2) + "\n", s.out / "metrics.json")
         guard.last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
         log(reporting.epoch_line(row))
-        if row.get("reg_inert"):
-            log(f"warning: the regularizer looks inert: {row['reg_inert']}")
-        elif reg is not None and row.get("test_shape_positive_rate") in (0.0, 1.0):
-            side = "big" if row["test_shape_positive_rate"] else "small"
-            log(
-                f"warning: the shape node decides {side!r} for every test image: the regularizer "
-                f"({cfg.regularizer.name}) has not trained it to separate the groups yet (see its "
-                f"reg_* figures; a larger alpha, more epochs, or another objective)"
-            )
+        for warning in reporting.warnings(row, cfg.regularizer.name if reg is not None else None):
+            log(f"warning: {warning}")
         if stop:
             log(f"stopped after global step {state.global_step} (train.stop_after_steps)")
             break

@@ -76,6 +76,25 @@ def epoch_line(row: dict[str, Any]) -> str:
     return line
 
 
+def warnings(row: dict[str, Any], regularizer: str | None) -> list[str]:
+    """What the epoch's figures say is wrong with the regularizer (``regularizer``: its name, or
+    ``None`` without one): its own inertness diagnosis (``reg_inert``, from ``stats()``), else a
+    shape node that decides one group for every test sample."""
+    if regularizer is None:
+        return []
+    if row.get("reg_inert"):
+        return [f"the regularizer looks inert: {row['reg_inert']}"]
+    rate = row.get("test_shape_positive_rate")
+    if rate in (0.0, 1.0):
+        side = "big" if rate else "small"
+        return [
+            f"the shape node decides {side!r} for every test sample: the regularizer "
+            f"({regularizer}) has not trained it to separate the groups (see its reg_* figures; "
+            "a larger alpha, more epochs, or another objective)"
+        ]
+    return []
+
+
 def log_scalars(writer: Any, row: dict[str, Any], epoch: int) -> None:
     """Every finite number of the row, as ``train/loss``, ``test/accuracy``, ``reg/eps``, ..."""
     for k, v in row.items():

@@ -143,6 +143,7 @@ def test_trainer_on_a_camvid_cache_selects_on_val_and_reports_test(
     m = json.loads((out / "metrics.json").read_text())
     rows = m["history"]
     assert all("val_miou" in r and "test_miou" in r for r in rows)
+    assert all(0.0 <= r["test_shape_positive_rate"] <= 1.0 for r in rows)
     best = max(rows, key=lambda r: (r["val_miou"], -r["epoch"]))
     assert m["selected"]["epoch"] == best["epoch"]
     assert m["selected"]["test_miou"] == best["test_miou"]
@@ -155,3 +156,17 @@ def test_trainer_on_a_camvid_cache_selects_on_val_and_reports_test(
         assert len(q) == 2 and sum(q) == pytest.approx(1.0) and q != [0.5, 0.5]
         ckpt = torch.load(sorted((out / "checkpoints").glob("*.pt"))[-1], weights_only=False)
         np.testing.assert_allclose(ckpt["groups"]["q"].numpy(), q)
+
+
+def test_warnings_name_an_inert_regularizer_or_a_one_sided_shape_node():
+    from train.reporting import warnings
+
+    healthy = {"test_shape_positive_rate": 0.4, "reg_inert": None}
+    assert warnings(healthy, "fbeta") == []
+    assert warnings({"test_shape_positive_rate": 0.0}, None) == []  # no regularizer: no advice
+    (w,) = warnings({"reg_inert": "mu moved by < 1e-4"}, "fbeta")
+    assert w.startswith("the regularizer looks inert: mu moved")
+    (w,) = warnings({"test_shape_positive_rate": 0.0}, "roc_auc")
+    assert "'small' for every test sample" in w and "(roc_auc)" in w
+    (w,) = warnings({"test_shape_positive_rate": 1.0}, "soft_fbeta")
+    assert "'big' for every test sample" in w

@@ -1,0 +1,45 @@
+"""benchmarks.segmentation_study end to end on a CamVid-layout folder: the grid, a resumed sweep,
+the table and the figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import segmentation_study as study
+from tests.data_prep.test_camvid import write_layout
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_grid_is_task_major_and_every_method_shares_data_seed_and_epochs():
+    grid = study.jobs(None, [0, 1], ["sky", "all"], list(study.METHODS), size=(60, 80))
+    assert len(grid) == 2 * 2 * len(study.METHODS)
+    assert [t for t, *_ in grid] == ["sky"] * 14 + ["all"] * 14  # the first task finishes first
+    keys = [job.key for *_, job in grid]
+    assert len(set(keys)) == len(keys)
+    for task, _, job in grid:
+        shared = [o for o in job.overrides if o.startswith(("data.", "train.epochs", "train.seed"))]
+        epochs = study.TASKS[task][3]
+        assert shared[0] == f"data.path={study.cache(task, (60, 80))}"
+        assert shared[1:] == [f"train.epochs={epochs}", f"train.seed={job.key[-1]}"]
+
+
+def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
+    camvid = write_layout(tmp_path / "camvid", n=4, hw=(32, 48))
+    monkeypatch.chdir(tmp_path)  # caches under ./data, configs from ./configs
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    args = ["--camvid", str(camvid), "--runs", "runs", "--out", "figs", "--size", "32", "48",
+            "--epochs", "1", "--seeds", "0", "--tasks", "sky", "--jobs", "1",
+            "--methods", "baseline", "group DRO"]  # fmt: skip
+    assert study.main(["run", *args]) == 0
+    assert "2 of 2 runs to do" in capsys.readouterr().out
+    assert study.main(["run", *args]) == 0  # finished runs are reused
+    assert "0 of 2 runs to do" in capsys.readouterr().out
+    text = (tmp_path / "figs" / "segmentation_study.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith(("| baseline", "| group DRO"))]
+    assert len(rows) == 2 and all("| 1/1 |" in r for r in rows)
+    assert (tmp_path / "figs" / "segmentation_study.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        study.main(["run", "--runs", "runs"])  # run without --camvid: a usage error
