@@ -25,7 +25,9 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -209,6 +211,13 @@ def _plot(runs: dict, path: Path) -> None:
 
 def timing(steps: int, task: str, size: tuple[int, int]) -> str:
     """Median step time of each method / the baseline's, steps interleaved, on CamVid batches."""
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        # steps only, no epoch ends: the objectives' "no end_epoch_()" warning is expected here
+        warnings.filterwarnings("ignore", "[^:]*: .* since the last end_epoch_", RuntimeWarning)
+        return _timing(steps, task, size, tmp)
+
+
+def _timing(steps: int, task: str, size: tuple[int, int], tmp: str) -> str:
     import torch
 
     from train import config as config_mod
@@ -225,7 +234,7 @@ def timing(steps: int, task: str, size: tuple[int, int]) -> str:
                 *overrides,
                 f"data.path={cache(task, size)}",
                 "train.checkpoint=false",
-                "train.out=/tmp/segmentation_study_timing/" + method.replace(" ", "_"),
+                f"train.out={tmp}/" + method.replace(" ", "_"),
             ],
         )
         s = setup(cfg, distributed.Context(), None, lambda *_: None)
@@ -251,10 +260,78 @@ def timing(steps: int, task: str, size: tuple[int, int]) -> str:
         rows.append(
             f"| {method} | {statistics.median(ts):.3f} | {statistics.median(ts) / base:.3f} |"
         )
+    s = trainers["baseline"][0]
+    batch = next(iter(s.train_loader))
+    rows += ["", *_weighting_cost(s, batch, base)]
+    regs = {m: t[0].reg for m, t in trainers.items() if t[0].reg is not None}
+    rows += ["", *_regularizer_cost(regs, batch["index"], base)]
     return (
         f"CamVid {task}, batch 8, {size[0]}x{size[1]}, 2 threads, median of {steps} interleaved steps\n"
         + "\n".join(rows)
     )
+
+
+def _regularizer_cost(regs: dict, idx, step: float, reps: int = 200) -> list[str]:
+    """Each objective's own work in a step (forward + backward of its loss on the batch's shape
+    scores, an Adam step on its parameters, ``after_step_``), interleaved: its share of the
+    baseline step."""
+    import torch
+
+    times: dict[str, list[float]] = {m: [] for m in regs}
+    optimizers = {  # soft-F1 has no parameters of its own
+        m: torch.optim.Adam(reg.parameters(), 1e-2) if list(reg.parameters()) else None
+        for m, reg in regs.items()
+    }
+    for k in range(reps):
+        u = torch.randn(len(idx), generator=torch.Generator().manual_seed(k))
+        for method, reg in regs.items():
+            x = u.clone().requires_grad_()
+            t0 = time.perf_counter()
+            opt = optimizers[method]
+            if opt is not None:
+                opt.zero_grad()
+            reg(x, idx).backward()
+            if opt is not None:
+                opt.step()
+            reg.after_step_()
+            times[method].append(time.perf_counter() - t0)
+    rows = ["| objective's own work per step | ms | / baseline step |", "|---|---|---|"]
+    for method, ts in times.items():
+        ms = statistics.median(ts)
+        rows.append(f"| {method} | {ms * 1e3:.2f} | {ms / step * 100:.2f} % |")
+    return rows
+
+
+def _weighting_cost(s, batch: dict, step: float, reps: int = 200) -> list[str]:
+    """The task loss's forward + backward with each ``train.group_weighting`` against the plain
+    loss, on one batch's logits, interleaved: the weighting's own cost, without the step's noise."""
+    import torch
+
+    from train.groups import GroupWeighting
+    from train.loop import task_loss
+
+    with torch.no_grad():
+        logits = s.model(batch["image"])[0]
+    y, shape = batch["label"].long(), batch["shape"]
+    train_groups = torch.as_tensor(s.data.train_shape_labels)
+    weightings = {"none": None}
+    weightings |= {m: GroupWeighting(m, train_groups, 2) for m in ("balanced", "dro")}
+    times: dict[str, list[float]] = {m: [] for m in weightings}
+    for _ in range(reps):
+        for mode, gw in weightings.items():
+            x = logits.detach().requires_grad_()
+            t0 = time.perf_counter()
+            task_loss(x, y, gw, shape).backward()
+            times[mode].append(time.perf_counter() - t0)
+    plain = statistics.median(times["none"])
+    rows = ["| task loss, fwd + bwd | ms | extra ms | extra / baseline step |", "|---|---|---|---|"]
+    for mode, ts in times.items():
+        extra = statistics.median(ts) - plain
+        rows.append(
+            f"| {mode} | {statistics.median(ts) * 1e3:.2f} | {extra * 1e3:+.2f} "
+            f"| {extra / step * 100:+.2f} % |"
+        )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +361,13 @@ def main(argv: list[str] | None = None) -> int:
                 camvid.Options(root=a.camvid, out=cache(task, size), task=kind, size=size)
             )
     if a.what == "timing":
-        print(timing(a.steps, a.tasks[0], size))
+        text = timing(a.steps, a.tasks[0], size)
+        a.out.mkdir(parents=True, exist_ok=True)
+        command = "python -m benchmarks.segmentation_study timing --camvid <CamVid dir> --tasks "
+        command += f"{a.tasks[0]} --size {size[0]} {size[1]} --steps {a.steps}"
+        path = a.out / f"segmentation_study_timing_{a.tasks[0]}_{size[0]}x{size[1]}.md"
+        path.write_text(f"<!-- {command} -->\n{text}\n")
+        print(text)
         return 0
     if a.what == "run":
         start = time.perf_counter()

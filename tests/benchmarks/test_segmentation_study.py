@@ -43,3 +43,8 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "figs" / "segmentation_study.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         study.main(["run", "--runs", "runs"])  # run without --camvid: a usage error
+    timing = study.timing(2, "sky", (32, 48))
+    rows = {line.split(" | ")[0].strip("| "): line for line in timing.splitlines()}
+    assert set(study.METHODS) | {"none", "balanced", "dro"} <= set(rows)
+    assert rows["baseline"].endswith("| 1.000 |")
+    assert timing.count("| fbeta defaults |") == 2  # the step ratio and its own work
