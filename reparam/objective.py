@@ -10,9 +10,9 @@ epoch. This base owns
   recorded in, which the dual steps and the figures of ``stats()`` use (no extra pass over the data);
 * the epoch counters, :meth:`merge_scores_` for data-parallel training, float32 state whatever dtype
   the module is cast to, ``state_dict`` round trips and device moves;
-* **misuse detection**: a warning when ``end_epoch_()`` has not been called for more than one epoch's
-  worth of samples, when the parameters get gradients that no optimizer applies, or when mode
-  ``step`` runs without ``after_step_()``;
+* **misuse detection** (``reparam/_monitor.py``): a warning when ``end_epoch_()`` has not been
+  called for more than one epoch's worth of samples, when the parameters get gradients that no
+  optimizer applies, or when mode ``step`` runs without ``after_step_()``;
 * conveniences that keep the algorithm visible: :meth:`attach` (``after_step_`` after every
   ``optimizer.step()``) and :meth:`epochs` (``end_epoch_`` after each epoch of a ``for`` loop).
 
@@ -22,15 +22,13 @@ A subclass provides the loss of a batch (``_loss``), what its epoch end does (``
 
 from __future__ import annotations
 
-import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _checks
+from ._monitor import MisuseMonitor
 
 
 class ShapeObjective(nn.Module):
@@ -79,14 +77,7 @@ class ShapeObjective(nn.Module):
         self.register_buffer("projections", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
-        # misuse detection (plain Python numbers: no device reads on the hot path)
-        self._samples_since_end = 0
-        self._samples_since_after = 0
-        self._samples_since_check = 0
-        self._stepped = False
-        self._holds: dict[tuple[int, int], bool] = {}
-        self._warned: set[str] = set()
-        self._hooked_as = 0  # id(self) once the global step hook is registered (copies re-register)
+        self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -105,7 +96,14 @@ class ShapeObjective(nn.Module):
         """
         u, idx = _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
         batch = idx.numel()
-        self._watch(batch)
+        self._monitor.on_forward(
+            batch,
+            self.n_samples,
+            self._needs_end_epoch,
+            self._needs_after_step,
+            "dual step"
+            + (" and no projection" if getattr(self, "projection", None) == "epoch" else ""),
+        )
         if batch == 0:  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
         self._remember_(u, idx, valid)
@@ -143,18 +141,19 @@ class ShapeObjective(nn.Module):
     @torch.no_grad()
     def after_step_(self) -> None:
         """Call after every optimizer step (mode ``"step"`` projects here)."""
-        self._samples_since_after = 0
+        self._monitor.on_after_step(self.parameters)
         self._after_step_body_()
 
     @torch.no_grad()
     def end_epoch_(self) -> None:
         """Call once per epoch: the objective's epoch end (projection and dual ascent for the
         reparameterized objectives, docs/method.md sec. 3b), then the epoch counters."""
+        self._monitor.before_epoch_end(self.named_parameters)
         self._end_epoch_body_()
         self.epoch += 1
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
-        self._samples_since_end = 0
+        self._monitor.after_epoch_end(self.parameters())
 
     def _after_step_body_(self) -> None:
         pass
@@ -269,63 +268,8 @@ class ShapeObjective(nn.Module):
                 self._buffers[name] = b.float()
         return self
 
-    # --- misuse detection -----------------------------------------------------------------------
-
-    def _watch(self, batch: int) -> None:
-        """Count what the forward pass can see of the loop around it; warn once per kind. Per step
-        this is Python arithmetic only (a global optimizer hook notes when an optimizer holding our
-        parameters steps: fused optimizers leave no other trace on the parameters)."""
-        n = self.n_samples
-        if self._hooked_as != id(self):
-            _register_weak_step_hook(self)
-            self._hooked_as = id(self)
-        self._samples_since_end += batch
-        if self._needs_end_epoch and self._samples_since_end > n:
-            self._warn_once(
-                "end_epoch",
-                f"{type(self).__name__}: {self._samples_since_end} samples (more than one epoch of "
-                f"{n}) since the last end_epoch_(): without it there is no dual step"
-                + (" and no projection" if getattr(self, "projection", None) == "epoch" else "")
-                + ". Call reg.end_epoch_() once per epoch, or loop with "
-                "`for epoch in reg.epochs(E):`.",
-            )
-        self._samples_since_after += batch
-        if self._samples_since_after > n and (needs := self._needs_after_step) is not None:
-            self._warn_once(
-                "after_step",
-                f"{type(self).__name__}: reg.after_step_() has not been called for more than one "
-                f"epoch of samples, but {needs}. Call it after every optimizer.step(), or "
-                f"reg.attach(optimizer) once.",
-            )
-        self._samples_since_check += batch
-        if self._samples_since_check > n:
-            self._samples_since_check = 0
-            stepped, self._stepped = self._stepped, False
-            if not stepped and any(p.grad is not None for p in self.parameters()):
-                self._warn_once(
-                    "unstepped",
-                    f"{type(self).__name__}: its parameters "
-                    f"{[k for k, _ in self.named_parameters()]} receive gradients but no optimizer "
-                    f"that steps them has stepped for more than one epoch: pass reg.parameters() "
-                    f"to the optimizer (reg.attach(optimizer) checks it).",
-                )
-
-    def _on_any_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Global optimizer post-step hook: notes when an optimizer holding our parameters steps
-        (membership cached per optimizer and param-group count: one dict lookup per step)."""
-        key = (id(optimizer), len(optimizer.param_groups))
-        holds = self._holds.get(key)
-        if holds is None:
-            ours = {id(p) for p in self.parameters()}
-            holds = any(id(p) in ours for g in optimizer.param_groups for p in g["params"])
-            self._holds[key] = holds
-        if holds:
-            self._stepped = True
-
     def _warn_once(self, kind: str, message: str) -> None:
-        if kind not in self._warned:
-            self._warned.add(kind)
-            warnings.warn(message, RuntimeWarning, stacklevel=4)
+        self._monitor.warn_once(kind, message)
 
     # --- for subclasses ---------------------------------------------------------------------------
 
@@ -334,16 +278,3 @@ class ShapeObjective(nn.Module):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         raise NotImplementedError
-
-
-def _register_weak_step_hook(reg: ShapeObjective) -> None:
-    """A global optimizer step hook for ``reg`` that does not keep it alive (once ``reg`` is gone
-    the hook is a no-op: removing it from inside the hook loop would mutate torch's hook dict)."""
-    ref = weakref.ref(reg)
-
-    def hook(optimizer: torch.optim.Optimizer, *_: object) -> None:
-        target = ref()
-        if target is not None:
-            target._on_any_optimizer_step(optimizer)
-
-    register_optimizer_step_post_hook(hook)

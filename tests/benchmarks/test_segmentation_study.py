@@ -3,6 +3,7 @@ the table and the figure."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,31 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     assert set(study.METHODS) | {"none", "balanced", "dro"} <= set(rows)
     assert rows["baseline"].endswith("| 1.000 |")
     assert timing.count("| fbeta defaults |") == 2  # the step ratio and its own work
+
+
+def test_inert_table_reads_regularized_and_plain_runs(tmp_path):
+    from benchmarks import segmentation_inert as inert
+
+    grid = inert.jobs(2, 0)
+    names = [name for name, _ in grid]
+    assert (
+        "paper preset (Adam)" in names and "no regularizer, Adam 1e-2 (the paper's step)" in names
+    )
+    row = {"test_miou": 0.9, "test_shape_fbeta": 0.5}
+    reg = {"reg_lambda_mean": 0.03, "reg_eps": 1.48, "reg_mu": -1.0, "reg_inert": "mu moved: x"}
+    for name, job in grid[-3:]:  # library defaults, then the two unregularized runs
+        extra = reg if name == "library defaults" else {}
+        history = [{**row, **extra, "test_miou": 0.8}, {**row, **extra}]
+        (tmp_path / job.key).mkdir()
+        (tmp_path / job.key / "metrics.json").write_text(
+            json.dumps(
+                {"history": history, "final": {"epochs": 2}, "config": {"train": {"epochs": 2}}}
+            )
+        )
+    lines = inert.table(tmp_path, grid).splitlines()
+    assert len(lines) == 2 + 3  # header, rule, the three finished runs
+    assert (
+        lines[2]
+        == "| library defaults | 0.50 0.50 | 0.030 | 1.480 | -1.000 | 0.900; 0.800 | mu moved |"
+    )
+    assert lines[3] == "| no regularizer, Adam 1e-3 | n/a | n/a | n/a | n/a | 0.900; 0.800 | n/a |"

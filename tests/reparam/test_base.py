@@ -177,3 +177,49 @@ def test_valid_false_leaves_the_score_memory_as_it_was(kind):
         assert torch.equal(reg.state_dict()[name], value), name
     with pytest.raises(ValueError, match="valid must be a one-element bool tensor"):
         reg(u, idx, valid=torch.tensor([True, False]))
+
+
+def test_building_and_dropping_objectives_leaves_no_global_hook():
+    import gc
+
+    from torch.optim import optimizer as torch_optimizer
+
+    def hooks() -> int:
+        return len(torch_optimizer._global_optimizer_post_hooks) + len(
+            torch_optimizer._global_optimizer_pre_hooks
+        )
+
+    before = hooks()
+    for k in range(100):
+        reg, head = MAKERS[list(MAKERS)[k % len(MAKERS)]](), ShapeHead(1)
+        opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2, fused=True)
+        _loop(reg, head, opt, 1)
+        del reg, head, opt
+    gc.collect()
+    assert hooks() == before
+
+
+@pytest.mark.parametrize(
+    "case, warns",
+    [("stepped, projected back", False), ("not stepped", True), ("zero gradient", False)],
+)
+def test_the_unstepped_check_sees_the_optimizer_before_the_projection(case, warns):
+    """Mode step at a fixed point: the optimizer moves the parameters and the projection maps them
+    back onto the same values every step; that is a stepped objective, not a forgotten one. An
+    all-zero gradient (Adam without momentum leaves the parameters as they were) is not one either."""
+    from reparam._monitor import MisuseMonitor
+
+    monitor = MisuseMonitor("X")
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.zeros(3) if case == "zero gradient" else torch.ones(3)
+    monitor.after_epoch_end([p])  # the reference, after an epoch end
+    for _ in range(3):  # an epoch of steps
+        monitor.on_forward(4, 10, True, None, "dual step")
+        if case == "stepped, projected back":
+            p.data -= 0.1  # the optimizer
+        monitor.on_after_step(lambda: [p])
+        p.data.fill_(1.0)  # the projection (a fixed point)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        monitor.before_epoch_end(lambda: [("p", p)])
+    assert ("no optimizer stepped" in _messages(record)) == warns

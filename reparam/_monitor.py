@@ -1,0 +1,129 @@
+"""Misuse detection for the objectives on the shape node's scores (``ShapeObjective`` owns one).
+
+Three mistakes leave an objective silently doing nothing, and each gets one ``RuntimeWarning``
+(once per kind and objective):
+
+* ``end_epoch_()`` not called for more than one epoch's worth of samples (no dual step, no
+  projection in mode ``epoch``);
+* ``after_step_()`` not called for more than one epoch's worth of samples while it has work to do
+  (mode ``step`` projects there, sparse ``tau`` is stepped there);
+* the objective's parameters get gradients that no optimizer applies (they were left out of it).
+
+The first two are counted in plain Python per forward call (no device read on the hot path). The
+third is checked at each epoch end, where the objective reads device values anyway: a fingerprint
+of the parameters (float64 sum and sum of squares of each) taken after the previous epoch end is
+compared with one taken after the optimizer's first step of this epoch (at the first
+``after_step_()``, before a mode-``step`` projection, which can map a stepped point back onto
+itself at a fixed point; without ``after_step_()`` calls, the parameters at this epoch end); equal
+fingerprints while the gradient is non-zero mean that nothing stepped them. Nothing is registered with torch: no global optimizer hook, so building and
+dropping objectives leaves no trace in the process.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+
+class MisuseMonitor:
+    """The counters and fingerprints behind the warnings of the module docstring."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner  # the objective's class name, for the messages
+        self.samples_since_end = 0
+        self.samples_since_after = 0
+        self.fingerprint: Tensor | None = None  # of the parameters after the last epoch end
+        # ... at the first after_step_() since then, with whether their gradient was non-zero
+        self.stepped: tuple[Tensor, Tensor] | None = None
+        self.warned: set[str] = set()
+
+    def warn_once(self, kind: str, message: str, stacklevel: int = 4) -> None:
+        """``warnings.warn(message)`` the first time ``kind`` is reported."""
+        if kind not in self.warned:
+            self.warned.add(kind)
+            warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+
+    def on_forward(
+        self,
+        batch: int,
+        n: int,
+        needs_end_epoch: bool,
+        needs_after_step: str | None,
+        epoch_work: str,
+    ) -> None:
+        """Count a forward call of ``batch`` samples (``n``: samples per epoch); warn when
+        ``end_epoch_()`` (if ``needs_end_epoch``) or ``after_step_()`` (if ``needs_after_step``,
+        what is lost without it) has not been called for more than an epoch. ``epoch_work``: what
+        the epoch end does, for the message."""
+        self.samples_since_end += batch
+        if needs_end_epoch and self.samples_since_end > n:
+            self.warn_once(
+                "end_epoch",
+                f"{self.owner}: {self.samples_since_end} samples (more than one epoch of {n}) "
+                f"since the last end_epoch_(): without it there is no {epoch_work}. Call "
+                "reg.end_epoch_() once per epoch, or loop with `for epoch in reg.epochs(E):`.",
+                stacklevel=6,  # the caller of reg(...)
+            )
+        self.samples_since_after += batch
+        if self.samples_since_after > n and needs_after_step is not None:
+            self.warn_once(
+                "after_step",
+                f"{self.owner}: reg.after_step_() has not been called for more than one epoch of "
+                f"samples, but {needs_after_step}. Call it after every optimizer.step(), or "
+                "reg.attach(optimizer) once.",
+                stacklevel=6,  # the caller of reg(...)
+            )
+
+    @torch.no_grad()
+    def on_after_step(self, parameters: Callable[[], Iterable[Tensor]]) -> None:
+        """At the start of ``after_step_()`` (before a mode-``step`` projection): the first one
+        after an epoch end fingerprints the parameters as the optimizer left them (on the device,
+        no read)."""
+        self.samples_since_after = 0
+        if self.fingerprint is not None and self.stepped is None:
+            params = list(parameters())
+            self.stepped = (_fingerprint(params), _any_gradient(params))
+
+    @torch.no_grad()
+    def before_epoch_end(
+        self, named_parameters: Callable[[], Iterable[tuple[str, Tensor]]]
+    ) -> None:
+        """At the start of ``end_epoch_()``: warn if the parameters have gradients but did not
+        change since the previous epoch end although the epoch had forward calls (no optimizer
+        steps them)."""
+        trained, self.samples_since_end = self.samples_since_end > 0, 0
+        params = list(named_parameters())
+        reference, stepped, self.stepped = self.fingerprint, self.stepped, None
+        if reference is None or not params or not trained:
+            return
+        if stepped is None:  # no after_step_() this epoch: as they are now
+            stepped = (_fingerprint(p for _, p in params), _any_gradient(p for _, p in params))
+        fingerprint, gradient = stepped
+        # an all-zero gradient may leave the parameters where they were (Adam with no momentum)
+        if bool(gradient) and torch.equal(reference, fingerprint):
+            self.warn_once(
+                "unstepped",
+                f"{self.owner}: its parameters {[k for k, _ in params]} receive gradients but no "
+                "optimizer stepped them during the last epoch: pass reg.parameters() to the "
+                "optimizer (reg.attach(optimizer) checks it).",
+            )
+
+    @torch.no_grad()
+    def after_epoch_end(self, parameters: Iterable[Tensor]) -> None:
+        """At the end of ``end_epoch_()`` (after its projection): the reference fingerprint."""
+        params = list(parameters)
+        self.fingerprint = _fingerprint(params) if params else None
+
+
+def _fingerprint(params: Iterable[Tensor]) -> Tensor:
+    """``[sum, sum of squares]`` of each tensor in float64: any optimizer step changes it."""
+    return torch.stack([s for p in params for s in (p.double().sum(), p.double().square().sum())])
+
+
+def _any_gradient(params: Iterable[Tensor]) -> Tensor:
+    """Whether any parameter has a non-zero gradient, as a 0-d bool tensor (no device read)."""
+    flags = [p.grad.ne(0).any() for p in params if p.grad is not None]
+    return torch.stack(flags).any() if flags else torch.tensor(False)
