@@ -87,8 +87,9 @@ class BatchLossObjective(ShapeObjective):
         return self.loss_fn(u, y)
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
-        """True F1, precision, recall of ``u > 0`` and the exact AUC on the remembered scores."""
-        return score_figures(*self._split_scores())
+        """True F-beta (the objective's ``beta``; 1 for the AUC losses), precision, recall of
+        ``u > 0`` and the exact AUC on the remembered scores."""
+        return score_figures(*self._split_scores(), getattr(self, "beta", 1.0))
 
 
 class LPFBeta(BatchLossObjective):
@@ -233,7 +234,7 @@ class CooperFBeta(ShapeObjective):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         lam = self.multipliers[0].weight.detach()
-        return score_figures(*self._split_scores()) | {
+        return score_figures(*self._split_scores(), self.beta) | {
             "eps": float(self.eps_param.detach()),
             "mu": float(self.multipliers[3].weight.detach().mean()),
             "lambda_mean": float(lam.mean()),
@@ -298,8 +299,8 @@ class LibAUCMargin(ShapeObjective):
         }  # fmt: skip
 
 
-def score_figures(u_pos: Tensor, u_neg: Tensor) -> dict[str, float | None]:
-    """True F1, precision, recall of ``u > 0`` and the exact AUC (``None`` where undefined)."""
+def score_figures(u_pos: Tensor, u_neg: Tensor, beta: float = 1.0) -> dict[str, float | None]:
+    """True F-beta, precision, recall of ``u > 0`` and the exact AUC (``None`` where undefined)."""
     if u_pos.numel() == 0:
         return {
             "train_fbeta": None,
@@ -309,7 +310,7 @@ def score_figures(u_pos: Tensor, u_neg: Tensor) -> dict[str, float | None]:
         }
     recall, precision = R.recall_precision(u_pos, u_neg)
     return {
-        "train_fbeta": Fn.fbeta_of_decisions(u_pos, u_neg, 1.0),
+        "train_fbeta": Fn.fbeta_of_decisions(u_pos, u_neg, beta),
         "train_precision": precision,
         "train_recall": recall,
         "train_auc": R.roc_auc(u_pos, u_neg),

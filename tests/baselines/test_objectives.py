@@ -98,6 +98,28 @@ def test_stats_report_the_true_figures_of_the_remembered_scores():
     assert stats["train_recall"] == 1.0 and 0 < stats["train_precision"] <= 1
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda beta: LPFBeta(LABELS, beta=beta),
+        lambda beta: SoftFBeta(LABELS, beta=beta),
+        pytest.param(
+            lambda beta: CooperFBeta(LABELS, beta=beta),
+            marks=pytest.mark.skipif(not _have("cooper"), reason="cooper-optim is optional"),
+        ),
+    ],
+)
+def test_reported_fbeta_honours_beta(make):
+    # u > 0 on positives 1, 2 and negatives 0, 3: tp = 2, fn = 3, fp = 2 (by hand)
+    u = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0, -1.0])
+    for beta in (1.0, 2.0, 0.5):
+        reg = make(beta)
+        reg(u, torch.arange(12))
+        b2 = beta**2
+        expected = (1 + b2) * 2 / ((1 + b2) * 2 + b2 * 3 + 2)
+        assert reg.stats()["train_fbeta"] == pytest.approx(expected)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="newton must be one of"):
         SoftFBeta(LABELS, newton="quasi")
