@@ -91,8 +91,8 @@ def make_objective(family: str, value: Any, labels) -> Callable | Any:
     the two logistic regressions are returned as a loss ``(u, idx) -> tensor``."""
     import torch
 
-    from baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
     from reparam import ROCAUC, FBetaRegularizer
+    from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
 
     if family.startswith("reparam F-beta"):
         if "paper" in family:

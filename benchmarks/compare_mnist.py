@@ -195,8 +195,8 @@ class Method:
 
 def make_method(key: str, model: torch.nn.Module, labels: Tensor) -> Method:
     """The method ``key`` of ``METHODS`` for ``model``'s score on a training set with ``labels``."""
-    from baselines import LPAUC, LPFBeta, PairwiseAUC, SoftFBeta, libauc_aucm_pesg
     from reparam import ROCAUC, FBetaRegularizer
+    from reparam.baselines import LPAUC, LPFBeta, PairwiseAUC, SoftFBeta, libauc_aucm_pesg
 
     y = labels.float()
     if key == "ce":

@@ -24,9 +24,15 @@ import numpy as np
 import torch
 from scipy.optimize import linprog
 
-from baselines import auc_lp_loss, auc_lp_problem, fbeta_lp_loss, fbeta_lp_problem, solve_lp_trace
 from benchmarks._timing import fmt_ms, machine_line, markdown_table, median_seconds
 from reparam import FBetaRegularizer
+from reparam.baselines import (
+    auc_lp_loss,
+    auc_lp_problem,
+    fbeta_lp_loss,
+    fbeta_lp_problem,
+    solve_lp_trace,
+)
 
 OURS = {"eps": 1e-4, "rho": 1e-3}
 PAPER_CODE = {"eps": 1e-3, "rho": 1e-4}  # Meng et al.'s released code (rho < eps, full steps)

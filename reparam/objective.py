@@ -1,7 +1,7 @@
 r"""``ShapeObjective``: what every objective on the shape node's scores shares.
 
 The reparameterized objectives (``reparam.ReparamRegularizer``: F-beta, P@R, R@P, ROC-AUC) and the
-minibatch alternatives of ``baselines`` (LP layer, surrogates, peers) all take ``loss = reg(scores,
+minibatch alternatives of ``reparam.baselines`` (LP layer, surrogates, peers) all take ``loss = reg(scores,
 idx)`` per step, ``reg.after_step_()`` after every optimizer step and ``reg.end_epoch_()`` per
 epoch. This base owns
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LIBRARY = {"projections", "reparam", "baselines"}
+LIBRARY = {"projections", "reparam"}
 APPLICATION = {"train", "data_prep", "benchmarks", "tests", "configs", "docs"}
 
 
@@ -55,10 +55,10 @@ def test_core_requirements_are_torch_and_numpy(installed):
 def test_the_installed_library_imports_and_runs(installed, tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "import torch, projections, reparam, baselines;"
+        "import torch, projections, reparam, reparam.baselines;"
         "assert projections.__file__.startswith(sys.argv[1]), projections.__file__;"
         "assert reparam.__file__.startswith(sys.argv[1]), reparam.__file__;"
-        "assert baselines.__file__.startswith(sys.argv[1]), baselines.__file__;"
+        "assert reparam.baselines.__file__.startswith(sys.argv[1]), reparam.baselines.__file__;"
         "e, t = projections.project_onto_c(torch.tensor(-1.0), torch.tensor([3.0, 0.5, -2.0]));"
         "reg = reparam.FBetaRegularizer(torch.tensor([0, 1, 1, 0]));"
         "loss = reg(torch.randn(2), torch.tensor([0, 2]));"

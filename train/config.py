@@ -22,8 +22,6 @@ from typing import Any, Literal
 
 import yaml
 
-from baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
-from baselines.objectives import NEWTON
 from projections import PROJECTION_METHODS
 from reparam import (
     DUAL_SCHEDULES,
@@ -37,11 +35,13 @@ from reparam import (
     RecallAtPrecision,
     resolve_preset,
 )
+from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
+from reparam.baselines.objectives import NEWTON
 from reparam.sparse import TAU_UPDATES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
 # ``regularizer.<name>``, the options the reparameterized objectives share are in ``regularizer``
-# itself. The last six are the alternatives of ``baselines`` (docs/baselines.md), behind the same
+# itself. The last six are the alternatives of ``reparam.baselines`` (docs/baselines.md), behind the same
 # protocol, so comparisons run through the same trainer, configs, logs and metrics.
 REGULARIZERS: dict[str, type] = {
     "fbeta": FBetaRegularizer,

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from baselines import solve_lp, solve_lp_trace
-from baselines.lp_layer import _ActiveSetLP, _masks, _newton, _recovery_ridge
 from benchmarks.lp_layer import OURS, highs, planted_lp, steps_to_gap
+from reparam.baselines import solve_lp, solve_lp_trace
+from reparam.baselines.lp_layer import _ActiveSetLP, _masks, _newton, _recovery_ridge
 
 # planted LPs on which 80 Newton steps reach the optimum (34 of 40 measured; docs/baselines.md)
 CONVERGED = [(12, 3, s) for s in (0, 1, 2, 4, 7, 8)] + [(20, 5, s) for s in (0, 1, 2, 3, 4, 6)]

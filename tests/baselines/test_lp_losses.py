@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from baselines import auc_lp_loss, auc_lp_problem, fbeta_lp_loss, fbeta_lp_problem
 from benchmarks.lp_layer import cvxpylayers_lp, highs, scores_batch
 from reparam import functional as fn
+from reparam.baselines import auc_lp_loss, auc_lp_problem, fbeta_lp_loss, fbeta_lp_problem
 
 BACKWARDS = ["unroll", "active_set"]
 
@@ -81,7 +81,7 @@ def test_fbeta_lp_solution_gradients_match_cvxpylayers():
     u, y = scores_batch(12, 7)
     A, b, c = fbeta_lp_problem(u, y)
     w = torch.linspace(-1, 1, A.shape[1], dtype=torch.float64)
-    from baselines import solve_lp
+    from reparam.baselines import solve_lp
 
     ours = {}
     for backward in BACKWARDS:

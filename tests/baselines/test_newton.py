@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines import fisher_step, inject_fisher, newton_loss, newton_step, soft_fbeta_loss
+from reparam.baselines import fisher_step, inject_fisher, newton_loss, newton_step, soft_fbeta_loss
 
 LABELS = torch.tensor([1, 0, 1, 1, 0, 0], dtype=torch.bool)
 

@@ -1,4 +1,4 @@
-"""The alternatives behind the regularizers' protocol (``baselines.objectives``): the loss each
+"""The alternatives behind the regularizers' protocol (``reparam.baselines.objectives``): the loss each
 wraps, degenerate batches, Newton losses, the peers' dual steps, state, and the trainer."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from baselines import (
+from reparam.baselines import (
     LPAUC,
     CooperFBeta,
     LibAUCMargin,

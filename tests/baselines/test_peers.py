@@ -1,4 +1,4 @@
-"""Adapters to the optional peers: skipped with the reason when a peer is absent; ``baselines``
+"""Adapters to the optional peers: skipped with the reason when a peer is absent; ``reparam.baselines``
 imports without them."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from baselines import cooper_fbeta_problem, cooper_optimizer, libauc_aucm_pesg
 from reparam import functional as fn
+from reparam.baselines import cooper_fbeta_problem, cooper_optimizer, libauc_aucm_pesg
 
 HAS_COOPER = importlib.util.find_spec("cooper") is not None
 HAS_LIBAUC = importlib.util.find_spec("libauc") is not None
@@ -26,13 +26,13 @@ needs_libauc = pytest.mark.skipif(
 def test_baselines_imports_without_the_peers_and_says_how_to_install_them():
     code = (
         "import sys; sys.modules['cooper'] = None; sys.modules['libauc'] = None\n"
-        "import torch, baselines\n"
+        "import torch, reparam.baselines\n"
         "try:\n"
-        "    baselines.cooper_fbeta_problem(torch.tensor([0, 1]))\n"
+        "    reparam.baselines.cooper_fbeta_problem(torch.tensor([0, 1]))\n"
         "except ImportError as e:\n"
         "    print('ImportError:', e)\n"
         "try:\n"
-        "    baselines.libauc_aucm_pesg([])\n"
+        "    reparam.baselines.libauc_aucm_pesg([])\n"
         "except ImportError as e:\n"
         "    print('ImportError:', e)\n"
     )

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from baselines import pairwise_squared_hinge_auc_loss, soft_fbeta_loss
+from reparam.baselines import pairwise_squared_hinge_auc_loss, soft_fbeta_loss
 
 L3 = math.log(3.0)  # sigmoid(ln 3) = 3/4
 

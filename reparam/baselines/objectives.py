@@ -45,8 +45,8 @@ class BatchLossObjective(ShapeObjective):
         loss: ``(scores (B,), labels (B,) 0/1) -> scalar``.
         positive_class: the shape class counted as positive.
         needs_negatives: the loss needs a negative in the batch too (else a zero loss).
-        newton: ``"none"``, ``"hessian"`` (``baselines.newton_loss`` around the loss, the batch's
-            scores as the ``(B, 1)`` output) or ``"fisher"`` (``baselines.inject_fisher`` on the
+        newton: ``"none"``, ``"hessian"`` (``reparam.baselines.newton_loss`` around the loss, the batch's
+            scores as the ``(B, 1)`` output) or ``"fisher"`` (``reparam.baselines.inject_fisher`` on the
             scores); ``newton_tikhonov``: its ``lambda``.
     """
 
@@ -93,7 +93,7 @@ class BatchLossObjective(ShapeObjective):
 
 
 class LPFBeta(BatchLossObjective):
-    """The LP layer on LP (3') of the batch (``baselines.fbeta_lp_loss``): its optimal value, a
+    """The LP layer on LP (3') of the batch (``reparam.baselines.fbeta_lp_loss``): its optimal value, a
     function of the scores, differentiated through the unrolled Newton steps. The LP is infeasible
     on batches whose positives' mean score is below 1; ``infeasibility_cost`` (``M``) adds the
     elastic variable that keeps it feasible (exact when ``M`` exceeds the optimum)."""
@@ -119,7 +119,7 @@ class LPFBeta(BatchLossObjective):
 
 
 class LPAUC(BatchLossObjective):
-    """The LP layer on the paper's pairwise AUC LP of the batch (``baselines.auc_lp_loss``)."""
+    """The LP layer on the paper's pairwise AUC LP of the batch (``reparam.baselines.auc_lp_loss``)."""
 
     def __init__(
         self, shape_labels: object, *, margin: float = 0.01, positive_class: int = 1
@@ -131,7 +131,7 @@ class LPAUC(BatchLossObjective):
 
 class SoftFBeta(BatchLossObjective):
     """``1 - soft F-beta`` of the batch with sigmoid counts at temperature ``T``
-    (``baselines.soft_fbeta_loss``), optionally through a Newton loss."""
+    (``reparam.baselines.soft_fbeta_loss``), optionally through a Newton loss."""
 
     def __init__(
         self,
@@ -155,7 +155,7 @@ class SoftFBeta(BatchLossObjective):
 
 
 class PairwiseAUC(BatchLossObjective):
-    """The pairwise squared hinge on the batch's score gaps (``baselines.pairwise_squared_hinge_auc_loss``),
+    """The pairwise squared hinge on the batch's score gaps (``reparam.baselines.pairwise_squared_hinge_auc_loss``),
     optionally through a Newton loss."""
 
     def __init__(
@@ -174,7 +174,7 @@ class PairwiseAUC(BatchLossObjective):
 
 
 class CooperFBeta(ShapeObjective):
-    """LP (3') posed as a Cooper problem (``baselines.cooper_fbeta_problem``): ``eps``, ``tau`` are
+    """LP (3') posed as a Cooper problem (``reparam.baselines.cooper_fbeta_problem``): ``eps``, ``tau`` are
     parameters for the user's optimizer, the indexed multipliers take Cooper's dual ascent step
     (SGD, ``dual_lr``) after every optimizer step, on the multipliers' gradients of the same batch
     (simultaneous gradient descent-ascent), then Cooper's projection of the inequality multipliers
@@ -246,7 +246,7 @@ class LibAUCMargin(ShapeObjective):
     """LibAUC's AUC-margin loss on ``sigmoid(u)`` (``libauc.losses.AUCMLoss``): ``a``, ``b`` are
     parameters for the user's optimizer; ``alpha`` takes PESG's projected ascent step
     ``alpha <- max(0, alpha + alpha_lr grad)`` after every optimizer step (the network keeps the
-    user's optimizer; ``baselines.libauc_aucm_pesg`` gives LibAUC's own PESG for everything).
+    user's optimizer; ``reparam.baselines.libauc_aucm_pesg`` gives LibAUC's own PESG for everything).
     Needs ``pip install --no-deps libauc``."""
 
     _needs_end_epoch = False

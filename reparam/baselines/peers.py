@@ -10,7 +10,7 @@ r"""Thin adapters to optional peer libraries (imported lazily; docs/method.md se
 * **LibAUC** (``pip install --no-deps libauc``; Yuan, Yan, Sonka, Yang, "Large-scale robust deep AUC
   maximization", ICCV 2021): the AUC-margin loss ``AUCMLoss`` with its ``PESG`` optimizer.
 
-``import baselines`` never imports either; the functions below raise ``ImportError`` with the
+``import reparam.baselines`` never imports either; the functions below raise ``ImportError`` with the
 install command when the peer is missing.
 """
 

@@ -2,7 +2,7 @@ r"""Minibatch objectives as LPs solved by the Newton LP layer (docs/method.md se
 
 Both losses take the scores ``u`` of one minibatch and binary labels, build a standard-form LP
 ``min c^T z s.t. A z <= b, z >= 0`` whose data depend on ``u`` (through ``b`` only), solve it with
-:func:`baselines.solve_lp`, and return its optimal value. The loss is therefore the LP's optimal
+:func:`reparam.baselines.solve_lp`, and return its optimal value. The loss is therefore the LP's optimal
 value *as a function of the scores*, and its gradient is that value differentiated through the
 solver (unrolled Newton steps or the final active set): by LP sensitivity, ``-v`` for the entries of
 ``b``, i.e. the batch's own optimal multipliers.
@@ -64,11 +64,11 @@ def auc_lp_loss(
         z_{ij} \ge \text{margin} - (u_i - u_j)\Big\} = \text{mean}_{ij}\max(0, \text{margin} - u_i + u_j)
 
     ``margin`` is the paper's :math:`\epsilon` of (1) (0.01 in its experiments); ``eps``/``rho``/
-    ``steps`` are the Newton solver's (:func:`baselines.solve_lp`). The number of constraints is
+    ``steps`` are the Newton solver's (:func:`reparam.baselines.solve_lp`). The number of constraints is
     ``|B+| |B-|``. ``solver="diagonal"`` runs the *same* Newton iteration exploiting ``A = -I`` (the
     Hessian is diagonal, O(|B+||B-|) per step: Meng et al.'s sparse implementation taken to its
     limit); ``"dense"`` hands the explicit ``P x P`` matrix to the generic layer (O(P^3) per step;
-    for checks and the benchmark only). ``backward`` as in :func:`baselines.solve_lp` (for the
+    for checks and the benchmark only). ``backward`` as in :func:`reparam.baselines.solve_lp` (for the
     diagonal solver, ``"active_set"`` differentiates the final active set's closed-form solution).
     The count-based AUC estimate of the paper is ``1 - mean(relu(margin - z) / margin)`` for the
     ``z`` of the LP; this function returns the LP value. ``reduction``: ``"mean"`` over pairs or
@@ -196,7 +196,7 @@ def fbeta_lp_loss(
     a feasibility-restoring direction (measured: it pushes the positives' scores down). Check
     ``scores[labels].mean() >= 1`` first, or pass ``infeasibility_cost=M``: the elastic LP, always
     feasible and exact for ``M > f*``, on which the Newton method converges more slowly
-    (docs/baselines.md). Solver options as in :func:`baselines.solve_lp`.
+    (docs/baselines.md). Solver options as in :func:`reparam.baselines.solve_lp`.
 
     Raises:
         ValueError: bad scores/labels (no positive), options out of range.

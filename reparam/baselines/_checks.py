@@ -1,4 +1,4 @@
-"""Validation at the public boundary of ``baselines``: bad input becomes a ``ValueError`` naming it."""
+"""Validation at the public boundary of ``reparam.baselines``: bad input becomes a ``ValueError`` naming it."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@
   (:func:`libauc_aucm_pesg`);
 * all of them behind the protocol of ``reparam``'s regularizers (``reg(scores, idx)``,
   ``after_step_``, ``end_epoch_``, ``stats``): :class:`LPFBeta`, :class:`LPAUC`, :class:`SoftFBeta`,
-  :class:`PairwiseAUC`, :class:`CooperFBeta`, :class:`LibAUCMargin` (:mod:`baselines.objectives`).
+  :class:`PairwiseAUC`, :class:`CooperFBeta`, :class:`LibAUCMargin` (:mod:`reparam.baselines.objectives`).
 
 >>> import torch
->>> from baselines import auc_lp_loss, soft_fbeta_loss
+>>> from reparam.baselines import auc_lp_loss, soft_fbeta_loss
 >>> u, y = torch.tensor([2.0, -1.0, 0.5, 1.0]), torch.tensor([1, 0, 1, 0])
 >>> round(float(auc_lp_loss(u, y)), 4)  # mean pairwise hinge, margin 0.01: (0.01 + 0.5) / 4 pairs
 0.1275
