@@ -53,7 +53,7 @@ class ReparamRegularizer(ShapeObjective):
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
         self._dual_lr_rate = _checks.number(dual_lr_rate_name, dual_lr_rate, 0)
         self.rho = _checks.number("rho", rho, 0)
-        self.register_load_state_dict_pre_hook(_upgrade_legacy_state)
+        self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -157,23 +157,9 @@ class ReparamRegularizer(ShapeObjective):
         raise NotImplementedError
 
 
-def _upgrade_legacy_state(module, state_dict, prefix, *_args) -> None:
-    """Checkpoints written before ``eps``/``tau`` became ``eps_param``/``tau_param``, before
-    ``score_epoch`` existed (scores seen then are dated to the last completed epoch) and before
-    F-beta's ``decision_threshold`` (then 0, the rule ``u > 0``) still load; a dense-``tau``
-    state loads into a ``sparse_adam`` regularizer with fresh (zero) moments."""
-    for old, new in (("eps", "eps_param"), ("tau", "tau_param")):
-        if prefix + old in state_dict and prefix + new not in state_dict:
-            state_dict[prefix + new] = state_dict.pop(prefix + old)
-    if prefix + "score_epoch" not in state_dict and prefix + "seen_ever" in state_dict:
-        seen = state_dict[prefix + "seen_ever"]
-        last = state_dict.get(prefix + "epoch", torch.zeros((), dtype=torch.int64)) - 1
-        state_dict[prefix + "score_epoch"] = torch.where(seen, last, torch.full_like(last, -1))
-    for name in ("tau_adam_moments", "tau_adam_step"):  # dense -> sparse_adam
+def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
+    """A dense-``tau`` state loads into a ``sparse_adam`` regularizer with fresh (zero) moments
+    (switching ``tau_update`` between runs is allowed; nothing else is filled in)."""
+    for name in ("tau_adam_moments", "tau_adam_step"):
         if hasattr(module, name) and prefix + name not in state_dict:
             state_dict[prefix + name] = torch.zeros_like(getattr(module, name))
-    if hasattr(module, "inert_ref") and prefix + "inert_ref" not in state_dict:  # before 2026-11
-        state_dict[prefix + "inert_ref"] = torch.zeros_like(module.inert_ref)
-    if hasattr(module, "decision_threshold") and prefix + "decision_threshold" not in state_dict:
-        if prefix + "mu" in state_dict:  # F-beta state from before the learned threshold: 0
-            state_dict[prefix + "decision_threshold"] = torch.zeros_like(state_dict[prefix + "mu"])

@@ -35,6 +35,10 @@ class ShapeObjective(nn.Module):
     """Base of every objective on the shape node's scores; see the module docstring."""
 
     _needs_end_epoch = True  # warn when end_epoch_() is forgotten (False: it only counts epochs)
+    # The layout of the state_dict (torch's idiom: saved in its metadata, checked on load). Raise it
+    # when a buffer or parameter is renamed, added or changes meaning; a state of another version
+    # is refused with a message (there are no migrations before 1.0).
+    _version = 1
 
     def __init__(self, shape_labels: object, *, positive_classes: Sequence[int]) -> None:
         super().__init__()
@@ -165,6 +169,21 @@ class ShapeObjective(nn.Module):
     def _needs_after_step(self) -> str | None:
         """What ``after_step_()`` does that is lost without it (``None``: nothing; no warning)."""
         return None
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ) -> None:
+        version = local_metadata.get("version")
+        if version is not None and version != self._version:
+            error_msgs.append(
+                f"{type(self).__name__}: the state has layout version {version}, this library "
+                f"reads version {self._version} (saved by another version of fbeta-reparam): "
+                f"load it with the version that wrote it, or start from a fresh objective"
+            )
+            return
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     # --- conveniences ---------------------------------------------------------------------------
 

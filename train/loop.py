@@ -47,7 +47,7 @@ from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
 from .metrics import GroupedConfusion, GroupedSegmentationConfusion
 from .models import build_model
-from .state import TrainState
+from .state import TrainState, check_format
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -125,6 +125,7 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
             raise ValueError(
                 f"--resume {str(out)!r}: no readable checkpoint in {out / 'checkpoints'}"
             )
+        check_format(found[1], found[0])
         log(f"resuming from {found[0]}")
     else:
         out = distributed.broadcast_path(run_folder(cfg) if ctx.is_main else None)

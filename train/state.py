@@ -18,7 +18,19 @@ from torch import Tensor, nn
 
 from . import checkpoint
 
-FORMAT = 2
+FORMAT = 2  # the layout of TrainState.state_dict(); checked on resume (check_format)
+
+
+def check_format(state: dict[str, Any], path: object) -> None:
+    """``ValueError`` unless the checkpoint ``state`` (read from ``path``) has this trainer's
+    layout ``FORMAT`` (there are no migrations between layouts)."""
+    found = state.get("format") if isinstance(state, dict) else None
+    if found != FORMAT:
+        raise ValueError(
+            f"checkpoint {path} has format {found!r}, this trainer reads format {FORMAT}: it was "
+            f"written by another version of the trainer; resume it with that version or start a "
+            f"new run"
+        )
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """What every reparameterized objective shares (``reparam.base``): loud misuse, the conveniences
-(``attach``, ``epochs``), reported values = the values the loss uses, freshness, legacy state."""
+(``attach``, ``epochs``), reported values = the values the loss uses, freshness, versioned state."""
 
 from __future__ import annotations
 
@@ -147,18 +147,22 @@ def test_merge_scores_dates_the_merged_scores():
         reg.merge_scores_(written.long(), lambda t: t)
 
 
-def test_checkpoints_of_the_earlier_layout_still_load():
-    """Before eps/tau were eps_param/tau_param and before score_epoch: renamed and dated on load."""
-    reg = MAKERS["fbeta"]()
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_state_layout_is_versioned_and_another_version_is_refused(kind):
+    reg = MAKERS[kind]()
     reg(torch.randn(40), torch.arange(40))
     reg.end_epoch_()
-    old = dict(reg.state_dict())
-    old["eps"], old["tau"] = old.pop("eps_param"), old.pop("tau_param")
-    del old["score_epoch"]
-    fresh = MAKERS["fbeta"]()
-    fresh.load_state_dict(old)
-    torch.testing.assert_close(fresh.tau_param, reg.tau_param)
-    assert fresh.score_epoch.tolist() == [0] * 40  # seen in the last completed epoch
+    state = reg.state_dict()
+    assert state._metadata[""]["version"] == type(reg)._version
+    fresh = MAKERS[kind]()
+    fresh.load_state_dict(state)  # the same version: loads
+    assert torch.equal(fresh.scores, reg.scores)
+    state._metadata[""]["version"] = type(reg)._version + 1
+    with pytest.raises(RuntimeError, match=r"layout version 2, this library reads version 1"):
+        MAKERS[kind]().load_state_dict(state)
+    old = {k: v for k, v in reg.state_dict().items() if k != "score_epoch"}  # an older layout
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"score_epoch\""):
+        MAKERS[kind]().load_state_dict(old)
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))

@@ -126,15 +126,3 @@ def test_defaults_and_the_paper_preset():
     assert resolve_preset("paper", projection="step", cap_scores=None) == {
         **PAPER_PRESET, "projection": "step"}  # fmt: skip
     assert resolve_preset(None) == FBETA_DEFAULTS
-
-
-def test_state_from_before_the_learned_threshold_still_loads():
-    labels, gen = _labels()
-    reg = FBetaRegularizer(labels)
-    reg(torch.randn(40, generator=gen), torch.arange(40))
-    reg.end_epoch_()
-    old = {k: v for k, v in reg.state_dict().items() if k != "decision_threshold"}
-    clone = FBetaRegularizer(labels)
-    clone.load_state_dict(old)
-    assert float(clone.decision_threshold) == 0.0
-    assert torch.equal(clone.lam, reg.lam)

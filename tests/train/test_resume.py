@@ -184,3 +184,18 @@ def test_checkpoint_every_writes_mid_epoch_checkpoints_prunes_and_resumes_exactl
     assert main(["--resume", str(crashed)]) == 0
     assert_same_training_state(final_checkpoint(tmp_path / "run"), final_checkpoint(crashed))
     assert _metrics(tmp_path / "run")["history"] == _metrics(crashed)["history"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_format(digits_smnist, tmp_path):
+    out = tmp_path / "run"
+    cfg = smnist_cfg(digits_smnist, out, "train.epochs=1")
+    run(cfg, log=quiet)
+    path, state = checkpoint.latest(out)
+    state["format"] = 1  # as an earlier trainer would have written it
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"has format 1, this trainer reads format 2"):
+        run(C.load(out / "config.yaml"), log=quiet, resume=out)
+    del state["format"]
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"has format None"):
+        run(C.load(out / "config.yaml"), log=quiet, resume=out)
