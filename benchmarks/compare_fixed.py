@@ -82,8 +82,13 @@ GRIDS: dict[str, tuple[str, tuple[Any, ...], Any]] = {  # family -> (knob, grid,
     "LibAUC AUC-margin": ("alpha lr", (0.01, 0.1, 1.0), 0.1),
     "logistic regression": ("-", (None,), None),
 }
-AUC_FAMILIES = ("reparam ROC-AUC, inline", "LP layer (AUC LP)", "pairwise squared hinge",
-                "LibAUC AUC-margin", "logistic regression")  # fmt: skip
+AUC_FAMILIES = (
+    "reparam ROC-AUC, inline",
+    "LP layer (AUC LP)",
+    "pairwise squared hinge",
+    "LibAUC AUC-margin",
+    "logistic regression",
+)
 
 
 def make_objective(family: str, value: Any, labels) -> Callable | Any:
@@ -98,8 +103,13 @@ def make_objective(family: str, value: Any, labels) -> Callable | Any:
         if "paper" in family:
             return FBetaRegularizer(labels, preset="paper")
         mode = "epoch" if family.endswith("epoch") else "inline"
-        return FBetaRegularizer(labels, projection=mode, dual_lr_lambda=value, dual_lr_mu=value,
-                                cap_scores=family.endswith("capped"))  # fmt: skip
+        return FBetaRegularizer(
+            labels,
+            projection=mode,
+            dual_lr_lambda=value,
+            dual_lr_mu=value,
+            cap_scores=family.endswith("capped"),
+        )
     if family.startswith("LP layer (F"):
         return LPFBeta(labels, infeasibility_cost=value)
     if family.startswith("soft-F1"):
@@ -168,13 +178,24 @@ def run_one(args: tuple[str, str, Any, int, int]) -> dict[str, Any]:
     eps = Fn.best_feasible_eps(u[pos])
     lp_value = None if eps is None else float(Fn.lp_objective(eps, u[~pos], int(pos.sum()), 1.0))
     record = {
-        "problem": problem, "family": family, "value": value, "seed": seed, "batch": batch,
-        "f1": f1s[-1], "f1_tuned_threshold": f1_tuned, "threshold": threshold, "auc": aucs[-1],
-        "f1_last20_sd": statistics.pstdev(f1s[-20:]), "auc_last20_sd": statistics.pstdev(aucs[-20:]),
-        "lp_objective": lp_value, "seconds_per_epoch": statistics.median(seconds),
-        "mu_range": [min(mus), max(mus)] if mus else None, "f1_curve": f1s[:: max(1, epochs // 50)], "epochs": epochs,
+        "problem": problem,
+        "family": family,
+        "value": value,
+        "seed": seed,
+        "batch": batch,
+        "f1": f1s[-1],
+        "f1_tuned_threshold": f1_tuned,
+        "threshold": threshold,
+        "auc": aucs[-1],
+        "f1_last20_sd": statistics.pstdev(f1s[-20:]),
+        "auc_last20_sd": statistics.pstdev(aucs[-20:]),
+        "lp_objective": lp_value,
+        "seconds_per_epoch": statistics.median(seconds),
+        "mu_range": [min(mus), max(mus)] if mus else None,
+        "f1_curve": f1s[:: max(1, epochs // 50)],
+        "epochs": epochs,
         "head": [*head.weight.detach()[0].tolist(), float(head.bias.detach())],
-    }  # fmt: skip
+    }
     if hasattr(objective, "decision_threshold"):
         t = float(objective.decision_threshold[0])
         record["f1_learned_threshold"] = Fn.fbeta_of_decisions(u[pos] - t, u[~pos] - t, 1.0)
@@ -224,12 +245,20 @@ def _key(problem: str, family: str, value: Any, seed: int, batch: int, epochs: i
 def jobs(
     problems: list[str], seeds: tuple[int, ...], batch_study: bool, epochs: int
 ) -> list[tuple]:
-    out = [(p, f, v, seed, BATCH, epochs) for p in problems for f, (_, grid, _) in GRIDS.items()
-           for v in grid for seed in seeds]  # fmt: skip
+    out = [
+        (p, f, v, seed, BATCH, epochs)
+        for p in problems
+        for f, (_, grid, _) in GRIDS.items()
+        for v in grid
+        for seed in seeds
+    ]
     if batch_study and "10-D, 50/950" in problems:  # the "batch ~20 % of the data" advice
         for batch in (100, 200):
-            out += [("10-D, 50/950", f, GRIDS[f][2], seed, batch, epochs) for seed in seeds
-                    for f in ("reparam F-beta, inline", "reparam F-beta, inline, capped", "soft-F1")]  # fmt: skip
+            out += [
+                ("10-D, 50/950", f, GRIDS[f][2], seed, batch, epochs)
+                for seed in seeds
+                for f in ("reparam F-beta, inline", "reparam F-beta, inline, capped", "soft-F1")
+            ]
     return out
 
 
@@ -245,11 +274,20 @@ def tables(records: list[dict], refs: dict[str, dict], problems: list[str]) -> s
     by: dict[tuple, list[dict]] = {}
     for r in records:
         by.setdefault((r["problem"], r["family"], r["value"], r["batch"]), []).append(r)
-    best_linear = {p: max([r["f1_tuned_threshold"] for r in records if r["problem"] == p]
-                          + [refs[p]["logistic_f1_tuned"], refs[p]["lp_head_f1_tuned"]])
-                   for p in problems}  # fmt: skip
-    best_auc = {p: max([r["auc"] for r in records if r["problem"] == p]
-                       + [refs[p]["logistic_auc"], refs[p]["lp_head_auc"]]) for p in problems}  # fmt: skip
+    best_linear = {
+        p: max(
+            [r["f1_tuned_threshold"] for r in records if r["problem"] == p]
+            + [refs[p]["logistic_f1_tuned"], refs[p]["lp_head_f1_tuned"]]
+        )
+        for p in problems
+    }
+    best_auc = {
+        p: max(
+            [r["auc"] for r in records if r["problem"] == p]
+            + [refs[p]["logistic_auc"], refs[p]["lp_head_auc"]]
+        )
+        for p in problems
+    }
 
     def pick(problem: str, family: str, metric: str, batch: int = BATCH) -> tuple[Any, list[dict]]:
         """(default value, its runs), (best grid value, its runs) on the mean of ``metric``."""
@@ -261,11 +299,17 @@ def tables(records: list[dict], refs: dict[str, dict], problems: list[str]) -> s
 
     epochs = records[0]["epochs"] if records else EPOCHS
     seeds = sorted({r["seed"] for r in records})
-    lines = [f"{machine_line()}; 1 thread per run; {epochs} epochs, batch {BATCH}, Adam lr {LR}, "
-             f"seeds {seeds}; mean ± sd (sample) over seeds", ""]  # fmt: skip
-    lines += ["### Training F1 of u > 0 (default setting / best of the three grid values)", "",
-              "| method | " + " | ".join(problems) + " |",
-              "|---|" + "---|" * len(problems)]  # fmt: skip
+    lines = [
+        f"{machine_line()}; 1 thread per run; {epochs} epochs, batch {BATCH}, Adam lr {LR}, "
+        f"seeds {seeds}; mean ± sd (sample) over seeds",
+        "",
+    ]
+    lines += [
+        "### Training F1 of u > 0 (default setting / best of the three grid values)",
+        "",
+        "| method | " + " | ".join(problems) + " |",
+        "|---|" + "---|" * len(problems),
+    ]
     for family in GRIDS:
         if family in AUC_FAMILIES:
             continue
@@ -280,34 +324,54 @@ def tables(records: list[dict], refs: dict[str, dict], problems: list[str]) -> s
         + " | ".join(f"{refs[p]['lp_head_f1']:.3f}" for p in problems)
         + " |"
     )
-    lines.append("| best linear head (any run or logistic regression, own F1-optimal threshold) | "
-                 + " | ".join(f"{best_linear[p]:.3f}" for p in problems) + " |")  # fmt: skip
+    lines.append(
+        "| best linear head (any run or logistic regression, own F1-optimal threshold) | "
+        + " | ".join(f"{best_linear[p]:.3f}" for p in problems)
+        + " |"
+    )
 
-    lines += ["", "### Tightening: training F1 of the reparam F-beta heads at their learned threshold "
-              "(`decision_threshold`, the exact F1-optimal cut of the remembered scores at the last epoch "
-              "end; default setting / best grid value)", "",
-              "| method | " + " | ".join(problems) + " |", "|---|" + "---|" * len(problems)]  # fmt: skip
+    lines += [
+        "",
+        "### Tightening: training F1 of the reparam F-beta heads at their learned threshold "
+        "(`decision_threshold`, the exact F1-optimal cut of the remembered scores at the last epoch "
+        "end; default setting / best grid value)",
+        "",
+        "| method | " + " | ".join(problems) + " |",
+        "|---|" + "---|" * len(problems),
+    ]
     for family in GRIDS:
         if not family.startswith("reparam F-beta"):
             continue
         cells = []
         for p in problems:
             (dv, dr), (bv, br) = pick(p, family, "f1_learned_threshold")
-            tuned = (f" / {_ms([r['f1_learned_threshold'] for r in br])} ({GRIDS[family][0]} {bv})"
-                     if bv != dv else "")  # fmt: skip
+            tuned = (
+                f" / {_ms([r['f1_learned_threshold'] for r in br])} ({GRIDS[family][0]} {bv})"
+                if bv != dv
+                else ""
+            )
             cells.append(_ms([r["f1_learned_threshold"] for r in dr]) + tuned)
         lines.append(f"| {family}, learned threshold | " + " | ".join(cells) + " |")
-    lines += ["", "### The best setting of each method: gap to the best linear head, LP gap, stability, time", "",
-              "| problem | method (best grid value) | F1 - best linear | F1 at learned threshold - best linear "
-              "| F1 at own optimal threshold - best linear "
-              "| LP gap (3') | sd of F1, last 20 epochs | s / epoch |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "### The best setting of each method: gap to the best linear head, LP gap, stability, time",
+        "",
+        "| problem | method (best grid value) | F1 - best linear | F1 at learned threshold - best linear "
+        "| F1 at own optimal threshold - best linear "
+        "| LP gap (3') | sd of F1, last 20 epochs | s / epoch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in problems:
         for family in GRIDS:
             if family in AUC_FAMILIES:
                 continue
             _, (bv, br) = pick(p, family, "f1")
-            gaps = [(r["lp_objective"] - refs[p]["lp_optimum"]) / refs[p]["lp_optimum"] * 100
-                    if r["lp_objective"] is not None else None for r in br]  # fmt: skip
+            gaps = [
+                (r["lp_objective"] - refs[p]["lp_optimum"]) / refs[p]["lp_optimum"] * 100
+                if r["lp_objective"] is not None
+                else None
+                for r in br
+            ]
             lines.append(
                 f"| {p} | {family} ({bv}) | {_ms([r['f1'] - best_linear[p] for r in br], '+.3f')} "
                 f"| {_ms([r['f1_learned_threshold'] - best_linear[p] for r in br if 'f1_learned_threshold' in r], '+.3f')} "
@@ -315,8 +379,13 @@ def tables(records: list[dict], refs: dict[str, dict], problems: list[str]) -> s
                 f"| {_ms(gaps, '.1f')} % ({sum(g is None for g in gaps)} without feasible eps) "
                 f"| {_ms([r['f1_last20_sd'] for r in br])} | {_ms([r['seconds_per_epoch'] for r in br], '.4f')} |"
             )
-    lines += ["", "### Training ROC-AUC (default / best grid value)", "",
-              "| method | " + " | ".join(problems) + " |", "|---|" + "---|" * len(problems)]  # fmt: skip
+    lines += [
+        "",
+        "### Training ROC-AUC (default / best grid value)",
+        "",
+        "| method | " + " | ".join(problems) + " |",
+        "|---|" + "---|" * len(problems),
+    ]
     for family in AUC_FAMILIES:
         cells = []
         for p in problems:
@@ -338,16 +407,28 @@ def tables(records: list[dict], refs: dict[str, dict], problems: list[str]) -> s
     )
     study = [r for r in records if r["batch"] != BATCH]
     if study:
-        lines += ["", "### Batch size on the imbalanced problem (10-D, 50/950; default settings)", "",
-                  "| method | B = 20 | B = 100 (10 %) | B = 200 (20 %) |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "### Batch size on the imbalanced problem (10-D, 50/950; default settings)",
+            "",
+            "| method | B = 20 | B = 100 (10 %) | B = 200 (20 %) |",
+            "|---|---|---|---|",
+        ]
         for family in ("reparam F-beta, inline", "reparam F-beta, inline, capped", "soft-F1"):
-            cells = [_ms([r["f1"] for r in by.get(("10-D, 50/950", family, GRIDS[family][2], b), [])])
-                     for b in (20, 100, 200)]  # fmt: skip
+            cells = [
+                _ms([r["f1"] for r in by.get(("10-D, 50/950", family, GRIDS[family][2], b), [])])
+                for b in (20, 100, 200)
+            ]
             lines.append(f"| {family} | " + " | ".join(cells) + " |")
     mus = [(r["problem"], r["family"], r["mu_range"]) for r in records if r["mu_range"]]
     if mus:
-        lines += ["", "### Range of the multiplier mu over the run (default settings, seed 0)", "",
-                  "| problem | reparam F-beta, inline | Cooper |", "|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "### Range of the multiplier mu over the run (default settings, seed 0)",
+            "",
+            "| problem | reparam F-beta, inline | Cooper |",
+            "|---|---|---|",
+        ]
         for p in problems:
             row = []
             for family in ("reparam F-beta, inline", "Cooper, same LP (3')"):
@@ -373,8 +454,10 @@ def plot(records: list[dict], refs: dict[str, dict], problems: list[str], path: 
     families = [f for f in GRIDS if f not in AUC_FAMILIES]
     fig, axes = plt.subplots(1, len(problems), figsize=(4.2 * len(problems), 4.6), squeeze=False)
     for ax, p in zip(axes[0], problems, strict=True):
-        best_linear = max([r["f1_tuned_threshold"] for r in records if r["problem"] == p]
-                          + [refs[p]["logistic_f1_tuned"], refs[p]["lp_head_f1_tuned"]])  # fmt: skip
+        best_linear = max(
+            [r["f1_tuned_threshold"] for r in records if r["problem"] == p]
+            + [refs[p]["logistic_f1_tuned"], refs[p]["lp_head_f1_tuned"]]
+        )
         at_zero, at_threshold = [], []
         for family in families:
             runs = [
@@ -426,8 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.quick:
         a.problems, a.seeds, a.epochs, a.no_batch_study = ["2-D, 40/60"], [0], 5, True
     a.runs.mkdir(parents=True, exist_ok=True)
-    todo = [j for j in jobs(a.problems, tuple(a.seeds), not a.no_batch_study, a.epochs)
-            if not (a.runs / _key(*j)).is_file()]  # fmt: skip
+    todo = [
+        j
+        for j in jobs(a.problems, tuple(a.seeds), not a.no_batch_study, a.epochs)
+        if not (a.runs / _key(*j)).is_file()
+    ]
     print(f"{len(todo)} runs to do", flush=True)
     if todo and not a.table_only:
         with ProcessPoolExecutor(max_workers=a.jobs) as pool:

@@ -110,8 +110,10 @@ def load_mnist_idx(mnist_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     for key, name in IDX_FILES.items():
         path = next((p for p in (mnist_dir / f"{name}.gz", mnist_dir / name) if p.is_file()), None)
         if path is None:
-            raise FileNotFoundError(f"--mnist-dir {mnist_dir}: {name}[.gz] not found "
-                                    f"(expected the four official MNIST files)")  # fmt: skip
+            raise FileNotFoundError(
+                f"--mnist-dir {mnist_dir}: {name}[.gz] not found "
+                f"(expected the four official MNIST files)"
+            )
         found[key] = read_idx(path)
     out = {}
     for split in ("train", "test"):
@@ -202,11 +204,14 @@ def make_method(key: str, model: torch.nn.Module, labels: Tensor) -> Method:
     if key == "ce":
         return Method(
             lambda u, idx: torch.nn.functional.binary_cross_entropy_with_logits(u, y[idx]),
-            torch.optim.Adam(model.parameters(), lr=LR), lambda: None, lambda done, total: None,
-        )  # fmt: skip
+            torch.optim.Adam(model.parameters(), lr=LR),
+            lambda: None,
+            lambda done, total: None,
+        )
     if key == "libauc_pesg":
-        aucm, pesg = libauc_aucm_pesg(model.parameters(), **PESG, imratio=float(y.mean()),
-                                      device="cpu")  # fmt: skip
+        aucm, pesg = libauc_aucm_pesg(
+            model.parameters(), **PESG, imratio=float(y.mean()), device="cpu"
+        )
         pesg.verbose = False  # update_regularizer would print
         pending = list(PESG_DECAYS)
 
@@ -219,30 +224,34 @@ def make_method(key: str, model: torch.nn.Module, labels: Tensor) -> Method:
                 del pending[:passed]
                 pesg.update_regularizer(decay_factor=10**passed)
 
-        return Method(lambda u, idx: aucm(torch.sigmoid(u), y[idx], auto=False), pesg,
-                      lambda: None, end_epoch)  # fmt: skip
+        return Method(
+            lambda u, idx: aucm(torch.sigmoid(u), y[idx], auto=False), pesg, lambda: None, end_epoch
+        )
     objective = {
         "reparam_auc": lambda: ROCAUC(labels, grid=10, projection="inline"),
         "lp_auc": lambda: LPAUC(labels),
         "pairwise_auc": lambda: PairwiseAUC(labels),
-        "reparam_fbeta": lambda: FBetaRegularizer(labels, projection="inline", dual_lr_lambda=0.1,
-                                                  dual_lr_mu=0.1, cap_scores=True),
-        "reparam_fbeta_fast": lambda: FBetaRegularizer(labels, projection="inline",
-                                                       dual_lr_lambda=1.0, dual_lr_mu=1.0,
-                                                       cap_scores=True),
+        "reparam_fbeta": lambda: FBetaRegularizer(
+            labels, projection="inline", dual_lr_lambda=0.1, dual_lr_mu=0.1, cap_scores=True
+        ),
+        "reparam_fbeta_fast": lambda: FBetaRegularizer(
+            labels, projection="inline", dual_lr_lambda=1.0, dual_lr_mu=1.0, cap_scores=True
+        ),
         "lp_fbeta": lambda: LPFBeta(labels, infeasibility_cost=100.0),
         "soft_f1": lambda: SoftFBeta(labels, temperature=1.0),
-    }[key]()  # fmt: skip
+    }[key]()
     opt = torch.optim.Adam([*model.parameters(), *objective.parameters()], lr=LR)
-    return Method(objective, opt, objective.after_step_, lambda done, total: objective.end_epoch_(),
-                  objective)  # fmt: skip
+    return Method(
+        objective, opt, objective.after_step_, lambda done, total: objective.end_epoch_(), objective
+    )
 
 
 def mlp(seed: int) -> torch.nn.Module:
     """784 -> 256 -> ReLU -> 1, initialized from ``seed``."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(784, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, 1))  # fmt: skip
+    return torch.nn.Sequential(
+        torch.nn.Linear(784, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+    )
 
 
 # --- one run ----------------------------------------------------------------------------------------
@@ -263,9 +272,17 @@ class Job:
 
     def settings(self) -> dict[str, Any]:
         """What a saved record must match to be reused."""
-        return {"ratio": self.ratio, "method": self.method, "seed": self.seed,
-                "iterations": self.iterations, "quick": self.quick, "data_seed": self.data_seed,
-                "batch": BATCH, "lr": LR, "hidden": HIDDEN}  # fmt: skip
+        return {
+            "ratio": self.ratio,
+            "method": self.method,
+            "seed": self.seed,
+            "iterations": self.iterations,
+            "quick": self.quick,
+            "data_seed": self.data_seed,
+            "batch": BATCH,
+            "lr": LR,
+            "hidden": HIDDEN,
+        }
 
 
 def evaluate(u: Tensor, y: Tensor, threshold: float = 0.0) -> dict[str, float | None]:
@@ -328,20 +345,30 @@ def run_one(job: Job) -> dict[str, Any]:
         u_test = model(x_test)[:, 0]
     record: dict[str, Any] = {
         "settings": job.settings(),
-        "n_train": len(y), "n_train_pos": int(y.sum()), "n_test": len(y_test),
-        "n_test_pos": int(y_test.sum()), "epochs_completed": epochs, "iterations_done": done,
-        "diverged": bool(nonfinite), "test": evaluate(u_test, y_test),
-        "seconds_per_iteration": statistics.median(seconds), "train_seconds": train_seconds,
-        "loss_curve": curve, "warnings": sorted({str(w.message)[:200] for w in caught}),
+        "n_train": len(y),
+        "n_train_pos": int(y.sum()),
+        "n_test": len(y_test),
+        "n_test_pos": int(y_test.sum()),
+        "epochs_completed": epochs,
+        "iterations_done": done,
+        "diverged": bool(nonfinite),
+        "test": evaluate(u_test, y_test),
+        "seconds_per_iteration": statistics.median(seconds),
+        "train_seconds": train_seconds,
+        "loss_curve": curve,
+        "warnings": sorted({str(w.message)[:200] for w in caught}),
         "machine": machine_line(),
-    }  # fmt: skip
+    }
     if method.objective is not None and hasattr(method.objective, "decision_threshold"):
         t = float(method.objective.decision_threshold[0])
         record["threshold"] = t
         record["test_at_threshold"] = evaluate(u_test, y_test, t)
     if method.objective is not None:
-        record["objective_stats"] = {k: v for k, v in method.objective.stats().items()
-                                     if isinstance(v, int | float | bool) or v is None}  # fmt: skip
+        record["objective_stats"] = {
+            k: v
+            for k, v in method.objective.stats().items()
+            if isinstance(v, int | float | bool) or v is None
+        }
     write_text_atomic(json.dumps(record, indent=1) + "\n", job.path)
     return record
 
@@ -376,8 +403,9 @@ def _cell(xs: list[float | None], n_seeds: int, scale: float = 100.0, fmt: str =
 Records = dict[tuple[float, str], list[dict[str, Any]]]
 
 
-def metric_rows(records: Records, ratios: list[float], n_seeds: int,
-                metrics: list[str]) -> list[list[str]]:  # fmt: skip
+def metric_rows(
+    records: Records, ratios: list[float], n_seeds: int, metrics: list[str]
+) -> list[list[str]]:
     """One row per method (for the threshold-dependent metrics two for the F-beta regularizer:
     ``u > 0`` and its learned threshold), per ratio one cell per metric of ``metrics`` (keys of a
     record's ``test``)."""
@@ -402,30 +430,36 @@ def timing_rows(records: Records, ratios: list[float], n_seeds: int) -> list[lis
     for key, (label, _) in METHODS.items():
         row = [label]
         for ratio in ratios:
-            ce = {r["settings"]["seed"]: r["seconds_per_iteration"]
-                  for r in records.get((ratio, "ce"), [])}  # fmt: skip
+            ce = {
+                r["settings"]["seed"]: r["seconds_per_iteration"]
+                for r in records.get((ratio, "ce"), [])
+            }
             recs = records.get((ratio, key), [])
-            rel = [r["seconds_per_iteration"] / ce[r["settings"]["seed"]]
-                   for r in recs if r["settings"]["seed"] in ce]  # fmt: skip
+            rel = [
+                r["seconds_per_iteration"] / ce[r["settings"]["seed"]]
+                for r in recs
+                if r["settings"]["seed"] in ce
+            ]
             row.append(_cell([r["seconds_per_iteration"] for r in recs], n_seeds, 1e3, ".3g"))
             row.append(_cell(rel, n_seeds, 1.0, ".2f"))
         rows.append(row)
     return rows
 
 
-def report(records: Records, ratios: list[float], seeds: list[int], command: str,
-           official: bool) -> str:  # fmt: skip
+def report(
+    records: Records, ratios: list[float], seeds: list[int], command: str, official: bool
+) -> str:
     """The markdown of ``compare_mnist.md``."""
     n = len(seeds)
     pct = [f"{r:.0%}" for r in ratios]
-    auc = markdown_table(["method", "trained for", *pct],
-                         metric_rows(records, ratios, n, ["auc"]))  # fmt: skip
+    auc = markdown_table(["method", "trained for", *pct], metric_rows(records, ratios, n, ["auc"]))
     f1 = markdown_table(
         ["method", "trained for", *[f"{p} {m}" for p in pct for m in ("F1", "acc")]],
         metric_rows(records, ratios, n, ["f1", "accuracy"]),
     )
-    share = markdown_table(["method", "trained for", *pct],
-                           metric_rows(records, ratios, n, ["predicted_positive"]))  # fmt: skip
+    share = markdown_table(
+        ["method", "trained for", *pct], metric_rows(records, ratios, n, ["predicted_positive"])
+    )
     timing = markdown_table(
         ["method", *[f"{p} {m}" for p in pct for m in ("ms / iter", "x CE")]],
         timing_rows(records, ratios, n),
@@ -435,60 +469,70 @@ def report(records: Records, ratios: list[float], seeds: list[int], command: str
     for r in ratios:
         rec = next((rs[0] for (rr, _), rs in records.items() if rr == r and rs), None)
         if rec is not None:
-            sizes.append(f"{r:.0%}: {rec['n_train']} train ({rec['n_train_pos']} pos), "
-                         f"{rec['n_test']} test ({rec['n_test_pos']} pos), "
-                         f"{rec['epochs_completed']} full epochs")  # fmt: skip
+            sizes.append(
+                f"{r:.0%}: {rec['n_train']} train ({rec['n_train_pos']} pos), "
+                f"{rec['n_test']} test ({rec['n_test_pos']} pos), "
+                f"{rec['epochs_completed']} full epochs"
+            )
     paper = ", ".join(
         f"{k} {v} s ({v / PAPER_SECONDS['CE']:.1f}x)" for k, v in PAPER_SECONDS.items()
     )
-    diverged = sorted({f"{METHODS[k][0]} at {r:.0%}" for (r, k), rs in records.items()
-                       for x in rs if x["diverged"]})  # fmt: skip
-    return "\n".join([
-        f"<!-- {command} -->",
-        "# Imbalanced binary MNIST (Meng et al., NeurIPS 2021, Table 1 protocol)",
-        "",
-        f"Digits 0-4 positive, 5-9 negative; samples dropped (a fixed permutation) so that positives "
-        f"/ all is the column's ratio, in the training and the test split alike: ROC-AUC is "
-        f"prior-free, F1 and accuracy are not, so they are measured at the training prior. "
-        f"{'Official MNIST files (md5 checked).' if official else 'NOT the official MNIST files.'} "
-        f"Sizes: {'; '.join(sizes) or 'n/a'}.",
-        "",
-        f"Every method alone trains an MLP 784-256-1 (its score `u`): Adam lr {LR:g}, batch {BATCH}, "
-        f"{first['settings']['iterations'] if first else 'n/a'} iterations, seeds "
-        f"{', '.join(map(str, seeds))} (initialization and batch order); mean ± sd over seeds. "
-        f"Exception: LibAUC's AUC-margin loss with its own optimizer PESG (lr {PESG['lr']}, "
-        f"epoch_decay {PESG['epoch_decay']:g}, weight_decay {PESG['weight_decay']:g}, "
-        f"`update_regularizer(decay_factor=10)` at the first epoch ends past 50 % and 75 % of the "
-        f"run, as LibAUC's examples do at epochs 50 and 75 of 100; its loss sees `sigmoid(u)`). "
-        f"The per-sample multipliers of the reparameterized objectives take one dual step per "
-        f"epoch (`end_epoch_()`), so the number of full epochs matters.",
-        "",
-        "## Test ROC-AUC (%) of `u`",
-        "",
-        auc,
-        "",
-        "## Test F1 (%) and accuracy (%) of `u > 0`",
-        "",
-        "`u > t`: the F-beta regularizer's learned F1-optimal threshold `reg.decision_threshold`.",
-        "",
-        f1,
-        "",
-        "## Share of the test set predicted positive (%); the true share is the column's ratio",
-        "",
-        share,
-        "",
-        "## Seconds per iteration",
-        "",
-        "Median over each run of forward + loss + backward + step (+ `after_step_()`), one thread "
-        "per run, two runs at a time (`--jobs 2`); `x CE`: per seed, relative to cross-entropy's "
-        f"run in the same sweep. Meng et al. (GPU): {paper}. "
-        f"Machine: {first['machine'] if first else 'n/a'}.",
-        "",
-        timing,
-        "",
-        f"Diverged (non-finite loss): {', '.join(diverged) if diverged else 'none'}.",
-        "",
-    ])  # fmt: skip
+    diverged = sorted(
+        {
+            f"{METHODS[k][0]} at {r:.0%}"
+            for (r, k), rs in records.items()
+            for x in rs
+            if x["diverged"]
+        }
+    )
+    return "\n".join(
+        [
+            f"<!-- {command} -->",
+            "# Imbalanced binary MNIST (Meng et al., NeurIPS 2021, Table 1 protocol)",
+            "",
+            f"Digits 0-4 positive, 5-9 negative; samples dropped (a fixed permutation) so that positives "
+            f"/ all is the column's ratio, in the training and the test split alike: ROC-AUC is "
+            f"prior-free, F1 and accuracy are not, so they are measured at the training prior. "
+            f"{'Official MNIST files (md5 checked).' if official else 'NOT the official MNIST files.'} "
+            f"Sizes: {'; '.join(sizes) or 'n/a'}.",
+            "",
+            f"Every method alone trains an MLP 784-256-1 (its score `u`): Adam lr {LR:g}, batch {BATCH}, "
+            f"{first['settings']['iterations'] if first else 'n/a'} iterations, seeds "
+            f"{', '.join(map(str, seeds))} (initialization and batch order); mean ± sd over seeds. "
+            f"Exception: LibAUC's AUC-margin loss with its own optimizer PESG (lr {PESG['lr']}, "
+            f"epoch_decay {PESG['epoch_decay']:g}, weight_decay {PESG['weight_decay']:g}, "
+            f"`update_regularizer(decay_factor=10)` at the first epoch ends past 50 % and 75 % of the "
+            f"run, as LibAUC's examples do at epochs 50 and 75 of 100; its loss sees `sigmoid(u)`). "
+            f"The per-sample multipliers of the reparameterized objectives take one dual step per "
+            f"epoch (`end_epoch_()`), so the number of full epochs matters.",
+            "",
+            "## Test ROC-AUC (%) of `u`",
+            "",
+            auc,
+            "",
+            "## Test F1 (%) and accuracy (%) of `u > 0`",
+            "",
+            "`u > t`: the F-beta regularizer's learned F1-optimal threshold `reg.decision_threshold`.",
+            "",
+            f1,
+            "",
+            "## Share of the test set predicted positive (%); the true share is the column's ratio",
+            "",
+            share,
+            "",
+            "## Seconds per iteration",
+            "",
+            "Median over each run of forward + loss + backward + step (+ `after_step_()`), one thread "
+            "per run, two runs at a time (`--jobs 2`); `x CE`: per seed, relative to cross-entropy's "
+            f"run in the same sweep. Meng et al. (GPU): {paper}. "
+            f"Machine: {first['machine'] if first else 'n/a'}.",
+            "",
+            timing,
+            "",
+            f"Diverged (non-finite loss): {', '.join(diverged) if diverged else 'none'}.",
+            "",
+        ]
+    )
 
 
 def plot(records: Records, ratios: list[float], path: Path) -> None:
@@ -508,15 +552,26 @@ def plot(records: Records, ratios: list[float], path: Path) -> None:
             for field, name in fields:
                 pts = []
                 for r in xs:
-                    vals = [v * 100 for rec in records.get((r, key), [])
-                            if (v := rec.get(field, {}).get(metric)) is not None]  # fmt: skip
+                    vals = [
+                        v * 100
+                        for rec in records.get((r, key), [])
+                        if (v := rec.get(field, {}).get(metric)) is not None
+                    ]
                     if vals:
                         sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
                         pts.append((r * 100, statistics.mean(vals), sd))
                 if pts:
                     px, py, pe = zip(*pts, strict=True)
-                    ax.errorbar(px, py, yerr=pe, marker="o", capsize=3, label=name, color=f"C{i}",
-                                linestyle="--" if field == "test_at_threshold" else "-")  # fmt: skip
+                    ax.errorbar(
+                        px,
+                        py,
+                        yerr=pe,
+                        marker="o",
+                        capsize=3,
+                        label=name,
+                        color=f"C{i}",
+                        linestyle="--" if field == "test_at_threshold" else "-",
+                    )
         ax.set(title=title, xlabel="positive ratio (%)", ylabel="%")
         ax.grid(alpha=0.3)
     handles, labels = axes[1].get_legend_handles_labels()
@@ -538,16 +593,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, default=Path("runs/compare_mnist"))
     p.add_argument("--out", type=Path, default=Path("docs/figures"))
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--quick", action="store_true",
-                   help=f"1 ratio, 1 seed, {QUICK_ITERATIONS} iterations, the first "
-                        f"{QUICK_TRAIN}/{QUICK_TEST} samples (a smoke test)")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"1 ratio, 1 seed, {QUICK_ITERATIONS} iterations, the first "
+        f"{QUICK_TRAIN}/{QUICK_TEST} samples (a smoke test)",
+    )
     p.add_argument("--table-only", action="store_true", help="no training: tabulate finished runs")
     a = p.parse_args(argv)
     if a.quick:
         a.ratios, a.seeds, a.iterations = a.ratios[:1], a.seeds[:1], QUICK_ITERATIONS
-    jobs = [Job(str(a.mnist_dir), r, m, s, a.iterations, a.quick, a.data_seed,
-                str(run_path(a.runs, r, m, s)))
-            for r in a.ratios for m in a.methods for s in a.seeds]  # fmt: skip
+    jobs = [
+        Job(
+            str(a.mnist_dir),
+            r,
+            m,
+            s,
+            a.iterations,
+            a.quick,
+            a.data_seed,
+            str(run_path(a.runs, r, m, s)),
+        )
+        for r in a.ratios
+        for m in a.methods
+        for s in a.seeds
+    ]
     records: Records = {}
     todo = []
     for job in jobs:
@@ -564,9 +634,12 @@ def main(argv: list[str] | None = None) -> int:
             for fut in as_completed(futures):
                 job, rec = futures[fut], fut.result()
                 records.setdefault((job.ratio, job.method), []).append(rec)
-                print(f"done ratio {job.ratio:g} {job.method} seed {job.seed}: "
-                      f"AUC {rec['test']['auc']}, F1 {rec['test']['f1']}, "
-                      f"{rec['seconds_per_iteration'] * 1e3:.2f} ms/iter", flush=True)  # fmt: skip
+                print(
+                    f"done ratio {job.ratio:g} {job.method} seed {job.seed}: "
+                    f"AUC {rec['test']['auc']}, F1 {rec['test']['f1']}, "
+                    f"{rec['seconds_per_iteration'] * 1e3:.2f} ms/iter",
+                    flush=True,
+                )
     for recs in records.values():
         recs.sort(key=lambda r: r["settings"]["seed"])
     official = official_mnist(a.mnist_dir)

@@ -37,27 +37,43 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
     "baseline (no shape term)": ["regularizer.name=none"],
     "reparam F-beta, paper preset": ["regularizer.name=fbeta"],  # the configs pin the paper's
     "reparam F-beta (inline, 0.1/0.1, uncapped)": [
-        "regularizer.name=fbeta", "regularizer.projection=inline",
-        "regularizer.fbeta.dual_lr_lambda=0.1", "regularizer.fbeta.dual_lr_mu=0.1",
-        "regularizer.fbeta.cap_scores=false"],
+        "regularizer.name=fbeta",
+        "regularizer.projection=inline",
+        "regularizer.fbeta.dual_lr_lambda=0.1",
+        "regularizer.fbeta.dual_lr_mu=0.1",
+        "regularizer.fbeta.cap_scores=false",
+    ],
     "reparam F-beta, defaults (inline, 0.1/0.1, capped)": [
-        "regularizer.name=fbeta", "regularizer.fbeta.preset=null"],
-    "reparam P@R r=0.9": ["regularizer.name=precision_at_recall", "regularizer.projection=inline",
-                          "regularizer.precision_at_recall.recall=0.9"],
-    "reparam R@P a=0.9": ["regularizer.name=recall_at_precision", "regularizer.projection=inline",
-                          "regularizer.recall_at_precision.precision=0.9"],
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=null",
+    ],
+    "reparam P@R r=0.9": [
+        "regularizer.name=precision_at_recall",
+        "regularizer.projection=inline",
+        "regularizer.precision_at_recall.recall=0.9",
+    ],
+    "reparam R@P a=0.9": [
+        "regularizer.name=recall_at_precision",
+        "regularizer.projection=inline",
+        "regularizer.recall_at_precision.precision=0.9",
+    ],
     "reparam ROC-AUC K=10": ["regularizer.name=roc_auc", "regularizer.projection=inline"],
-    "LP layer F-score (M=100)": ["regularizer.name=lp_fbeta",
-                                 "regularizer.lp_fbeta.infeasibility_cost=100"],
+    "LP layer F-score (M=100)": [
+        "regularizer.name=lp_fbeta",
+        "regularizer.lp_fbeta.infeasibility_cost=100",
+    ],
     "soft-F1 (T=1)": ["regularizer.name=soft_fbeta"],
     "Cooper F-beta (dual lr 0.1)": ["regularizer.name=cooper_fbeta"],
-}  # fmt: skip
+}
 SETTINGS: dict[str, tuple[str, list[str], str]] = {  # name -> (config, overrides, data folder key)
     "mlp": ("configs/smnist_mlp.yaml", ["train.epochs=10"], "full"),
     "mlp, few big": ("configs/smnist_mlp.yaml", ["train.epochs=10"], "few-big"),
-    "linear, logits": ("configs/smnist_linear.yaml",
-                       ["train.epochs=10", "model.shape_input=logits"], "full"),
-}  # fmt: skip
+    "linear, logits": (
+        "configs/smnist_linear.yaml",
+        ["train.epochs=10", "model.shape_input=logits"],
+        "full",
+    ),
+}
 
 
 def _folder(runs: Path, setting: str, method: str, seed: int) -> Path:
@@ -75,11 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--jobs", type=int, default=2)
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS),
-                   help="the shape terms to run and tabulate (default: all)")  # fmt: skip
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=list(METHODS),
+        help="the shape terms to run and tabulate (default: all)",
+    )
     p.add_argument("--table-only", action="store_true")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: 'linear, logits', seed 0, 1 epoch, on the prepared --data")  # fmt: skip
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 'linear, logits', seed 0, 1 epoch, on the prepared --data",
+    )
     a = p.parse_args(argv)
     data = {"full": a.data, "few-big": a.data_few_big}
     epochs = []
@@ -98,8 +122,20 @@ def main(argv: list[str] | None = None) -> int:
             for seed in a.seeds:
                 out = _folder(a.runs, setting, method, seed)
                 if not _complete(out) and not a.table_only:
-                    todo.append((config, [*extra, *epochs, ALPHA, *overrides, f"train.seed={seed}",
-                                          f"data.path={data[key]}"], str(out)))  # fmt: skip
+                    todo.append(
+                        (
+                            config,
+                            [
+                                *extra,
+                                *epochs,
+                                ALPHA,
+                                *overrides,
+                                f"train.seed={seed}",
+                                f"data.path={data[key]}",
+                            ],
+                            str(out),
+                        )
+                    )
     print(f"{len(todo)} runs to do", flush=True)
     if todo:
         with ProcessPoolExecutor(max_workers=a.jobs) as pool:
@@ -110,18 +146,25 @@ def main(argv: list[str] | None = None) -> int:
         ref = None
         rows = []
         for method in METHODS:
-            ms = [json.loads((_folder(a.runs, setting, method, s) / "metrics.json").read_text())
-                  for s in a.seeds if _complete(_folder(a.runs, setting, method, s))]  # fmt: skip
+            ms = [
+                json.loads((_folder(a.runs, setting, method, s) / "metrics.json").read_text())
+                for s in a.seeds
+                if _complete(_folder(a.runs, setting, method, s))
+            ]
             if not ms:
                 continue
             f = [m["final"] for m in ms]
             if method.startswith("reparam F-beta, defaults"):
                 ref = statistics.mean(_per_epoch(m) for m in ms)
             rows.append((method, f, [_per_epoch(m) for m in ms]))
-        lines += [f"### {setting}", "",
-                  "| shape term | task acc % | small % | big % | gap (pp) | shape F1 (test) "
-                  "| shape F1 at learned threshold (test) "
-                  "| shape AUC (test) | time / epoch vs reparam F-beta defaults |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"### {setting}",
+            "",
+            "| shape term | task acc % | small % | big % | gap (pp) | shape F1 (test) "
+            "| shape F1 at learned threshold (test) "
+            "| shape AUC (test) | time / epoch vs reparam F-beta defaults |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for method, f, secs in rows:
             rel = [x / ref for x in secs] if ref else []
             lines.append(

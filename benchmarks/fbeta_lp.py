@@ -45,8 +45,15 @@ def solve_fbeta_lp(
     eq = np.zeros((1, nv))
     eq[0, it:ix] = 1.0 / n if form == "scale_free" else 1.0
     bounds = [(None, None)] * (d + 1) + [(0, None)] + [(None, None)] * n + [(0, None)] * m
-    res = linprog(c, A_ub=np.array(rows), b_ub=np.array(rhs), A_eq=eq, b_eq=[1.0],
-                  bounds=bounds, method="highs")  # fmt: skip
+    res = linprog(
+        c,
+        A_ub=np.array(rows),
+        b_ub=np.array(rhs),
+        A_eq=eq,
+        b_eq=[1.0],
+        bounds=bounds,
+        method="highs",
+    )
     assert res.status == 0, res.message
     return float(res.fun), res.x[iw:ib], float(res.x[ib])
 

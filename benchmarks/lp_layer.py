@@ -219,9 +219,11 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, (ax_auc, ax_f) = plt.subplots(1, 2, figsize=(11, 4.5))
     panels = {
         ax_auc: ("pairs", ["AUC LP diagonal", "AUC LP dense", "AUC HiGHS (fwd)", "reparam L_B"]),
-        ax_f: ("B", ["F LP unroll", "F LP active set", "F HiGHS (fwd)", "F cvxpylayers",
-                     "reparam L_B"]),
-    }  # fmt: skip
+        ax_f: (
+            "B",
+            ["F LP unroll", "F LP active set", "F HiGHS (fwd)", "F cvxpylayers", "reparam L_B"],
+        ),
+    }
     for ax, (x_key, series) in panels.items():
         for key in series:
             pts = [(r[x_key], r[key]) for r in rows if r[key] is not None]

@@ -40,8 +40,10 @@ VARIANTS = (  # name, overrides of both arms
         ["regularizer.fbeta.tau_update=sparse_adam", "model.shared_gemm=true"],
     ),
 )
-COMPILED = ("sparse tau + shared GEMM + compile",
-            ["regularizer.fbeta.tau_update=sparse_adam", "model.shared_gemm=true", "train.compile=true"])  # fmt: skip
+COMPILED = (
+    "sparse tau + shared GEMM + compile",
+    ["regularizer.fbeta.tau_update=sparse_adam", "model.shared_gemm=true", "train.compile=true"],
+)
 
 
 def measure(
@@ -63,11 +65,18 @@ def measure(
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             for name in ("base", "reg"):
-                cfg = config_mod.load(config_path, [
-                    *overrides, f"regularizer.name={'none' if name == 'base' else 'fbeta'}",
-                    "regularizer.projection=epoch", f"train.epochs={epochs + 1}",
-                    "train.checkpoint=false", "train.progress=false", f"train.out={tmp}/{name}{r}",
-                ])  # fmt: skip
+                cfg = config_mod.load(
+                    config_path,
+                    [
+                        *overrides,
+                        f"regularizer.name={'none' if name == 'base' else 'fbeta'}",
+                        "regularizer.projection=epoch",
+                        f"train.epochs={epochs + 1}",
+                        "train.checkpoint=false",
+                        "train.progress=false",
+                        f"train.out={tmp}/{name}{r}",
+                    ],
+                )
                 history = run(cfg, log=lambda *_: None)["history"]
                 steps = history[-1]["steps"]
                 for row in history[1:]:  # the first epoch is warm-up
@@ -75,8 +84,15 @@ def measure(
                     if name == "reg":
                         times["end"].append(row["epoch_end_seconds"])
     base, reg, end = (statistics.median(times[k]) for k in ("base", "reg", "end"))
-    return {"base_s": base, "reg_s": reg, "ratio": reg / base, "end_s": end,
-            "end_fraction": end / reg, "steps": steps, "per_step_us": (reg - base) / steps * 1e6}  # fmt: skip
+    return {
+        "base_s": base,
+        "reg_s": reg,
+        "ratio": reg / base,
+        "end_s": end,
+        "end_fraction": end / reg,
+        "steps": steps,
+        "per_step_us": (reg - base) / steps * 1e6,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,22 +118,44 @@ def main(argv: list[str] | None = None) -> int:
                 extra.append("data.train_subset=10000")
             r = measure(config_path, extra, a.epochs, a.repeats)
             results.append((name, variant, r))
-            rows.append([name, variant, str(r["steps"]), f"{r['base_s']:.3f}", f"{r['reg_s']:.3f}",
-                         f"**{r['ratio']:.3f}**", f"{r['per_step_us']:.0f}",
-                         f"{r['end_s'] * 1e3:.2f}", f"{100 * r['end_fraction']:.3f} %"])  # fmt: skip
-            print(f"{name} / {variant}: ratio {r['ratio']:.3f}, extra {r['per_step_us']:.0f} us/step",
-                  flush=True)  # fmt: skip
-    header = ["setting", "variant", "steps/epoch", "baseline epoch (s)", "regularized epoch (s)",
-              "ratio (target <= 1.03)", "extra per step (us)", "epoch end (ms)",
-              "epoch end / epoch"]  # fmt: skip
+            rows.append(
+                [
+                    name,
+                    variant,
+                    str(r["steps"]),
+                    f"{r['base_s']:.3f}",
+                    f"{r['reg_s']:.3f}",
+                    f"**{r['ratio']:.3f}**",
+                    f"{r['per_step_us']:.0f}",
+                    f"{r['end_s'] * 1e3:.2f}",
+                    f"{100 * r['end_fraction']:.3f} %",
+                ]
+            )
+            print(
+                f"{name} / {variant}: ratio {r['ratio']:.3f}, extra {r['per_step_us']:.0f} us/step",
+                flush=True,
+            )
+    header = [
+        "setting",
+        "variant",
+        "steps/epoch",
+        "baseline epoch (s)",
+        "regularized epoch (s)",
+        "ratio (target <= 1.03)",
+        "extra per step (us)",
+        "epoch end (ms)",
+        "epoch end / epoch",
+    ]
     table = markdown_table(header, rows)
     a.out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.overhead" + (" --quick" if a.quick else "")
     cmd += " --compile" if a.compile else ""
     cmd += f" --only '{a.only}'" if a.only else ""
     cmd += f" --variants '{a.variants}'" if a.variants else ""
-    text = (f"<!-- {cmd} --epochs {a.epochs} --repeats {a.repeats} -->\n{machine_line()}; medians of "
-            f"{a.epochs} epochs x {a.repeats} alternating runs\n\n{table}\n")  # fmt: skip
+    text = (
+        f"<!-- {cmd} --epochs {a.epochs} --repeats {a.repeats} -->\n{machine_line()}; medians of "
+        f"{a.epochs} epochs x {a.repeats} alternating runs\n\n{table}\n"
+    )
     (a.out / "overhead.md").write_text(text)
     _plot(results, a.out / "overhead.png")
     print(table)

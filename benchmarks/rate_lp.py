@@ -39,8 +39,9 @@ class RateLP:
 
 def _solve(c, rows, rhs, bounds, maximize: bool) -> tuple[np.ndarray, np.ndarray, float]:
     a_ub = sp.vstack(rows).tocsr()
-    res = linprog(-c if maximize else c, A_ub=a_ub, b_ub=np.concatenate(rhs), bounds=bounds,
-                  method="highs")  # fmt: skip
+    res = linprog(
+        -c if maximize else c, A_ub=a_ub, b_ub=np.concatenate(rhs), bounds=bounds, method="highs"
+    )
     if res.status != 0:
         raise RuntimeError(f"HiGHS: {res.message}")
     return res.x, -res.ineqlin.marginals, float(-res.fun if maximize else res.fun)
@@ -55,14 +56,22 @@ def _blocks(a_pos, a_neg, k: int):
     eye_k = sp.identity(k, format="csr")
     ones_n, ones_m = np.ones((n, 1)), np.ones((m, 1))
     # tau rows: for point p and positive i: +tau_(p,i) - a_i w - b_p
-    tau_rows = sp.hstack([
-        -sp.kron(np.ones((k, 1)), sp.csr_matrix(a_pos)), -sp.kron(eye_k, ones_n),
-        sp.identity(n * k), sp.csr_matrix((n * k, m * k)),
-    ])  # fmt: skip
-    hinge_rows = sp.hstack([
-        sp.kron(np.ones((k, 1)), sp.csr_matrix(a_neg)), sp.kron(eye_k, ones_m),
-        sp.csr_matrix((m * k, n * k)), -sp.identity(m * k),
-    ])  # fmt: skip
+    tau_rows = sp.hstack(
+        [
+            -sp.kron(np.ones((k, 1)), sp.csr_matrix(a_pos)),
+            -sp.kron(eye_k, ones_n),
+            sp.identity(n * k),
+            sp.csr_matrix((n * k, m * k)),
+        ]
+    )
+    hinge_rows = sp.hstack(
+        [
+            sp.kron(np.ones((k, 1)), sp.csr_matrix(a_neg)),
+            sp.kron(eye_k, ones_m),
+            sp.csr_matrix((m * k, n * k)),
+            -sp.identity(m * k),
+        ]
+    )
     bounds = [(None, None)] * (d + k) + [(None, 1.0)] * (n * k) + [(0, None)] * (m * k)
     return nv, it, ix, tau_rows, hinge_rows, bounds
 
@@ -76,8 +85,13 @@ def solve_precision_at_recall(a: np.ndarray, s: np.ndarray, recall: float) -> Ra
     c[ix:] = 1.0 / n
     rate = np.zeros((1, nv))
     rate[0, it:ix] = -1.0 / n  # r - mean tau <= 0
-    x, marg, value = _solve(c, [tau_rows, hinge_rows, sp.csr_matrix(rate)],
-                            [np.zeros(n), -np.ones(m), [-recall]], bounds, False)  # fmt: skip
+    x, marg, value = _solve(
+        c,
+        [tau_rows, hinge_rows, sp.csr_matrix(rate)],
+        [np.zeros(n), -np.ones(m), [-recall]],
+        bounds,
+        False,
+    )
     return RateLP(value, x[:d], x[d : d + 1], x[it:ix], marg[:n], marg[n + m :])
 
 
@@ -92,8 +106,13 @@ def solve_recall_at_precision(a: np.ndarray, s: np.ndarray, precision: float) ->
     rate = np.zeros((1, nv))
     rate[0, ix:] = precision / n
     rate[0, it:ix] = -(1 - precision) / n
-    x, marg, value = _solve(c, [tau_rows, hinge_rows, sp.csr_matrix(rate)],
-                            [np.zeros(n), -np.ones(m), [0.0]], bounds, True)  # fmt: skip
+    x, marg, value = _solve(
+        c,
+        [tau_rows, hinge_rows, sp.csr_matrix(rate)],
+        [np.zeros(n), -np.ones(m), [0.0]],
+        bounds,
+        True,
+    )
     # maximization: HiGHS's marginals are of the minimized -objective; lambda, nu as printed
     return RateLP(value, x[:d], x[d : d + 1], x[it:ix], marg[:n], marg[n + m :])
 
@@ -111,8 +130,9 @@ def solve_roc_auc(a: np.ndarray, s: np.ndarray, grid: int) -> RateLP:
         [sp.csr_matrix((k, d + k + n * k)), sp.kron(sp.identity(k), np.ones((1, m)) / m)]
     )
     t = (np.arange(1, k + 1) - 0.5) / k
-    x, marg, value = _solve(c, [tau_rows, hinge_rows, rate],
-                            [np.zeros(n * k), -np.ones(m * k), t], bounds, True)  # fmt: skip
+    x, marg, value = _solve(
+        c, [tau_rows, hinge_rows, rate], [np.zeros(n * k), -np.ones(m * k), t], bounds, True
+    )
     tau = x[it:ix].reshape(k, n).T
     lam = marg[: n * k].reshape(k, n).T
     return RateLP(value, x[:d], x[d : d + k], tau, lam, marg[n * k + m * k :])
@@ -155,8 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         recall, precision = R.recall_precision(u[s == 1], u[s == 0])
         return recall, precision, R.roc_auc(u[s == 1], u[s == 0])
 
-    lines = ["| objective | data | seed | setting | LP head recall / precision / AUC | trained head "
-             "recall / precision / AUC | logistic AUC | time (s) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| objective | data | seed | setting | LP head recall / precision / AUC | trained head "
+        "recall / precision / AUC | logistic AUC | time (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for objective, (cases, target, solve) in PROBLEMS.items():
         cls = classes[objective.split()[0].replace("ROC-AUC", "ROC")]
         for dim, mean in cases:
@@ -164,8 +187,9 @@ def main(argv: list[str] | None = None) -> int:
                 a, s = gaussian_toy(40, 60, dim, seed=seed, mean=mean)
                 lp = solve(a, s, *target.values())
                 ref = metrics(torch.tensor(a @ lp.w + lp.b[0]), s)
-                logistic = roc_auc_score(s, LogisticRegression(C=1e4, max_iter=5000).fit(a, s)
-                                         .decision_function(a))  # fmt: skip
+                logistic = roc_auc_score(
+                    s, LogisticRegression(C=1e4, max_iter=5000).fit(a, s).decision_function(a)
+                )
                 for name, cfg in SETTINGS.items():
                     t0 = time.perf_counter()
                     _, _, u = train_head(a, s, regularizer=cls, seed=seed, **target, **cfg)
@@ -180,8 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     print(lines[-1], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(f"<!-- python -m benchmarks.rate_lp --seeds {args.seeds} -->\n"
-                        + "\n".join(lines) + "\n")  # fmt: skip
+    args.out.write_text(
+        f"<!-- python -m benchmarks.rate_lp --seeds {args.seeds} -->\n" + "\n".join(lines) + "\n"
+    )
     print(f"wrote {args.out}")
     return 0
 

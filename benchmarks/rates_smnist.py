@@ -30,17 +30,44 @@ COMMON = ["regularizer.alpha=1e-3", "regularizer.projection=inline"]
 def grid(epochs: int) -> list[tuple[str, list[str]]]:
     """``(name, overrides)`` of every variant (all on ``configs/smnist_mlp.yaml``)."""
     e = [f"train.epochs={epochs}"]
-    out = [("baseline", ["regularizer.name=none", *e]),
-           ("F-beta (inline, 0.1/0.1)", ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *TUNED, *e])]  # fmt: skip
+    out = [
+        ("baseline", ["regularizer.name=none", *e]),
+        (
+            "F-beta (inline, 0.1/0.1)",
+            ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *TUNED, *e],
+        ),
+    ]
     for r in ("0.9", "0.97"):
-        out.append((f"P@R r={r}", ["regularizer.name=precision_at_recall", *COMMON,
-                                   f"regularizer.precision_at_recall.recall={r}", *e]))  # fmt: skip
+        out.append(
+            (
+                f"P@R r={r}",
+                [
+                    "regularizer.name=precision_at_recall",
+                    *COMMON,
+                    f"regularizer.precision_at_recall.recall={r}",
+                    *e,
+                ],
+            )
+        )
     for a in ("0.9", "0.97"):
-        out.append((f"R@P a={a}", ["regularizer.name=recall_at_precision", *COMMON,
-                                   f"regularizer.recall_at_precision.precision={a}", *e]))  # fmt: skip
+        out.append(
+            (
+                f"R@P a={a}",
+                [
+                    "regularizer.name=recall_at_precision",
+                    *COMMON,
+                    f"regularizer.recall_at_precision.precision={a}",
+                    *e,
+                ],
+            )
+        )
     for k in ("10", "40"):
-        out.append((f"ROC-AUC K={k}", ["regularizer.name=roc_auc", *COMMON,
-                                       f"regularizer.roc_auc.grid={k}", *e]))  # fmt: skip
+        out.append(
+            (
+                f"ROC-AUC K={k}",
+                ["regularizer.name=roc_auc", *COMMON, f"regularizer.roc_auc.grid={k}", *e],
+            )
+        )
     return out
 
 
@@ -68,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in a.seeds:
             out = _folder(a.runs, name, seed)
             if not _complete(out) and not a.table_only:
-                todo.append((CONFIG, [*overrides, f"train.seed={seed}", f"data.path={a.data}"],
-                             str(out)))  # fmt: skip
+                todo.append(
+                    (CONFIG, [*overrides, f"train.seed={seed}", f"data.path={a.data}"], str(out))
+                )
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
     if todo:
         with ProcessPoolExecutor(max_workers=a.jobs) as pool:
@@ -78,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
 
     finals: dict[str, list[dict]] = {}
     for name, _ in variants:
-        ms = [json.loads((_folder(a.runs, name, s) / "metrics.json").read_text())
-              for s in a.seeds if _complete(_folder(a.runs, name, s))]  # fmt: skip
+        ms = [
+            json.loads((_folder(a.runs, name, s) / "metrics.json").read_text())
+            for s in a.seeds
+            if _complete(_folder(a.runs, name, s))
+        ]
         if ms:
             finals[name] = ms
     ref = finals.get("F-beta (inline, 0.1/0.1)")
@@ -96,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             f"| {_ms([x['test_accuracy_big'] for x in f])} | {_ms([x['test_accuracy_gap'] for x in f])} "
             f"| {_ms(rel, '.2f', 1.0)} |"
         )
-    header = ("| shape objective | shape precision (test, u > 0) | shape recall | shape ROC-AUC "
-              "| task acc % | small % | big % | gap (pp) | time / epoch vs F-beta |\n"
-              "|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    header = (
+        "| shape objective | shape precision (test, u > 0) | shape recall | shape ROC-AUC "
+        "| task acc % | small % | big % | gap (pp) | time / epoch vs F-beta |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
     table = header + "\n" + "\n".join(rows)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "rates_smnist.md").write_text(

@@ -85,8 +85,14 @@ def step_times(
     return out
 
 
-SEGMENTS = ("input checks", "score memory", "L_B forward", "backward", "optimizer (eps)",
-            "after_step_")  # fmt: skip
+SEGMENTS = (
+    "input checks",
+    "score memory",
+    "L_B forward",
+    "backward",
+    "optimizer (eps)",
+    "after_step_",
+)
 
 
 def segment_times(
@@ -162,40 +168,70 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     a = p.parse_args(argv)
     sizes = [int(float(s)) for s in a.sizes.split(",")]
-    modes = MODES | ({f"{m} + compile": {**o, "compile": True} for m, o in MODES.items()
-                      if "sparse" in m} if a.compile else {})  # fmt: skip
+    modes = MODES | (
+        {f"{m} + compile": {**o, "compile": True} for m, o in MODES.items() if "sparse" in m}
+        if a.compile
+        else {}
+    )
     results = {m: {} for m in modes}
     step_times(sizes[0], a.batch, modes, a.device, 50)  # warm the machine and the compiler up
     for n in sizes:
         for mode, r in step_times(n, a.batch, modes, a.device, a.steps).items():
             results[mode][n] = r
-        print(f"n = {n:.0e}: " + ", ".join(
-            f"{m} {results[m][n]['step'] * 1e6:.0f} us" for m in modes), flush=True)  # fmt: skip
+        print(
+            f"n = {n:.0e}: "
+            + ", ".join(f"{m} {results[m][n]['step'] * 1e6:.0f} us" for m in modes),
+            flush=True,
+        )
     first, last = sizes[0], sizes[-1]
-    header = ["mode", *[f"step at n = {n:.0e} (us)" for n in sizes],
-              f"ratio {last:.0e} / {first:.0e} (target <= 1.2)", f"epoch end at {last:.0e} (ms)"]  # fmt: skip
+    header = [
+        "mode",
+        *[f"step at n = {n:.0e} (us)" for n in sizes],
+        f"ratio {last:.0e} / {first:.0e} (target <= 1.2)",
+        f"epoch end at {last:.0e} (ms)",
+    ]
     rows = [
-        [mode, *[f"{r[n]['step'] * 1e6:.0f}" for n in sizes],
-         f"**{r[last]['step'] / r[first]['step']:.2f}**", f"{r[last]['end'] * 1e3:.1f}"]
+        [
+            mode,
+            *[f"{r[n]['step'] * 1e6:.0f}" for n in sizes],
+            f"**{r[last]['step'] / r[first]['step']:.2f}**",
+            f"{r[last]['end'] * 1e3:.1f}",
+        ]
         for mode, r in results.items()
-    ]  # fmt: skip
+    ]
     table = markdown_table(header, rows)
     if a.device == "cpu":  # where a step's time goes, at S-MNIST's size (55930 positives)
-        split = {m: segment_times(55930, a.batch, MODES[m], a.steps)
-                 for m in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")}  # fmt: skip
-        seg_rows = [[name, *[f"{split[m][name][0]:.0f} ({split[m][name][1]})" for m in split]]
-                    for name in SEGMENTS]  # fmt: skip
-        seg_rows.append(["total", *[f"{sum(t for t, _ in split[m].values()):.0f} "
-                                    f"({sum(o for _, o in split[m].values())})" for m in split]])  # fmt: skip
-        table += ("\n\nOne step at n = 55930 positives (S-MNIST), B = "
-                  f"{a.batch}: median us (dispatched tensor operations)\n\n"
-                  + markdown_table(["part", *split], seg_rows))  # fmt: skip
+        split = {
+            m: segment_times(55930, a.batch, MODES[m], a.steps)
+            for m in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
+        }
+        seg_rows = [
+            [name, *[f"{split[m][name][0]:.0f} ({split[m][name][1]})" for m in split]]
+            for name in SEGMENTS
+        ]
+        seg_rows.append(
+            [
+                "total",
+                *[
+                    f"{sum(t for t, _ in split[m].values()):.0f} "
+                    f"({sum(o for _, o in split[m].values())})"
+                    for m in split
+                ],
+            ]
+        )
+        table += (
+            "\n\nOne step at n = 55930 positives (S-MNIST), B = "
+            f"{a.batch}: median us (dispatched tensor operations)\n\n"
+            + markdown_table(["part", *split], seg_rows)
+        )
     cmd = f"python -m benchmarks.reg_step --batch {a.batch} --steps {a.steps} --device {a.device}"
     cmd += " --compile" if a.compile else ""
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "reg_step" + ("" if a.device == "cpu" else f"_{a.device.split(':')[0]}")
-    text = (f"<!-- {cmd} -->\n{machine_line(a.device)}; B = {a.batch}, median of {a.steps} "
-            f"steps per cell (forward + backward + optimizer + after_step_)\n\n{table}\n")  # fmt: skip
+    text = (
+        f"<!-- {cmd} -->\n{machine_line(a.device)}; B = {a.batch}, median of {a.steps} "
+        f"steps per cell (forward + backward + optimizer + after_step_)\n\n{table}\n"
+    )
     (a.out / f"{stem}.md").write_text(text)
     _plot(results, sizes, a.batch, a.out / f"{stem}.png")
     print(table)

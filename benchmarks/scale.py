@@ -40,8 +40,11 @@ def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
     trainers = {}
     for precision in ("fp32", "bf16"):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(name="deeplabv3plus", encoder="resnet18",
-                                        encoder_weights=None), (106, 160), 92)  # fmt: skip
+        model = build_model(
+            ModelConfig(name="deeplabv3plus", encoder="resnet18", encoder_weights=None),
+            (106, 160),
+            92,
+        )
         reg = FBetaRegularizer(torch.arange(118287) % 2)
         opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
         trainers[precision] = (model, reg, opt)
@@ -75,21 +78,40 @@ def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[
     from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
 
     root = write_synthetic_cocostuff(tmp / "coco", n_train=images, n_val=4, size=(120, 180))
-    cocostuff.prepare(cocostuff.Options(out=tmp / "cache", root=root, setup="stuff", workers=2),
-                      log=lambda *_: None)  # fmt: skip
+    cocostuff.prepare(
+        cocostuff.Options(out=tmp / "cache", root=root, setup="stuff", workers=2),
+        log=lambda *_: None,
+    )
     common = [
-        "--config", str(ROOT / "configs" / "cocostuff_tiny.yaml"), "--regularizer", "fbeta",
-        f"data.path={tmp / 'cache'}", f"data.batch_size={batch}", f"train.epochs={epochs}",
-        "train.progress=false", "train.checkpoint=false", "train.log_images=0",
+        "--config",
+        str(ROOT / "configs" / "cocostuff_tiny.yaml"),
+        "--regularizer",
+        "fbeta",
+        f"data.path={tmp / 'cache'}",
+        f"data.batch_size={batch}",
+        f"train.epochs={epochs}",
+        "train.progress=false",
+        "train.checkpoint=false",
+        "train.log_images=0",
         "data.scale_range=null",
-    ]  # fmt: skip
+    ]
     rates = {}
     for name, launcher, threads in (
         ("1 process, 2 threads", [sys.executable, "-m", "train"], 2),
-        ("2 processes (torchrun, gloo), 1 thread each",
-         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          "-m", "train"], 1),
-    ):  # fmt: skip
+        (
+            "2 processes (torchrun, gloo), 1 thread each",
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                "-m",
+                "train",
+            ],
+            1,
+        ),
+    ):
         out = tmp / name.split()[0]
         cmd = [*launcher, *common, f"train.num_threads={threads}", "--out", str(out)]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -120,16 +142,24 @@ def main(argv: list[str] | None = None) -> int:
         rates = process_throughput(a.images, a.batch, a.epochs, Path(tmp))
     one, two = rates.values()
     rows = [
-        [f"DeepLabV3+ resnet18 step, batch {a.batch}, 106x160, regularized, {a.threads} threads",
-         f"fp32 {pr['fp32']:.3f} s", f"bf16 {pr['bf16']:.3f} s",
-         f"**{pr['bf16'] / pr['fp32']:.2f}** (bf16 / fp32 time)"],
-        [f"training throughput, DeepLabV3+ resnet18, global batch {a.batch}, {a.images} images",
-         f"1 process {one:.1f} img/s", f"2 processes {two:.1f} img/s",
-         f"**{two / one:.2f}** (2 / 1 throughput)"],
-    ]  # fmt: skip
+        [
+            f"DeepLabV3+ resnet18 step, batch {a.batch}, 106x160, regularized, {a.threads} threads",
+            f"fp32 {pr['fp32']:.3f} s",
+            f"bf16 {pr['bf16']:.3f} s",
+            f"**{pr['bf16'] / pr['fp32']:.2f}** (bf16 / fp32 time)",
+        ],
+        [
+            f"training throughput, DeepLabV3+ resnet18, global batch {a.batch}, {a.images} images",
+            f"1 process {one:.1f} img/s",
+            f"2 processes {two:.1f} img/s",
+            f"**{two / one:.2f}** (2 / 1 throughput)",
+        ],
+    ]
     table = markdown_table(["measurement", "A", "B", "ratio"], rows)
-    text = (f"<!-- python -m benchmarks.scale --batch {a.batch} --steps {a.steps} --images "
-            f"{a.images} --epochs {a.epochs} -->\n{machine_line()}\n\n{table}\n")  # fmt: skip
+    text = (
+        f"<!-- python -m benchmarks.scale --batch {a.batch} --steps {a.steps} --images "
+        f"{a.images} --epochs {a.epochs} -->\n{machine_line()}\n\n{table}\n"
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "scale.md").write_text(text)
     _plot(pr, rates, a.out / "scale.png")

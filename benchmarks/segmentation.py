@@ -34,8 +34,15 @@ from ._timing import machine_line, markdown_table
 COCO_TRAIN_IMAGES = 118287
 
 
-def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, int], workers: int,
-                      batch: int, epochs: int, tmp: Path) -> dict[str, float]:  # fmt: skip
+def loader_throughput(
+    root: Path | None,
+    n_images: int,
+    photo_size: tuple[int, int],
+    workers: int,
+    batch: int,
+    epochs: int,
+    tmp: Path,
+) -> dict[str, float]:
     import numpy as np
     import torch
     from torch.utils.data import Dataset
@@ -48,8 +55,9 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
         from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
 
         root = write_synthetic_cocostuff(tmp / "coco", n_train=n_images, n_val=2, size=photo_size)
-    options = cocostuff.Options(out=tmp / "cache", root=root, setup="stuff", limit=n_images,
-                                workers=workers)  # fmt: skip
+    options = cocostuff.Options(
+        out=tmp / "cache", root=root, setup="stuff", limit=n_images, workers=workers
+    )
     start = time.perf_counter()
     cocostuff.prepare(options, log=lambda *_: None)
     prep_s = time.perf_counter() - start
@@ -60,8 +68,9 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
     inputs = cocostuff.find_inputs(options)
     src = cocostuff.read_split(inputs.annotations["train"], options)
     keep = set(np.load(Path(options.out) / "train" / "image_ids.npy").tolist())
-    jobs = [j for j in cocostuff.make_jobs("train", src, inputs, options, 92)
-            if j.record["id"] in keep]  # fmt: skip
+    jobs = [
+        j for j in cocostuff.make_jobs("train", src, inputs, options, 92) if j.record["id"] in keep
+    ]
 
     class DecodePerSample(Dataset):
         """The same batches as the cache, made from the JPEG + RLE masks of every sample."""
@@ -75,8 +84,10 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
             images, labels = [], []
             for i in idx:
                 image, label, _ = cocostuff.process_image(jobs[i])
-                a, b = augment(tv_tensors.Image(torch.tensor(image).permute(2, 0, 1)),
-                               tv_tensors.Mask(torch.from_numpy(label)))  # fmt: skip
+                a, b = augment(
+                    tv_tensors.Image(torch.tensor(image).permute(2, 0, 1)),
+                    tv_tensors.Mask(torch.from_numpy(label)),
+                )
                 images.append(a.as_subclass(torch.Tensor))
                 labels.append(b.as_subclass(torch.Tensor))
             return {"image": torch.stack(images), "label": torch.stack(labels)}
@@ -84,11 +95,16 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
     def rate(ds: Dataset, samples: int) -> float:
         """Images/s over one long pass of ``samples`` random images (as inside a real epoch of
         118k images: no per-epoch worker restart), after a warm-up pass."""
-        order = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=samples,
-                                               generator=torch.Generator().manual_seed(0))  # fmt: skip
-        loader = torch.utils.data.DataLoader(ds, sampler=ResumableBatchSampler(order, batch),
-                                             batch_size=None, num_workers=workers,
-                                             persistent_workers=workers > 0)  # fmt: skip
+        order = torch.utils.data.RandomSampler(
+            ds, replacement=True, num_samples=samples, generator=torch.Generator().manual_seed(0)
+        )
+        loader = torch.utils.data.DataLoader(
+            ds,
+            sampler=ResumableBatchSampler(order, batch),
+            batch_size=None,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )
         rates = []
         for _ in range(epochs + 1):
             start = time.perf_counter()
@@ -97,8 +113,13 @@ def loader_throughput(root: Path | None, n_images: int, photo_size: tuple[int, i
         return statistics.median(rates[1:])
 
     cache_rate, decode_rate = rate(cached, 32 * n_images), rate(DecodePerSample(), 2 * n_images)
-    return {"images": len(jobs), "cache": cache_rate, "decode": decode_rate,
-            "ratio": cache_rate / decode_rate, "prep_s": prep_s}  # fmt: skip
+    return {
+        "images": len(jobs),
+        "cache": cache_rate,
+        "decode": decode_rate,
+        "ratio": cache_rate / decode_rate,
+        "prep_s": prep_s,
+    }
 
 
 def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[str, float]:
@@ -115,12 +136,18 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
     trainers = {}
     for name in ("base", "reg", "sparse"):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(name="deeplabv3plus", encoder="resnet18",
-                                        encoder_weights=None), (h, w), classes)  # fmt: skip
+        model = build_model(
+            ModelConfig(name="deeplabv3plus", encoder="resnet18", encoder_weights=None),
+            (h, w),
+            classes,
+        )
         reg = None
         if name != "base":
-            reg = FBetaRegularizer(shape_labels, projection="epoch",
-                                   tau_update="sparse_adam" if name == "sparse" else "dense")  # fmt: skip
+            reg = FBetaRegularizer(
+                shape_labels,
+                projection="epoch",
+                tau_update="sparse_adam" if name == "sparse" else "dense",
+            )
         params = [{"params": list(model.parameters())}]
         if reg is not None:
             params.append({"params": list(reg.parameters()), "weight_decay": 0.0})
@@ -160,9 +187,16 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
     base, regd = statistics.median(times["base"]), statistics.median(times["reg"])
     sparse = statistics.median(times["sparse"])
     epoch_s = regd * COCO_TRAIN_IMAGES / batch
-    return {"base_s": base, "reg_s": regd, "ratio": regd / base, "extra_ms": (regd - base) * 1e3,
-            "sparse_s": sparse, "sparse_ratio": sparse / base,
-            "end_s": statistics.median(ends), "end_fraction": statistics.median(ends) / epoch_s}  # fmt: skip
+    return {
+        "base_s": base,
+        "reg_s": regd,
+        "ratio": regd / base,
+        "extra_ms": (regd - base) * 1e3,
+        "sparse_s": sparse,
+        "sparse_ratio": sparse / base,
+        "end_s": statistics.median(ends),
+        "end_fraction": statistics.median(ends) / epoch_s,
+    }
 
 
 def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
@@ -178,12 +212,19 @@ def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
     torch.set_num_threads(threads)
     out = []
     for label, name, encoder, batch, classes in (
-        ("DeepLabV3+ resnet50 (cocostuff_deeplabv3plus.yaml), batch 8", "deeplabv3plus", "resnet50", 8, 92),
+        (
+            "DeepLabV3+ resnet50 (cocostuff_deeplabv3plus.yaml), batch 8",
+            "deeplabv3plus",
+            "resnet50",
+            8,
+            92,
+        ),
         ("SegNet vgg16_bn (coco_sky_segnet.yaml), batch 7 (paper)", "segnet", "vgg16_bn", 7, 2),
-    ):  # fmt: skip
+    ):
         torch.manual_seed(0)
-        model = build_model(ModelConfig(name=name, encoder=encoder, encoder_weights=None),
-                            (106, 160), classes)  # fmt: skip
+        model = build_model(
+            ModelConfig(name=name, encoder=encoder, encoder_weights=None), (106, 160), classes
+        )
         reg = FBetaRegularizer(torch.arange(COCO_TRAIN_IMAGES) % 2)
         opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
         x = torch.randint(0, 256, (batch, 3, 106, 160), dtype=torch.uint8)
@@ -221,35 +262,67 @@ def main(argv: list[str] | None = None) -> int:
         a.images, a.photo_size, a.loader_batch, a.loader_epochs = 8, (60, 80), 4, 1
         a.batch, a.steps = 2, 1
     with tempfile.TemporaryDirectory() as tmp:
-        lo = loader_throughput(a.root, a.images, tuple(a.photo_size), a.workers, a.loader_batch,
-                               a.loader_epochs, Path(tmp))  # fmt: skip
-    print(f"loader: cache {lo['cache']:.0f} img/s, decode {lo['decode']:.1f} img/s, "
-          f"ratio {lo['ratio']:.1f}", flush=True)  # fmt: skip
+        lo = loader_throughput(
+            a.root,
+            a.images,
+            tuple(a.photo_size),
+            a.workers,
+            a.loader_batch,
+            a.loader_epochs,
+            Path(tmp),
+        )
+    print(
+        f"loader: cache {lo['cache']:.0f} img/s, decode {lo['decode']:.1f} img/s, "
+        f"ratio {lo['ratio']:.1f}",
+        flush=True,
+    )
     st = step_overhead(a.batch, a.steps, a.classes, a.threads)
     print(f"step: ratio {st['ratio']:.4f} (sparse tau {st['sparse_ratio']:.4f})", flush=True)
     configs = [] if a.quick else config_step_times(a.threads)
     src = "generated " + "x".join(map(str, a.photo_size)) if a.root is None else str(a.root)
     rows = [
-        [f"loader, {lo['images']} images ({src}), {a.workers} workers, batch {a.loader_batch}",
-         f"cache {lo['cache']:.0f} img/s", f"decode + resize {lo['decode']:.1f} img/s",
-         f"**{lo['ratio']:.1f}x**", "≥ 10x"],
-        [f"DeepLabV3+ resnet18 step, batch {a.batch}, 106x160, {a.classes} classes, CPU "
-         f"{a.threads} threads", f"regularized {st['reg_s']:.3f} s",
-         f"baseline {st['base_s']:.3f} s", f"**{st['ratio']:.4f}**", "≤ 1.02"],
-        ["the same, tau_update=sparse_adam", f"regularized {st['sparse_s']:.3f} s",
-         f"baseline {st['base_s']:.3f} s", f"**{st['sparse_ratio']:.4f}**", "≤ 1.02"],
-        [f"epoch end (projection of {COCO_TRAIN_IMAGES // 2} tau + dual step)",
-         f"{st['end_s'] * 1e3:.1f} ms", f"epoch ≈ {st['reg_s'] * COCO_TRAIN_IMAGES / a.batch / 60:.0f} min",
-         f"**{100 * st['end_fraction']:.5f} %**", "-"],
-    ]  # fmt: skip
+        [
+            f"loader, {lo['images']} images ({src}), {a.workers} workers, batch {a.loader_batch}",
+            f"cache {lo['cache']:.0f} img/s",
+            f"decode + resize {lo['decode']:.1f} img/s",
+            f"**{lo['ratio']:.1f}x**",
+            "≥ 10x",
+        ],
+        [
+            f"DeepLabV3+ resnet18 step, batch {a.batch}, 106x160, {a.classes} classes, CPU "
+            f"{a.threads} threads",
+            f"regularized {st['reg_s']:.3f} s",
+            f"baseline {st['base_s']:.3f} s",
+            f"**{st['ratio']:.4f}**",
+            "≤ 1.02",
+        ],
+        [
+            "the same, tau_update=sparse_adam",
+            f"regularized {st['sparse_s']:.3f} s",
+            f"baseline {st['base_s']:.3f} s",
+            f"**{st['sparse_ratio']:.4f}**",
+            "≤ 1.02",
+        ],
+        [
+            f"epoch end (projection of {COCO_TRAIN_IMAGES // 2} tau + dual step)",
+            f"{st['end_s'] * 1e3:.1f} ms",
+            f"epoch ≈ {st['reg_s'] * COCO_TRAIN_IMAGES / a.batch / 60:.0f} min",
+            f"**{100 * st['end_fraction']:.5f} %**",
+            "-",
+        ],
+    ]
     table = markdown_table(["measurement", "with", "without", "ratio", "target"], rows)
-    steps_table = markdown_table(["model, CPU, 106x160, regularized", "seconds per training step"],
-                                 [[name, f"{t:.2f}"] for name, t in configs])  # fmt: skip
+    steps_table = markdown_table(
+        ["model, CPU, 106x160, regularized", "seconds per training step"],
+        [[name, f"{t:.2f}"] for name, t in configs],
+    )
     cmd = "python -m benchmarks.segmentation" + ("" if a.root is None else f" --root {a.root}")
-    text = (f"<!-- {cmd} --images {a.images} --steps {a.steps} --batch {a.batch} -->\n"
-            f"{machine_line()}; cache prep of the loader set: {lo['prep_s']:.1f} s; step medians "
-            f"of {a.steps} interleaved steps (extra {st['extra_ms']:.1f} ms/step)\n\n{table}\n\n"
-            f"{steps_table}\n")  # fmt: skip
+    text = (
+        f"<!-- {cmd} --images {a.images} --steps {a.steps} --batch {a.batch} -->\n"
+        f"{machine_line()}; cache prep of the loader set: {lo['prep_s']:.1f} s; step medians "
+        f"of {a.steps} interleaved steps (extra {st['extra_ms']:.1f} ms/step)\n\n{table}\n\n"
+        f"{steps_table}\n"
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "segmentation.md").write_text(text)
     _plot(lo, st, a.out / "segmentation.png")

@@ -21,19 +21,24 @@ CONFIG, CACHE = "configs/camvid_sky.yaml", "data/camvid-sky-60x80"  # the study'
 PAPER = ("regularizer.name=fbeta", "regularizer.fbeta.preset=paper")
 VARIANTS = {
     "paper preset, SGD 0.01 (the earlier configs)": (
-        *PAPER, "optim.name=sgd", "optim.lr=0.01", "optim.regularizer_lr=0.01",
+        *PAPER,
+        "optim.name=sgd",
+        "optim.lr=0.01",
+        "optim.regularizer_lr=0.01",
     ),
     "paper preset (Adam)": PAPER,
     "paper + dual_lr_lambda 0.1": (*PAPER, "regularizer.fbeta.dual_lr_lambda=0.1"),
     "paper + lambda_init 1": (*PAPER, "regularizer.fbeta.lambda_init=1.0"),
     "paper + lambda_init 1 + cap_scores": (
-        *PAPER, "regularizer.fbeta.lambda_init=1.0", "regularizer.fbeta.cap_scores=true",
+        *PAPER,
+        "regularizer.fbeta.lambda_init=1.0",
+        "regularizer.fbeta.cap_scores=true",
     ),
     "library defaults": ("regularizer.name=fbeta", "regularizer.fbeta.preset=null"),
     # the task alone at the configs' network step and at the paper's primal step 1e-2
     "no regularizer, Adam 1e-3": (),
     "no regularizer, Adam 1e-2 (the paper's step)": ("optim.lr=1e-2",),
-}  # fmt: skip
+}
 
 
 def jobs(epochs: int, seed: int) -> list[tuple[str, Job]]:

@@ -25,7 +25,7 @@ TUNED = [
     "regularizer.projection=inline",
     "regularizer.fbeta.dual_lr_lambda=0.1",
     "regularizer.fbeta.dual_lr_mu=0.1",
-]  # fmt: skip  (docs/regularizer.md)
+]  # docs/regularizer.md
 
 
 def grid(mlp_epochs: int) -> list[tuple[str, str, list[str]]]:
@@ -33,17 +33,39 @@ def grid(mlp_epochs: int) -> list[tuple[str, str, list[str]]]:
     out = [("linear baseline", "configs/smnist_linear.yaml", ["regularizer.name=none"])]
     for alpha in ("1e-2", "1e-3", "1e-4"):
         for mode in ("epoch", "step"):
-            out.append((f"linear a={alpha} {mode}", "configs/smnist_linear.yaml",
-                        ["regularizer.name=fbeta", f"regularizer.alpha={alpha}",
-                         f"regularizer.projection={mode}", *PAPER]))  # fmt: skip
-    out.append(("linear a=1e-3 tuned", "configs/smnist_linear.yaml",
-                ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *TUNED]))  # fmt: skip
+            out.append(
+                (
+                    f"linear a={alpha} {mode}",
+                    "configs/smnist_linear.yaml",
+                    [
+                        "regularizer.name=fbeta",
+                        f"regularizer.alpha={alpha}",
+                        f"regularizer.projection={mode}",
+                        *PAPER,
+                    ],
+                )
+            )
+    out.append(
+        (
+            "linear a=1e-3 tuned",
+            "configs/smnist_linear.yaml",
+            ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *TUNED],
+        )
+    )
     mlp = ["train.epochs=" + str(mlp_epochs)]
     out.append(("mlp baseline", "configs/smnist_mlp.yaml", ["regularizer.name=none", *mlp]))
-    for name, extra in (("epoch", ["regularizer.projection=epoch", *PAPER]),
-                        ("step", ["regularizer.projection=step", *PAPER]), ("tuned", TUNED)):  # fmt: skip
-        out.append((f"mlp a=1e-3 {name}", "configs/smnist_mlp.yaml",
-                    ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *extra, *mlp]))  # fmt: skip
+    for name, extra in (
+        ("epoch", ["regularizer.projection=epoch", *PAPER]),
+        ("step", ["regularizer.projection=step", *PAPER]),
+        ("tuned", TUNED),
+    ):
+        out.append(
+            (
+                f"mlp a=1e-3 {name}",
+                "configs/smnist_mlp.yaml",
+                ["regularizer.name=fbeta", "regularizer.alpha=1e-3", *extra, *mlp],
+            )
+        )
     return out
 
 
@@ -55,8 +77,10 @@ def _run_one(args: tuple[str, list[str], str]) -> str:
     from train.loop import run
 
     torch.set_num_threads(1)
-    cfg = config_mod.load(config_path, [*overrides, f"train.out={out}", "train.progress=false",
-                                        "train.checkpoint=false"])  # fmt: skip
+    cfg = config_mod.load(
+        config_path,
+        [*overrides, f"train.out={out}", "train.progress=false", "train.checkpoint=false"],
+    )
     run(cfg, log=lambda *_: None)
     return out
 
@@ -100,8 +124,13 @@ def main(argv: list[str] | None = None) -> int:
                 if out.exists():
                     for f in sorted(out.rglob("*"), reverse=True):
                         f.unlink() if f.is_file() else f.rmdir()
-                todo.append((config_path, [*overrides, f"train.seed={seed}",
-                                           f"data.path={a.data}"], str(out)))  # fmt: skip
+                todo.append(
+                    (
+                        config_path,
+                        [*overrides, f"train.seed={seed}", f"data.path={a.data}"],
+                        str(out),
+                    )
+                )
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
     if not a.table_only:
         with ProcessPoolExecutor(max_workers=a.jobs) as pool:

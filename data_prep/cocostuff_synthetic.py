@@ -35,25 +35,99 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 STUFF_NAMES = {
-    92: "banner", 93: "blanket", 94: "branch", 95: "bridge", 96: "building-other", 97: "bush",
-    98: "cabinet", 99: "cage", 100: "cardboard", 101: "carpet", 102: "ceiling-other",
-    103: "ceiling-tile", 104: "cloth", 105: "clothes", 106: "clouds", 107: "counter",
-    108: "cupboard", 109: "curtain", 110: "desk-stuff", 111: "dirt", 112: "door-stuff",
-    113: "fence", 114: "floor-marble", 115: "floor-other", 116: "floor-stone", 117: "floor-tile",
-    118: "floor-wood", 119: "flower", 120: "fog", 121: "food-other", 122: "fruit",
-    123: "furniture-other", 124: "grass", 125: "gravel", 126: "ground-other", 127: "hill",
-    128: "house", 129: "leaves", 130: "light", 131: "mat", 132: "metal", 133: "mirror-stuff",
-    134: "moss", 135: "mountain", 136: "mud", 137: "napkin", 138: "net", 139: "paper",
-    140: "pavement", 141: "pillow", 142: "plant-other", 143: "plastic", 144: "platform",
-    145: "playingfield", 146: "railing", 147: "railroad", 148: "river", 149: "road", 150: "rock",
-    151: "roof", 152: "rug", 153: "salad", 154: "sand", 155: "sea", 156: "shelf",
-    157: "sky-other", 158: "skyscraper", 159: "snow", 160: "solid-other", 161: "stairs",
-    162: "stone", 163: "straw", 164: "structural-other", 165: "table", 166: "tent",
-    167: "textile-other", 168: "towel", 169: "tree", 170: "vegetable", 171: "wall-brick",
-    172: "wall-concrete", 173: "wall-other", 174: "wall-panel", 175: "wall-stone",
-    176: "wall-tile", 177: "wall-wood", 178: "water-other", 179: "waterdrops",
-    180: "window-blind", 181: "window-other", 182: "wood", 183: "other",
-}  # fmt: skip
+    92: "banner",
+    93: "blanket",
+    94: "branch",
+    95: "bridge",
+    96: "building-other",
+    97: "bush",
+    98: "cabinet",
+    99: "cage",
+    100: "cardboard",
+    101: "carpet",
+    102: "ceiling-other",
+    103: "ceiling-tile",
+    104: "cloth",
+    105: "clothes",
+    106: "clouds",
+    107: "counter",
+    108: "cupboard",
+    109: "curtain",
+    110: "desk-stuff",
+    111: "dirt",
+    112: "door-stuff",
+    113: "fence",
+    114: "floor-marble",
+    115: "floor-other",
+    116: "floor-stone",
+    117: "floor-tile",
+    118: "floor-wood",
+    119: "flower",
+    120: "fog",
+    121: "food-other",
+    122: "fruit",
+    123: "furniture-other",
+    124: "grass",
+    125: "gravel",
+    126: "ground-other",
+    127: "hill",
+    128: "house",
+    129: "leaves",
+    130: "light",
+    131: "mat",
+    132: "metal",
+    133: "mirror-stuff",
+    134: "moss",
+    135: "mountain",
+    136: "mud",
+    137: "napkin",
+    138: "net",
+    139: "paper",
+    140: "pavement",
+    141: "pillow",
+    142: "plant-other",
+    143: "plastic",
+    144: "platform",
+    145: "playingfield",
+    146: "railing",
+    147: "railroad",
+    148: "river",
+    149: "road",
+    150: "rock",
+    151: "roof",
+    152: "rug",
+    153: "salad",
+    154: "sand",
+    155: "sea",
+    156: "shelf",
+    157: "sky-other",
+    158: "skyscraper",
+    159: "snow",
+    160: "solid-other",
+    161: "stairs",
+    162: "stone",
+    163: "straw",
+    164: "structural-other",
+    165: "table",
+    166: "tent",
+    167: "textile-other",
+    168: "towel",
+    169: "tree",
+    170: "vegetable",
+    171: "wall-brick",
+    172: "wall-concrete",
+    173: "wall-other",
+    174: "wall-panel",
+    175: "wall-stone",
+    176: "wall-tile",
+    177: "wall-wood",
+    178: "water-other",
+    179: "waterdrops",
+    180: "window-blind",
+    181: "window-other",
+    182: "wood",
+    183: "other",
+}
 SKY, GRASS, TREE, PERSON = 157, 124, 169, 1
 GROUND = (124, 149, 154, 155, 118, 173)  # grass, road, sand, sea, floor-wood, wall-other
 BLOBS = (169, 96, 97, 135, 106, 140)  # tree, building-other, bush, mountain, clouds, pavement
@@ -122,13 +196,22 @@ def _annotations(iid: int, truth: np.ndarray, next_id: int) -> list[dict]:
         masks.append((183, things))
     for cid, m in masks:
         rle = mask_utils.encode(np.asfortranarray(m.astype(np.uint8)))
-        seg = uncompressed_rle(m) if iid == UNCOMPRESSED_ID else {
-            "size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}  # fmt: skip
-        out.append({
-            "segmentation": seg, "area": float(mask_utils.area(rle)), "iscrowd": 0,
-            "image_id": iid, "bbox": [float(v) for v in mask_utils.toBbox(rle)],
-            "category_id": cid, "id": next_id + len(out),
-        })  # fmt: skip
+        seg = (
+            uncompressed_rle(m)
+            if iid == UNCOMPRESSED_ID
+            else {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+        )
+        out.append(
+            {
+                "segmentation": seg,
+                "area": float(mask_utils.area(rle)),
+                "iscrowd": 0,
+                "image_id": iid,
+                "bbox": [float(v) for v in mask_utils.toBbox(rle)],
+                "category_id": cid,
+                "id": next_id + len(out),
+            }
+        )
     return out
 
 
@@ -171,11 +254,18 @@ def write_synthetic_cocostuff(
             iid, name = image_id(split, i), f"{image_id(split, i):012d}.jpg"
             truth = ground_truth(split, i, h, w, rng)
             truths[str(iid)] = truth
-            images.append({
-                "license": 4, "file_name": name, "height": h, "width": w, "id": iid,
-                "coco_url": f"http://images.cocodataset.org/{split}2017/{name}",
-                "date_captured": "2013-11-18 05:33:39", "flickr_url": "",
-            })  # fmt: skip
+            images.append(
+                {
+                    "license": 4,
+                    "file_name": name,
+                    "height": h,
+                    "width": w,
+                    "id": iid,
+                    "coco_url": f"http://images.cocodataset.org/{split}2017/{name}",
+                    "date_captured": "2013-11-18 05:33:39",
+                    "flickr_url": "",
+                }
+            )
             annotations += _annotations(iid, truth, 10_000_000 + 100 * len(truths))
             if iid not in missing:
                 img = Image.fromarray(_pixels(truth, rng))
@@ -191,14 +281,19 @@ def write_synthetic_cocostuff(
         doc = {
             "info": {"description": "COCO 2017 Stuff Dataset (test fixture)", "year": 2017},
             "images": [images[k] for k in order.permutation(len(images))],
-            "licenses": [{"url": "http://creativecommons.org/licenses/by/2.0/", "id": 4,
-                          "name": "Attribution License"}],
+            "licenses": [
+                {
+                    "url": "http://creativecommons.org/licenses/by/2.0/",
+                    "id": 4,
+                    "name": "Attribution License",
+                }
+            ],
             "categories": [
                 {"supercategory": "other" if cid == 183 else "stuff", "id": cid, "name": name}
                 for cid, name in STUFF_NAMES.items()
             ],
             "annotations": [annotations[k] for k in order.permutation(len(annotations))],
-        }  # fmt: skip
+        }
         (root / "annotations").mkdir(exist_ok=True)
         (root / "annotations" / f"stuff_{split}2017.json").write_text(json.dumps(doc))
     np.savez(root / TRUTH_NAME, **truths)

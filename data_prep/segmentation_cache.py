@@ -87,9 +87,14 @@ __all__ = [
 
 
 def save_size_histogram(
-    path: Path, values: np.ndarray, edges: Sequence[float], *, xlabel: str, title: str,
+    path: Path,
+    values: np.ndarray,
+    edges: Sequence[float],
+    *,
+    xlabel: str,
+    title: str,
     log_from: float | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """``class_sizes.png`` (the paper's Fig. 6): a histogram of ``values`` with the shape
     threshold(s) ``edges`` in red; ``log_from``: log-spaced bins from that value to 1, log x."""
     import matplotlib

@@ -62,11 +62,23 @@ MNIST_FILES = {
     ("test", "labels"): "t10k-labels-idx1-ubyte",
 }
 MNIST_MD5 = {
-    "train-images-idx3-ubyte": ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "6bbc9ace898e44ae57da46a324031adb"),
-    "train-labels-idx1-ubyte": ("d53e105ee54ea40749a09fcbcd1e9432", "a25bea736e30d166cdddb491f175f624"),
-    "t10k-images-idx3-ubyte": ("9fb629c4189551a2d022fa330f9573f3", "2646ac647ad5339dbf082846283269ea"),
-    "t10k-labels-idx1-ubyte": ("ec29112dd5afa0611ce80d1b7f02629c", "27ae3e4e09519cfbb04c329615203637"),
-}  # fmt: skip
+    "train-images-idx3-ubyte": (
+        "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "6bbc9ace898e44ae57da46a324031adb",
+    ),
+    "train-labels-idx1-ubyte": (
+        "d53e105ee54ea40749a09fcbcd1e9432",
+        "a25bea736e30d166cdddb491f175f624",
+    ),
+    "t10k-images-idx3-ubyte": (
+        "9fb629c4189551a2d022fa330f9573f3",
+        "2646ac647ad5339dbf082846283269ea",
+    ),
+    "t10k-labels-idx1-ubyte": (
+        "ec29112dd5afa0611ce80d1b7f02629c",
+        "27ae3e4e09519cfbb04c329615203637",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -382,8 +394,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mnist-dir", type=Path, help="folder with the four official MNIST files (gz or raw)"
     )
     src.add_argument("--download", action="store_true", help="download MNIST with torchvision")
-    src.add_argument("--source", choices=("mnist", "digits"), default=None,
-                     help="'digits': scikit-learn's bundled 8x8 digits (offline, small)")  # fmt: skip
+    src.add_argument(
+        "--source",
+        choices=("mnist", "digits"),
+        default=None,
+        help="'digits': scikit-learn's bundled 8x8 digits (offline, small)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.add_argument("--download-root", type=Path, default=Path("data/mnist-download"))
     d = Options()
@@ -393,8 +409,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--fraction", type=float, default=d.fraction, help="fraction of digits copied")
     p.add_argument("--interpolation", choices=INTERPOLATIONS, default=d.interpolation)
-    p.add_argument("--pixel-threshold", type=int, default=d.pixel_threshold,
-                   help="a pixel is foreground if its value is above this")  # fmt: skip
+    p.add_argument(
+        "--pixel-threshold",
+        type=int,
+        default=d.pixel_threshold,
+        help="a pixel is foreground if its value is above this",
+    )
     p.add_argument("--limit", type=int, default=None, help="first N source digits per split")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
@@ -403,14 +423,23 @@ def main(argv: list[str] | None = None) -> int:
     if source == "mnist" and a.mnist_dir is None and not a.download:
         p.error("give --mnist-dir DIR, --download, or --source digits")
     options = Options(
-        source=source, canvas=a.canvas, factor=a.factor, fraction=a.fraction,
-        interpolation=a.interpolation, pixel_threshold=a.pixel_threshold, limit=a.limit, seed=a.seed,
-    )  # fmt: skip
+        source=source,
+        canvas=a.canvas,
+        factor=a.factor,
+        fraction=a.fraction,
+        interpolation=a.interpolation,
+        pixel_threshold=a.pixel_threshold,
+        limit=a.limit,
+        seed=a.seed,
+    )
     try:
         prepare(
-            a.out, options, mnist_dir=a.mnist_dir,
-            download_root=a.download_root if a.download else None, force=a.force,
-        )  # fmt: skip
+            a.out,
+            options,
+            mnist_dir=a.mnist_dir,
+            download_root=a.download_root if a.download else None,
+            force=a.force,
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

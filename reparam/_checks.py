@@ -47,8 +47,15 @@ def shape_labels(x: object) -> Tensor:
     return t
 
 
-def number(name: str, x: object, lo: float = -math.inf, *, strict: bool = False,
-           hi: float = math.inf, strict_hi: bool = False) -> float:  # fmt: skip
+def number(
+    name: str,
+    x: object,
+    lo: float = -math.inf,
+    *,
+    strict: bool = False,
+    hi: float = math.inf,
+    strict_hi: bool = False,
+) -> float:
     """A finite real number in ``[lo, hi]`` (open ends with ``strict`` / ``strict_hi``)."""
     ok = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
     ok = ok and math.isfinite(x) and (x > lo if strict else x >= lo)
@@ -85,8 +92,9 @@ def positive_classes(classes: object) -> tuple[int, ...]:
     return out
 
 
-def batch(scores: object, idx: object, classes: tuple[int, ...], n_total: int,
-          device: torch.device) -> tuple[Tensor, Tensor]:  # fmt: skip
+def batch(
+    scores: object, idx: object, classes: tuple[int, ...], n_total: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
     """``(u float32 (B, P), idx int64 (B,) on device)`` from the shape head's scores: ``(B,)`` or
     ``(B, 1)`` for one positive class, else ``(B, K)`` with column ``c`` for class ``c``."""
     if not isinstance(scores, Tensor) or not scores.is_floating_point():

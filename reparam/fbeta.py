@@ -38,11 +38,17 @@ DEFAULT_TAU_LR = 1e-3  # tau_lr=None with a sparse tau update (Adam's default lr
 # docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
 # passed explicitly (not ``None``) overrides its preset's value.
 FBETA_DEFAULTS: dict[str, object] = {
-    "projection": "inline", "dual_lr_lambda": 0.1, "dual_lr_mu": 0.1, "cap_scores": True,
-}  # fmt: skip
+    "projection": "inline",
+    "dual_lr_lambda": 0.1,
+    "dual_lr_mu": 0.1,
+    "cap_scores": True,
+}
 PAPER_PRESET: dict[str, object] = {
-    "projection": "epoch", "dual_lr_lambda": 1e-3, "dual_lr_mu": 1e-5, "cap_scores": False,
-}  # fmt: skip
+    "projection": "epoch",
+    "dual_lr_lambda": 1e-3,
+    "dual_lr_mu": 1e-5,
+    "cap_scores": False,
+}
 FBETA_PRESETS = (None, "paper")
 
 
@@ -136,15 +142,23 @@ class FBetaRegularizer(ReparamRegularizer):
         tau_lr: float | None = None,
     ) -> None:
         projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
-            preset, projection=projection, dual_lr_lambda=dual_lr_lambda, dual_lr_mu=dual_lr_mu,
+            preset,
+            projection=projection,
+            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_mu=dual_lr_mu,
             cap_scores=cap_scores,
-        ).values()  # fmt: skip
+        ).values()
         super().__init__(
-            shape_labels, positive_classes=positive_classes, projection=projection,
-            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda,
-            dual_lr_rate=dual_lr_mu, dual_lr_rate_name="dual_lr_mu", dual_schedule=dual_schedule,
+            shape_labels,
+            positive_classes=positive_classes,
+            projection=projection,
+            inline_strength=inline_strength,
+            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_rate=dual_lr_mu,
+            dual_lr_rate_name="dual_lr_mu",
+            dual_schedule=dual_schedule,
             rho=rho,
-        )  # fmt: skip
+        )
         self.preset = preset
         self.beta = _checks.number("beta", beta, 0, strict=True)
         self.projection_method = _checks.choice(
@@ -214,10 +228,19 @@ class FBetaRegularizer(ReparamRegularizer):
             if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
                 u = torch.where(is_pos, torch.minimum(u, eps.detach()), u)
             return Fn.batch_lagrangian(
-                eps, tau, u, self.lam, self.mu, is_pos, slot.clamp_min_(0), beta=self.beta,
-                scale=n_samples / (self._n_pos_list[0] * batch), kind=self.negative_loss,
-                tau_grad_sink=self._tau_grad_sink, terms_fn=self._terms_fn,
-            ).view(())  # fmt: skip
+                eps,
+                tau,
+                u,
+                self.lam,
+                self.mu,
+                is_pos,
+                slot.clamp_min_(0),
+                beta=self.beta,
+                scale=n_samples / (self._n_pos_list[0] * batch),
+                kind=self.negative_loss,
+                tau_grad_sink=self._tau_grad_sink,
+                terms_fn=self._terms_fn,
+            ).view(())
         cls = self.class_of.index_select(0, idx)
         if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
             own = cls.unsqueeze(1) == torch.arange(len(self.classes), device=cls.device)
@@ -226,23 +249,41 @@ class FBetaRegularizer(ReparamRegularizer):
             slots = self.slot.index_select(0, idx).clamp_min_(0)
             terms = [
                 Fn.batch_lagrangian(
-                    eps.select(0, j), tau, u.select(1, j), self.lam, self.mu.select(0, j),
-                    cls == j, slots,
-                    beta=self.beta, scale=n_samples / (n_pos * batch), kind=self.negative_loss,
-                    tau_grad_sink=self._tau_grad_sink, terms_fn=self._terms_fn,
+                    eps.select(0, j),
+                    tau,
+                    u.select(1, j),
+                    self.lam,
+                    self.mu.select(0, j),
+                    cls == j,
+                    slots,
+                    beta=self.beta,
+                    scale=n_samples / (n_pos * batch),
+                    kind=self.negative_loss,
+                    tau_grad_sink=self._tau_grad_sink,
+                    terms_fn=self._terms_fn,
                 )
                 for j, n_pos in enumerate(self._n_pos_list)
-            ]  # fmt: skip
+            ]
             return torch.stack(terms).mean()
         terms = []
         for j, n_pos in enumerate(self._n_pos_list):  # augmented Lagrangian (rho > 0)
             pos = cls == j
             slots = self.slot[idx[pos]]
-            terms.append(Fn.augmented_minibatch_lagrangian(
-                eps[j], tau[slots], self.lam[slots], u[pos, j], self.mu[j], u[~pos, j],
-                tau[self.tau_group == j].mean(), beta=self.beta, kind=self.negative_loss,
-                rho=self.rho, scale=n_samples / (n_pos * batch),
-            ))  # fmt: skip
+            terms.append(
+                Fn.augmented_minibatch_lagrangian(
+                    eps[j],
+                    tau[slots],
+                    self.lam[slots],
+                    u[pos, j],
+                    self.mu[j],
+                    u[~pos, j],
+                    tau[self.tau_group == j].mean(),
+                    beta=self.beta,
+                    kind=self.negative_loss,
+                    rho=self.rho,
+                    scale=n_samples / (n_pos * batch),
+                )
+            )
         return torch.stack(terms).mean()
 
     def compile(self, **kwargs: object) -> None:
@@ -284,10 +325,15 @@ class FBetaRegularizer(ReparamRegularizer):
             self._pending.clear()
             adam = self.tau_update == "sparse_adam"
             sparse_step_(
-                self.tau_update, self.tau_param, self._tau_grad, rows, touched, lr=self.tau_lr,
+                self.tau_update,
+                self.tau_param,
+                self._tau_grad,
+                rows,
+                touched,
+                lr=self.tau_lr,
                 moments=self.tau_adam_moments if adam else None,
                 step=self.tau_adam_step if adam else None,
-            )  # fmt: skip
+            )
         super()._after_step_body_()
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -412,8 +458,12 @@ class FBetaRegularizer(ReparamRegularizer):
             "inert": getattr(self, "inert", None),
         }
         if len(self.classes) > 1:
-            out |= {"eps_per_class": eps.tolist(), "mu_per_class": self.mu.tolist(),
-                    "certified_fbeta_per_class": bounds, "train_fbeta_per_class": fbetas}  # fmt: skip
+            out |= {
+                "eps_per_class": eps.tolist(),
+                "mu_per_class": self.mu.tolist(),
+                "certified_fbeta_per_class": bounds,
+                "train_fbeta_per_class": fbetas,
+            }
         return out
 
     def extra_repr(self) -> str:

@@ -99,15 +99,33 @@ def batch_lagrangian(
     ``terms_fn``: the forward math (default :func:`batch_lagrangian_terms`; a compiled copy of it).
     """
     return _BatchLagrangian.apply(
-        eps, tau, u, lam, mu, is_pos, slots, beta**2, scale, kind, tau_grad_sink,
+        eps,
+        tau,
+        u,
+        lam,
+        mu,
+        is_pos,
+        slots,
+        beta**2,
+        scale,
+        kind,
+        tau_grad_sink,
         terms_fn or batch_lagrangian_terms,
-    )  # fmt: skip
+    )
 
 
 def batch_lagrangian_terms(
-    eps: Tensor, tau: Tensor, u: Tensor, lam: Tensor, mu: Tensor, is_pos: Tensor, slots: Tensor,
-    beta2: float, scale: float, kind: str,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    eps: Tensor,
+    tau: Tensor,
+    u: Tensor,
+    lam: Tensor,
+    mu: Tensor,
+    is_pos: Tensor,
+    slots: Tensor,
+    beta2: float,
+    scale: float,
+    kind: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
     hands to ``torch.compile``): ``(L_B, dL/du, dL/dtau per batch entry, dL/deps)``, the
     derivatives per unit of incoming gradient."""

@@ -102,8 +102,9 @@ def certified_auc(tpr_lower: Tensor, fpr_upper: Tensor) -> float:
 # --- minibatch Lagrangians (the training losses) ---------------------------------------------------
 
 
-def precision_at_recall_minibatch(tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: Tensor,
-                                  is_pos: Tensor, scale: float, recall: float) -> Tensor:  # fmt: skip
+def precision_at_recall_minibatch(
+    tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: Tensor, is_pos: Tensor, scale: float, recall: float
+) -> Tensor:
     r"""``L_B`` of (8a) on a batch: ``scale [sum_{B-} max(0, 1 + u_j) + sum_{B+} ((lambda_i - nu)
     tau_i - lambda_i min(u_i, 1))] + nu r`` with ``scale = N / (n B)``; ``tau_b``, ``lam_b`` are the rows of
     the batch's samples (any value for negatives), ``is_pos`` marks the positives."""
@@ -111,8 +112,15 @@ def precision_at_recall_minibatch(tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: T
     return scale * terms.sum() + nu * recall
 
 
-def recall_at_precision_minibatch(tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: Tensor,
-                                  is_pos: Tensor, scale: float, precision: float) -> Tensor:  # fmt: skip
+def recall_at_precision_minibatch(
+    tau_b: Tensor,
+    lam_b: Tensor,
+    nu: Tensor,
+    u: Tensor,
+    is_pos: Tensor,
+    scale: float,
+    precision: float,
+) -> Tensor:
     r"""``L_B`` of (8b): ``scale [sum_{B+} ((lambda_i - 1 - nu (1 - a)) tau_i - lambda_i min(u_i, 1))
     + nu a sum_{B-} max(0, 1 + u_j)]``."""
     a = precision
@@ -120,8 +128,16 @@ def recall_at_precision_minibatch(tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: T
     return scale * torch.where(is_pos, pos, nu * a * hinge_fp(u)).sum()
 
 
-def roc_auc_minibatch(tau_b: Tensor, lam_b: Tensor, nu: Tensor, z: Tensor, is_pos: Tensor,
-                      scale_pos: float, scale_neg: float, grid: Tensor) -> Tensor:  # fmt: skip
+def roc_auc_minibatch(
+    tau_b: Tensor,
+    lam_b: Tensor,
+    nu: Tensor,
+    z: Tensor,
+    is_pos: Tensor,
+    scale_pos: float,
+    scale_neg: float,
+    grid: Tensor,
+) -> Tensor:
     r"""``L_B`` of (8c): ``(1/K) sum_k [scale_pos sum_{B+} ((lambda_ik - 1) tau_ik - lambda_ik
     min(z_ik, 1)) + nu_k scale_neg sum_{B-} max(0, 1 + z_jk) - nu_k t_k]`` with ``z = u + b`` ``(B, K)``,
     ``scale_pos = N / (n B)``, ``scale_neg = N / (m B)``."""
@@ -133,8 +149,9 @@ def roc_auc_minibatch(tau_b: Tensor, lam_b: Tensor, nu: Tensor, z: Tensor, is_po
 # --- full Lagrangians (references for the minibatch estimates) ----------------------------------
 
 
-def precision_at_recall_lagrangian(tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor,
-                                   u_neg: Tensor, recall: float) -> Tensor:  # fmt: skip
+def precision_at_recall_lagrangian(
+    tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor, u_neg: Tensor, recall: float
+) -> Tensor:
     r"""(8a): ``(1/n) fp+(u) + (1/n) sum lambda_i (tau_i - min(u_i, 1)) + nu (r - mean tau)``."""
     n = u_pos.numel()
     return (
@@ -142,8 +159,9 @@ def precision_at_recall_lagrangian(tau: Tensor, lam: Tensor, nu: Tensor, u_pos: 
     )
 
 
-def recall_at_precision_lagrangian(tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor,
-                                   u_neg: Tensor, precision: float) -> Tensor:  # fmt: skip
+def recall_at_precision_lagrangian(
+    tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor, u_neg: Tensor, precision: float
+) -> Tensor:
     r"""(8b): ``-mean tau + (1/n) sum lambda_i (tau_i - min(u_i, 1)) + nu (a fp+(u)/n - (1 - a)
     mean tau)``."""
     n, a = u_pos.numel(), precision
@@ -151,8 +169,15 @@ def recall_at_precision_lagrangian(tau: Tensor, lam: Tensor, nu: Tensor, u_pos: 
     return -tau.mean() + (lam * (tau - capped(u_pos))).sum() / n + nu * constraint
 
 
-def roc_auc_lagrangian(tau: Tensor, lam: Tensor, nu: Tensor, offsets: Tensor, u_pos: Tensor,
-                       u_neg: Tensor, grid: Tensor) -> Tensor:  # fmt: skip
+def roc_auc_lagrangian(
+    tau: Tensor,
+    lam: Tensor,
+    nu: Tensor,
+    offsets: Tensor,
+    u_pos: Tensor,
+    u_neg: Tensor,
+    grid: Tensor,
+) -> Tensor:
     r"""(8c), the mean over grid points ``k`` of
     ``-mean_i tau_ik + (1/n) sum_i lambda_ik (tau_ik - min(u_i + b_k, 1)) + nu_k (fp+(u + b_k)/m - t_k)``.
     ``tau``, ``lam``: ``(n, K)``; ``nu``, ``offsets``, ``grid``: ``(K,)``."""
@@ -166,9 +191,14 @@ def roc_auc_lagrangian(tau: Tensor, lam: Tensor, nu: Tensor, offsets: Tensor, u_
 _GOLDEN = (5**0.5 - 1) / 2
 
 
-def best_rescaled_precision_margin(u_pos: Tensor, u_neg: Tensor, precision: float,
-                                   *, n_pos: int | None = None, n_neg: int | None = None,
-                                   ) -> float | None:  # fmt: skip
+def best_rescaled_precision_margin(
+    u_pos: Tensor,
+    u_neg: Tensor,
+    precision: float,
+    *,
+    n_pos: int | None = None,
+    n_neg: int | None = None,
+) -> float | None:
     r"""How well the *direction* of the current scores can certify precision ``a``: the largest
 
     .. math:: g(c, d) = \big[(1 - a)\, tp^-(c u + d) - a\, fp^+(c u + d)\big] / n
@@ -224,6 +254,8 @@ def best_rescaled_precision_margin(u_pos: Tensor, u_neg: Tensor, precision: floa
         lo, hi = (m1, hi) if v[0] < v[1] else (lo, m2)
     refined = best_over_d(np.array([10.0 ** ((lo + hi) / 2)]))[0]
     # c = 0 (a constant head): g is piecewise linear in d with kinks at -1 and 1
-    flat = max(((1 - precision) * wp * n * min(1.0, d) - precision * wq * m * max(0.0, 1 + d))
-               / norm for d in (-1.0, 1.0))  # fmt: skip
+    flat = max(
+        ((1 - precision) * wp * n * min(1.0, d) - precision * wq * m * max(0.0, 1 + d)) / norm
+        for d in (-1.0, 1.0)
+    )
     return float(max(values[i], refined, flat))

@@ -43,18 +43,36 @@ class _RateObjective(ReparamRegularizer):
 
     _constrained_names = ("tau_param",)
 
-    def __init__(self, shape_labels: object, *, positive_class: int, projection: str,
-                 inline_strength: float, dual_lr_lambda: float, dual_lr_nu: float,
-                 dual_schedule: str, rho: float, nu_max: float | None, nu_init: float,
-                 lambda_init: float, tau_init: float, columns: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shape_labels: object,
+        *,
+        positive_class: int,
+        projection: str,
+        inline_strength: float,
+        dual_lr_lambda: float,
+        dual_lr_nu: float,
+        dual_schedule: str,
+        rho: float,
+        nu_max: float | None,
+        nu_init: float,
+        lambda_init: float,
+        tau_init: float,
+        columns: int,
+    ) -> None:
         if isinstance(positive_class, bool) or not isinstance(positive_class, int):
             raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
         super().__init__(
-            shape_labels, positive_classes=(positive_class,), projection=projection,
-            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda,
-            dual_lr_rate=dual_lr_nu, dual_lr_rate_name="dual_lr_nu", dual_schedule=dual_schedule,
+            shape_labels,
+            positive_classes=(positive_class,),
+            projection=projection,
+            inline_strength=inline_strength,
+            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_rate=dual_lr_nu,
+            dual_lr_rate_name="dual_lr_nu",
+            dual_schedule=dual_schedule,
             rho=rho,
-        )  # fmt: skip
+        )
         self.positive_class = positive_class
         self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
         nu_init = _checks.number("nu_init", nu_init, 0, hi=self.nu_max)
@@ -130,20 +148,39 @@ class PrecisionAtRecall(_RateObjective):
             the head gets no pull toward the positives until the dual steps have grown ``lambda``.
     """
 
-    def __init__(self, shape_labels: object, *, recall: float, positive_class: int = 1,
-                 projection: str = "inline", inline_strength: float = 0.0,
-                 dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
-                 dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
-                 nu_init: float = 1.0, lambda_init: float | None = None,
-                 tau_init: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shape_labels: object,
+        *,
+        recall: float,
+        positive_class: int = 1,
+        projection: str = "inline",
+        inline_strength: float = 0.0,
+        dual_lr_lambda: float = 0.1,
+        dual_lr_nu: float = 1.0,
+        dual_schedule: str = "constant",
+        rho: float = 0.0,
+        nu_max: float | None = None,
+        nu_init: float = 1.0,
+        lambda_init: float | None = None,
+        tau_init: float = 1.0,
+    ) -> None:
         self_recall = _checks.number("recall", recall, 0, strict=True, hi=1, strict_hi=True)
         super().__init__(
-            shape_labels, positive_class=positive_class, projection=projection,
-            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda, dual_lr_nu=dual_lr_nu,
-            dual_schedule=dual_schedule, rho=rho, nu_max=nu_max, nu_init=nu_init,
-            lambda_init=nu_init if lambda_init is None else lambda_init, tau_init=tau_init,
+            shape_labels,
+            positive_class=positive_class,
+            projection=projection,
+            inline_strength=inline_strength,
+            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_nu=dual_lr_nu,
+            dual_schedule=dual_schedule,
+            rho=rho,
+            nu_max=nu_max,
+            nu_init=nu_init,
+            lambda_init=nu_init if lambda_init is None else lambda_init,
+            tau_init=tau_init,
             columns=0,
-        )  # fmt: skip
+        )
         self.recall = self_recall
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
@@ -174,8 +211,10 @@ class PrecisionAtRecall(_RateObjective):
         return _recall_precision_stats(self) | self._rate_stats(self._violation())
 
     def extra_repr(self) -> str:
-        return (f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, recall={self.recall}, "
-                f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}")  # fmt: skip
+        return (
+            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, recall={self.recall}, "
+            f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}"
+        )
 
 
 class RecallAtPrecision(_RateObjective):
@@ -204,21 +243,40 @@ class RecallAtPrecision(_RateObjective):
     ``1 + nu_init (1 - a)``).
     """
 
-    def __init__(self, shape_labels: object, *, precision: float, positive_class: int = 1,
-                 projection: str = "inline", inline_strength: float = 0.0,
-                 dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
-                 dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
-                 nu_init: float = 1.0, lambda_init: float | None = None,
-                 tau_init: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shape_labels: object,
+        *,
+        precision: float,
+        positive_class: int = 1,
+        projection: str = "inline",
+        inline_strength: float = 0.0,
+        dual_lr_lambda: float = 0.1,
+        dual_lr_nu: float = 1.0,
+        dual_schedule: str = "constant",
+        rho: float = 0.0,
+        nu_max: float | None = None,
+        nu_init: float = 1.0,
+        lambda_init: float | None = None,
+        tau_init: float = 1.0,
+    ) -> None:
         target = _checks.number("precision", precision, 0, strict=True, hi=1, strict_hi=True)
         stationary = 1 + _checks.number("nu_init", nu_init, 0) * (1 - target)
         super().__init__(
-            shape_labels, positive_class=positive_class, projection=projection,
-            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda, dual_lr_nu=dual_lr_nu,
-            dual_schedule=dual_schedule, rho=rho, nu_max=nu_max, nu_init=nu_init,
-            lambda_init=stationary if lambda_init is None else lambda_init, tau_init=tau_init,
+            shape_labels,
+            positive_class=positive_class,
+            projection=projection,
+            inline_strength=inline_strength,
+            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_nu=dual_lr_nu,
+            dual_schedule=dual_schedule,
+            rho=rho,
+            nu_max=nu_max,
+            nu_init=nu_init,
+            lambda_init=stationary if lambda_init is None else lambda_init,
+            tau_init=tau_init,
             columns=0,
-        )  # fmt: skip
+        )
         self.precision = target
         # (epochs, batches) when the checks started to fail (-1: the last check passed)
         self.register_buffer("uncertifiable_since", torch.full((2,), -1, dtype=torch.int64))
@@ -260,9 +318,12 @@ class RecallAtPrecision(_RateObjective):
             return
         u_pos, u_neg = self._split_scores()
         margin = R.best_rescaled_precision_margin(
-            u_pos, u_neg, self.precision, n_pos=int(self._n_pos_list[0]),
+            u_pos,
+            u_neg,
+            self.precision,
+            n_pos=int(self._n_pos_list[0]),
             n_neg=int(self.n_negatives),
-        )  # fmt: skip
+        )
         self.certifiable_margin.fill_(float("-inf") if margin is None else margin)
         if margin is None or margin >= 0:
             self.uncertifiable_since.fill_(-1)
@@ -297,15 +358,21 @@ class RecallAtPrecision(_RateObjective):
         plus ``certifiable_margin`` (the best rescaled margin, ``>= 0``: the direction of the
         scores can meet the target) and ``infeasible_suspected``."""
         margin = float(self.certifiable_margin)
-        return _recall_precision_stats(self) | self._rate_stats(self._violation()) | {
-            "certifiable_margin": None if margin == float("-inf") else margin,
-            "infeasible_suspected": self.infeasible_suspected,
-        }  # fmt: skip
+        return (
+            _recall_precision_stats(self)
+            | self._rate_stats(self._violation())
+            | {
+                "certifiable_margin": None if margin == float("-inf") else margin,
+                "infeasible_suspected": self.infeasible_suspected,
+            }
+        )
 
     def extra_repr(self) -> str:
-        return (f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, "
-                f"precision={self.precision}, projection={self.projection!r}, rho={self.rho}, "
-                f"nu_max={self.nu_max}")  # fmt: skip
+        return (
+            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, "
+            f"precision={self.precision}, projection={self.projection!r}, rho={self.rho}, "
+            f"nu_max={self.nu_max}"
+        )
 
 
 class ROCAUC(_RateObjective):
@@ -329,21 +396,41 @@ class ROCAUC(_RateObjective):
     ``offset_init`` the initial ``b_k`` (the stationary ``lambda_init`` is 1).
     """
 
-    def __init__(self, shape_labels: object, *, grid: int = 10, positive_class: int = 1,
-                 projection: str = "inline", inline_strength: float = 0.0,
-                 dual_lr_lambda: float = 0.1, dual_lr_nu: float = 1.0,
-                 dual_schedule: str = "constant", rho: float = 0.0, nu_max: float | None = None,
-                 nu_init: float = 1.0, lambda_init: float | None = None, tau_init: float = 1.0,
-                 offset_init: float = 0.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shape_labels: object,
+        *,
+        grid: int = 10,
+        positive_class: int = 1,
+        projection: str = "inline",
+        inline_strength: float = 0.0,
+        dual_lr_lambda: float = 0.1,
+        dual_lr_nu: float = 1.0,
+        dual_schedule: str = "constant",
+        rho: float = 0.0,
+        nu_max: float | None = None,
+        nu_init: float = 1.0,
+        lambda_init: float | None = None,
+        tau_init: float = 1.0,
+        offset_init: float = 0.0,
+    ) -> None:
         if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
             raise ValueError(f"grid must be an integer >= 1 (grid points K), got {grid!r}")
         super().__init__(
-            shape_labels, positive_class=positive_class, projection=projection,
-            inline_strength=inline_strength, dual_lr_lambda=dual_lr_lambda, dual_lr_nu=dual_lr_nu,
-            dual_schedule=dual_schedule, rho=rho, nu_max=nu_max, nu_init=nu_init,
-            lambda_init=1.0 if lambda_init is None else lambda_init, tau_init=tau_init,
+            shape_labels,
+            positive_class=positive_class,
+            projection=projection,
+            inline_strength=inline_strength,
+            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_nu=dual_lr_nu,
+            dual_schedule=dual_schedule,
+            rho=rho,
+            nu_max=nu_max,
+            nu_init=nu_init,
+            lambda_init=1.0 if lambda_init is None else lambda_init,
+            tau_init=tau_init,
             columns=grid,
-        )  # fmt: skip
+        )
         offset_init = _checks.number("offset_init", offset_init)
         self.grid = grid
         self.offsets = nn.Parameter(torch.full((grid,), offset_init))
@@ -392,8 +479,10 @@ class ROCAUC(_RateObjective):
         b = self.offsets.detach().float()
         out: dict[str, float | int | list | bool | None] = {
             "train_auc": R.roc_auc(u_pos, u_neg),
-            "certified_auc": None, "grid_tpr_mean": None, "fpr_excess_max": None,
-        }  # fmt: skip
+            "certified_auc": None,
+            "grid_tpr_mean": None,
+            "fpr_excess_max": None,
+        }
         if u_pos.numel() and u_neg.numel():
             z_pos, z_neg = u_pos[:, None] + b, u_neg[:, None] + b
             tpr_lower = torch.clamp(z_pos, max=1).mean(0).clamp_min(0)
@@ -401,13 +490,17 @@ class ROCAUC(_RateObjective):
             out["grid_tpr_mean"] = float((z_pos > 0).float().mean())
             fpr = (z_neg > 0).float().mean(0)
             out["fpr_excess_max"] = float((fpr - self.fpr_targets).max())
-        return out | self._rate_stats(self._violation()) | {
-            "offsets": b.tolist(), "nu_per_point": self.nu.tolist()
-        }  # fmt: skip
+        return (
+            out
+            | self._rate_stats(self._violation())
+            | {"offsets": b.tolist(), "nu_per_point": self.nu.tolist()}
+        )
 
     def extra_repr(self) -> str:
-        return (f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, grid={self.grid}, "
-                f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}")  # fmt: skip
+        return (
+            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, grid={self.grid}, "
+            f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}"
+        )
 
 
 def _recall_precision_stats(reg: _RateObjective) -> dict[str, float | None]:

@@ -55,10 +55,15 @@ def digits_smnist(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    if not all((MNIST_DIR / f"{n}.gz").is_file() for n in (
-        "train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte",
-    )):  # fmt: skip
+    if not all(
+        (MNIST_DIR / f"{n}.gz").is_file()
+        for n in (
+            "train-images-idx3-ubyte",
+            "train-labels-idx1-ubyte",
+            "t10k-images-idx3-ubyte",
+            "t10k-labels-idx1-ubyte",
+        )
+    ):
         pytest.skip(f"real MNIST not found at {MNIST_DIR}")
     return MNIST_DIR
 

@@ -15,8 +15,22 @@ def test_projection_benchmark_quick(tmp_path, capsys):
 
 
 def test_overhead_benchmark_quick(tmp_path, digits_smnist, capsys):
-    assert overhead.main(["--quick", "--epochs", "1", "--repeats", "1", "--data",
-                          str(digits_smnist), "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        overhead.main(
+            [
+                "--quick",
+                "--epochs",
+                "1",
+                "--repeats",
+                "1",
+                "--data",
+                str(digits_smnist),
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "overhead.md").read_text()
     assert "linear, batch 100 (paper)" in text and "epoch end / epoch" in text
     for variant, _ in overhead.VARIANTS:  # before and after in one table

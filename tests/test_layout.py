@@ -34,8 +34,9 @@ OPTIONAL = {"diffsort", "torchsort", "cooper", "libauc"}
 
 def _tracked() -> list[str]:
     try:
-        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
+        out = subprocess.run(
+            ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     return [f for f in out.splitlines() if (ROOT / f).is_file()]
@@ -129,6 +130,11 @@ def test_the_library_needs_only_torch_and_numpy(package):
 
 
 def test_no_module_outgrows_one_responsibility():
-    big = [f"{f} ({n} lines)" for f in _tracked() if f.endswith(".py") and not f.startswith("tests/")
-           and (n := len((ROOT / f).read_text().splitlines())) > 600]  # fmt: skip
+    big = [
+        f"{f} ({n} lines)"
+        for f in _tracked()
+        if f.endswith(".py")
+        and not f.startswith("tests/")
+        and (n := len((ROOT / f).read_text().splitlines())) > 600
+    ]
     assert not big, big

@@ -22,15 +22,38 @@ APPLICATION = {"train", "data_prep", "benchmarks", "tests", "configs", "docs"}
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src") / "checkout"
-    skip = shutil.ignore_patterns(".venv", ".git", "data", "runs", "build", "*.egg-info",
-                                  "__pycache__", ".*cache*", ".hypothesis")  # fmt: skip
+    skip = shutil.ignore_patterns(
+        ".venv",
+        ".git",
+        "data",
+        "runs",
+        "build",
+        "*.egg-info",
+        "__pycache__",
+        ".*cache*",
+        ".hypothesis",
+    )
     shutil.copytree(ROOT, src, ignore=skip)
     target = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-         "--no-compile", "--disable-pip-version-check", "-q", "--target", str(target), str(src)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "-q",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return target
 
@@ -65,9 +88,14 @@ def test_the_installed_library_imports_and_runs(installed, tmp_path):
         "print(e.item(), t.tolist(), bool(torch.isfinite(loss)), "
         "sorted(m for m in ('train', 'data_prep', 'benchmarks', 'torchvision', 'yaml', 'cooper',"
         " 'libauc', 'scipy') if m in sys.modules))"
-    )  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code, str(installed)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(installed)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["1.0", "[1.0,", "0.5,", "-2.0]", "True", "[]"]
 

@@ -89,13 +89,22 @@ def test_offline_segmentation_commands_run(tmp_path):
     text = (ROOT / "README.md").read_text()
     block = text.split("# offline, in seconds:", 1)[1].split("```", 1)[0]
     commands = [shlex.split(line) for line in block.strip().splitlines()[1:]]
-    assert [c[2] for c in commands] == ["data_prep.cocostuff_synthetic", "data_prep.cocostuff",
-                                        "train"]  # fmt: skip
+    assert [c[2] for c in commands] == [
+        "data_prep.cocostuff_synthetic",
+        "data_prep.cocostuff",
+        "train",
+    ]
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     for args in commands:
         assert args[0] == ".venv/bin/python"
-        proc = subprocess.run([sys.executable, *args[1:]], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=600, env=ENV)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, *args[1:]],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=ENV,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert "epoch   2" in proc.stdout and "miou" in proc.stdout
     (run,) = (tmp_path / "runs" / "cocostuff_tiny").iterdir()
@@ -110,16 +119,27 @@ def test_camvid_commands_run_on_real_frames(tmp_path):
     """The README's CamVid commands on the real frames (6 per split, 1 epoch), in a scratch folder."""
     text = (ROOT / "README.md").read_text()
     block = text.split("### CamVid:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [shlex.split(line.split("#")[0].replace("<CamVid dir>", str(CAMVID)))
-                for line in block.strip().splitlines()]  # fmt: skip
+    commands = [
+        shlex.split(line.split("#")[0].replace("<CamVid dir>", str(CAMVID)))
+        for line in block.strip().splitlines()
+    ]
     assert [c[2] for c in commands].count("data_prep.camvid") == 2
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     for args in commands:
         assert args[0] == ".venv/bin/python"
-        extra = ["--limit", "6"] if args[2] == "data_prep.camvid" else ["train.epochs=1",
-                                                                        "train.log_images=0"]  # fmt: skip
-        proc = subprocess.run([sys.executable, *args[1:], *extra], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600, env=ENV)  # fmt: skip
+        extra = (
+            ["--limit", "6"]
+            if args[2] == "data_prep.camvid"
+            else ["train.epochs=1", "train.log_images=0"]
+        )
+        proc = subprocess.run(
+            [sys.executable, *args[1:], *extra],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=ENV,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted((tmp_path / "runs").glob("*/*/metrics.json"))
     assert len(runs) == 4

@@ -78,8 +78,10 @@ def test_absent_torchvision_is_not_an_error():
 )
 def test_importing_the_application_has_no_side_effect(module):
     """No cure on import (entry points call it explicitly) and no torchvision import either."""
-    out = _run(f"import sys, {module}; from train.torchvision_compat import _has_op; "
-               f"print('torchvision' in sys.modules, _has_op('nms'))")  # fmt: skip
+    out = _run(
+        f"import sys, {module}; from train.torchvision_compat import _has_op; "
+        f"print('torchvision' in sys.modules, _has_op('nms'))"
+    )
     assert out == "False False"
 
 

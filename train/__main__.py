@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--config", help="YAML file (configs/*.yaml)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run folder")
-    p.add_argument("--regularizer", choices=("none", *config_mod.REGULARIZERS),
-                   help="= regularizer.name")  # fmt: skip
+    p.add_argument(
+        "--regularizer", choices=("none", *config_mod.REGULARIZERS), help="= regularizer.name"
+    )
     p.add_argument("--alpha", type=float, help="= regularizer.alpha (weight of the regularizer)")
     p.add_argument("--out", help="= train.out (run folder; must be new or empty)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -36,8 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     # intermixed: key=value overrides may come before, between and after the options
     a = p.parse_intermixed_args(argv)
     overrides = list(a.overrides)
-    for key, value in (("regularizer.name", a.regularizer), ("regularizer.alpha", a.alpha),
-                       ("train.out", a.out)):  # fmt: skip
+    for key, value in (
+        ("regularizer.name", a.regularizer),
+        ("regularizer.alpha", a.alpha),
+        ("train.out", a.out),
+    ):
         if value is not None:
             overrides.append(f"{key}={value}")
     if (a.config is None) == (a.resume is None):

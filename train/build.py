@@ -73,8 +73,13 @@ def build_optimizer(cfg: Config, model: nn.Module, reg: nn.Module | None) -> tor
     o = cfg.optim
     groups = [{"params": list(model.parameters())}]
     if reg is not None:  # (eps, tau) are primal variables: the same optimizer steps them
-        groups.append({"params": list(reg.parameters()), "weight_decay": 0.0,
-                       "lr": o.lr if o.regularizer_lr is None else o.regularizer_lr})  # fmt: skip
+        groups.append(
+            {
+                "params": list(reg.parameters()),
+                "weight_decay": 0.0,
+                "lr": o.lr if o.regularizer_lr is None else o.regularizer_lr,
+            }
+        )
     # fused: one kernel per step instead of ~10 per tensor (the per-sample tau has N_pos entries)
     if o.name == "adam":
         return torch.optim.Adam(groups, lr=o.lr, weight_decay=o.weight_decay, fused=True)

@@ -87,11 +87,13 @@ def rng_state() -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(_as_tuple(state["python"]))
     n = state["numpy"]
-    np.random.set_state({  # noqa: NPY002
-        "bit_generator": "MT19937", "state": {"key": n["key"].numpy().astype(np.uint32),
-                                              "pos": n["pos"]},
-        "has_gauss": n["has_gauss"], "gauss": n["gauss"],
-    })  # fmt: skip
+    numpy_state = {
+        "bit_generator": "MT19937",
+        "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+        "has_gauss": n["has_gauss"],
+        "gauss": n["gauss"],
+    }
+    np.random.set_state(numpy_state)  # noqa: NPY002  (the global state libraries use)
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

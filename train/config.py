@@ -249,10 +249,21 @@ class Config:
         return asdict(self)
 
 
-POSITIVE = {"data.batch_size", "data.eval_batch_size", "train.epochs", "optim.lr",
-            "train.keep_checkpoints", "train.dro_step"}  # fmt: skip
-NON_NEGATIVE = {"data.num_workers", "regularizer.alpha", "optim.weight_decay", "regularizer.rho",
-                "train.log_images"}  # fmt: skip
+POSITIVE = {
+    "data.batch_size",
+    "data.eval_batch_size",
+    "train.epochs",
+    "optim.lr",
+    "train.keep_checkpoints",
+    "train.dro_step",
+}
+NON_NEGATIVE = {
+    "data.num_workers",
+    "regularizer.alpha",
+    "optim.weight_decay",
+    "regularizer.rho",
+    "train.log_images",
+}
 
 
 def from_dict(raw: dict[str, Any]) -> Config:
@@ -395,8 +406,12 @@ def _validate(cfg: Config) -> None:
     for key in NON_NEGATIVE:
         if not flat[key] >= 0:
             raise ValueError(f"{key} must be >= 0, got {flat[key]!r}")
-    for key in ("data.train_subset", "data.test_subset", "train.checkpoint_every",
-                "train.stop_after_steps"):  # fmt: skip
+    for key in (
+        "data.train_subset",
+        "data.test_subset",
+        "train.checkpoint_every",
+        "train.stop_after_steps",
+    ):
         if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
     every = cfg.train.nonfinite_check_every
@@ -417,9 +432,10 @@ def _validate(cfg: Config) -> None:
     smnist = not cfg.data.segmentation
     if smnist != (cfg.model.name in SMNIST_MODELS):
         expected = (
-            f"one of {SMNIST_MODELS}" if smnist
+            f"one of {SMNIST_MODELS}"
+            if smnist
             else "a segmentation architecture (e.g. 'deeplabv3plus', 'segnet')"
-        )  # fmt: skip
+        )
         raise ValueError(
             f"model.name must be {expected} for data.kind {cfg.data.kind!r}, got {cfg.model.name!r}"
         )

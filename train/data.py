@@ -71,8 +71,14 @@ class SegmentationCacheDataset(Dataset):
     whole split into every DataLoader worker).
     """
 
-    def __init__(self, root: str | Path, split: str, limit: int | None = None,
-                 augment: JointAugment | None = None, seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: str | Path,
+        split: str,
+        limit: int | None = None,
+        augment: JointAugment | None = None,
+        seed: int = 0,
+    ) -> None:
         self.dir = Path(root) / split
         self.seed = seed
         shape = np.load(self.dir / "shape.npy")
@@ -89,8 +95,10 @@ class SegmentationCacheDataset(Dataset):
 
     def _open(self) -> tuple[np.ndarray, np.ndarray]:
         if self._arrays is None:
-            self._arrays = (np.load(self.dir / "images.npy", mmap_mode="r"),
-                            np.load(self.dir / "labels.npy", mmap_mode="r"))  # fmt: skip
+            self._arrays = (
+                np.load(self.dir / "images.npy", mmap_mode="r"),
+                np.load(self.dir / "labels.npy", mmap_mode="r"),
+            )
         return self._arrays
 
     def __getitem__(self, idx: list[int] | int) -> dict[str, Tensor]:
@@ -109,8 +117,12 @@ class SegmentationCacheDataset(Dataset):
                 pairs = [self.augment.pair(a, b) for a, b in zip(image, label, strict=True)]
             image = torch.stack([p[0] for p in pairs])
             label = torch.stack([p[1] for p in pairs])
-        return {"index": i, "image": image.contiguous(), "label": label,
-                "shape": self.shape_labels[i]}  # fmt: skip
+        return {
+            "index": i,
+            "image": image.contiguous(),
+            "label": label,
+            "shape": self.shape_labels[i],
+        }
 
 
 class JointAugment:
@@ -141,9 +153,12 @@ class JointAugment:
             if self.scale_range is not None:
                 steps += [
                     v2.ScaleJitter(self.size, scale_range=tuple(self.scale_range)),
-                    v2.RandomCrop(self.size, pad_if_needed=True,
-                                  fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE_INDEX}),
-                ]  # fmt: skip
+                    v2.RandomCrop(
+                        self.size,
+                        pad_if_needed=True,
+                        fill={tv_tensors.Image: 0, tv_tensors.Mask: IGNORE_INDEX},
+                    ),
+                ]
             if self.hflip:
                 steps.append(v2.RandomHorizontalFlip())
             self._transform = v2.Compose(steps)
@@ -210,12 +225,20 @@ def _load_segmentation(cfg: DataConfig, seed: int) -> DataBundle:
     _, meta = segmentation.load(cfg.path)  # validates the cache (complete, files present)
     size = tuple(meta["image_size"])
     select, report = segmentation.eval_splits(meta)
-    train = SegmentationCacheDataset(cfg.path, "train", cfg.train_subset,
-                                     segmentation_augment(cfg, size), seed)  # fmt: skip
+    train = SegmentationCacheDataset(
+        cfg.path, "train", cfg.train_subset, segmentation_augment(cfg, size), seed
+    )
     test = SegmentationCacheDataset(cfg.path, report, cfg.test_subset)
     val = SegmentationCacheDataset(cfg.path, select) if select != report else None
-    return DataBundle(train, test, meta, num_classes=meta["num_classes"], image_shape=size,
-                      class_names=meta.get("class_names"), val=val)  # fmt: skip
+    return DataBundle(
+        train,
+        test,
+        meta,
+        num_classes=meta["num_classes"],
+        image_shape=size,
+        class_names=meta.get("class_names"),
+        val=val,
+    )
 
 
 class ResumableBatchSampler(BatchSampler):
@@ -234,9 +257,16 @@ class ResumableBatchSampler(BatchSampler):
 
 
 def make_loader(
-    ds: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0, num_workers: int = 0,
-    rank: int = 0, world: int = 1, distributed: bool = False,
-) -> DataLoader:  # fmt: skip
+    ds: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool,
+    seed: int = 0,
+    num_workers: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    distributed: bool = False,
+) -> DataLoader:
     """Batches of ``batch_size`` (last one smaller) for this process.
 
     One process: reshuffled each epoch by a generator seeded with ``seed`` (the order behind
@@ -246,8 +276,9 @@ def make_loader(
     the disjoint shard ``range(rank, n, world)`` (no padding: every sample counted once).
     """
     if distributed and shuffle:
-        base: Sampler | list[int] = DistributedSampler(ds, num_replicas=world, rank=rank,
-                                                       shuffle=True, seed=seed)  # fmt: skip
+        base: Sampler | list[int] = DistributedSampler(
+            ds, num_replicas=world, rank=rank, shuffle=True, seed=seed
+        )
     elif distributed:
         base = list(range(rank, len(ds), world))
     elif shuffle:

@@ -54,8 +54,9 @@ class NonFiniteLossError(FloatingPointError):
     """A step produced a NaN / inf loss or shape score (``train.nonfinite: stop``)."""
 
 
-def task_loss(logits: Tensor, y: Tensor, groups: GroupWeighting | None = None,
-              shape: Tensor | None = None) -> Tensor:  # fmt: skip
+def task_loss(
+    logits: Tensor, y: Tensor, groups: GroupWeighting | None = None, shape: Tensor | None = None
+) -> Tensor:
     """Cross-entropy; pixels labelled ``IGNORE_INDEX`` do not count (a batch with no labelled
     pixel gives 0, not NaN). With ``groups`` (``train.group_weighting``), the per-pixel (per-sample)
     terms weighted over the samples' shape groups ``shape`` (train/groups.py)."""
@@ -73,8 +74,9 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-def run(cfg: Config, log: Callable[..., object] = print, resume: str | Path | None = None
-        ) -> dict[str, Any]:  # fmt: skip
+def run(
+    cfg: Config, log: Callable[..., object] = print, resume: str | Path | None = None
+) -> dict[str, Any]:
     """Train ``cfg`` end to end (or continue the run folder ``resume`` from its latest
     checkpoint); returns what ``metrics.json`` holds. Under ``torchrun`` every process calls this;
     only rank 0 logs and writes files."""
@@ -110,13 +112,16 @@ class Setup:
     reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
 
 
-def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
-          log: Callable[..., object]) -> Setup:  # fmt: skip
+def setup(
+    cfg: Config, ctx: distributed.Context, resume: str | Path | None, log: Callable[..., object]
+) -> Setup:
     """Run folder, seeds, data, model, regularizer, optimizer, loaders and the train state
     (restored from the newest readable checkpoint of ``resume``)."""
     if cfg.data.batch_size % ctx.world:
-        raise ValueError(f"data.batch_size {cfg.data.batch_size} (the global batch) must be "
-                         f"divisible by the number of processes {ctx.world}")  # fmt: skip
+        raise ValueError(
+            f"data.batch_size {cfg.data.batch_size} (the global batch) must be "
+            f"divisible by the number of processes {ctx.world}"
+        )
     found = None
     if resume is not None:
         out = Path(resume)
@@ -147,21 +152,40 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
         )
     optimizer = build_optimizer(cfg, model, reg)
     _zero_momentum_buffers_(optimizer)
-    train_loader = make_loader(data.train, cfg.data.batch_size // ctx.world, shuffle=True,
-                               seed=cfg.train.seed, num_workers=cfg.data.num_workers,
-                               rank=ctx.rank, world=ctx.world, distributed=ctx.enabled)  # fmt: skip
+    train_loader = make_loader(
+        data.train,
+        cfg.data.batch_size // ctx.world,
+        shuffle=True,
+        seed=cfg.train.seed,
+        num_workers=cfg.data.num_workers,
+        rank=ctx.rank,
+        world=ctx.world,
+        distributed=ctx.enabled,
+    )
     test_loader, val_loader = (
-        None if ds is None else make_loader(ds, cfg.data.eval_batch_size, shuffle=False,
-                                            num_workers=cfg.data.num_workers, rank=ctx.rank,
-                                            world=ctx.world, distributed=ctx.enabled)
+        None
+        if ds is None
+        else make_loader(
+            ds,
+            cfg.data.eval_batch_size,
+            shuffle=False,
+            num_workers=cfg.data.num_workers,
+            rank=ctx.rank,
+            world=ctx.world,
+            distributed=ctx.enabled,
+        )
         for ds in (data.test, data.val)
-    )  # fmt: skip
+    )
     groups = None
     if cfg.train.group_weighting != "none":
         groups = GroupWeighting(
-            cfg.train.group_weighting, data.train_shape_labels, _num_groups(data),
-            cfg.train.dro_step, distributed.all_reduce_ if ctx.enabled else None, ctx.world,
-        ).to(device)  # fmt: skip
+            cfg.train.group_weighting,
+            data.train_shape_labels,
+            _num_groups(data),
+            cfg.train.dro_step,
+            distributed.all_reduce_ if ctx.enabled else None,
+            ctx.world,
+        ).to(device)
     scheduler = build_scheduler(cfg, optimizer, len(train_loader))
     scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
     if cfg.train.compile:
@@ -169,23 +193,50 @@ def setup(cfg: Config, ctx: distributed.Context, resume: str | Path | None,
     net = model
     if ctx.enabled:  # gradients of the network averaged by DDP; of (eps, tau) after backward
         net = nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None,
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
             find_unused_parameters=reg is None,  # the baseline never uses the shape head
-        )  # fmt: skip
+        )
     sampler = train_loader.sampler.sampler  # batch_size=None: .sampler is the batch sampler
-    state = TrainState(cfg.to_dict(), model, optimizer, scheduler, scaler, reg,
-                       getattr(sampler, "generator", None), groups=groups)  # fmt: skip
+    state = TrainState(
+        cfg.to_dict(),
+        model,
+        optimizer,
+        scheduler,
+        scaler,
+        reg,
+        getattr(sampler, "generator", None),
+        groups=groups,
+    )
     if found is not None:
         state.load_state_dict(found[1])
         if state.totals is not None and not ctx.is_main:
             state.totals[:3] = 0  # the saved sums are over all processes already: count them once
     # each process remembers the scores of its own samples; they are merged before a dual step
-    written = (torch.zeros(len(data.train), dtype=torch.bool, device=device)
-               if ctx.enabled and reg else None)  # fmt: skip
-    return Setup(out, device, data, model, net, reg, optimizer, scheduler, scaler, train_loader,
-                 test_loader, val_loader, groups, state, written,
-                 "none yet" if found is None else str(found[0]),
-                 list(reg.parameters()) if reg is not None else [])  # fmt: skip
+    written = (
+        torch.zeros(len(data.train), dtype=torch.bool, device=device)
+        if ctx.enabled and reg
+        else None
+    )
+    return Setup(
+        out,
+        device,
+        data,
+        model,
+        net,
+        reg,
+        optimizer,
+        scheduler,
+        scaler,
+        train_loader,
+        test_loader,
+        val_loader,
+        groups,
+        state,
+        written,
+        "none yet" if found is None else str(found[0]),
+        list(reg.parameters()) if reg is not None else [],
+    )
 
 
 def _num_groups(data: DataBundle) -> int:
@@ -278,8 +329,9 @@ class NonFiniteGuard:
         return finite
 
 
-def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
-           ctx: distributed.Context) -> dict[str, Any]:  # fmt: skip
+def _train(
+    cfg: Config, log: Callable[..., object], resume: str | Path | None, ctx: distributed.Context
+) -> dict[str, Any]:
     s = setup(cfg, ctx, resume, log)
     state, reg, device, train_loader, written = s.state, s.reg, s.device, s.train_loader, s.written
     sampler = train_loader.sampler.sampler
@@ -290,9 +342,11 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
     every, limit = cfg.train.checkpoint_every, cfg.train.stop_after_steps
     check_every = cfg.train.nonfinite_check_every
     guard = NonFiniteGuard(cfg.train.nonfinite, ctx.enabled, s.last_checkpoint)
-    log(f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
+    log(
+        f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
         f"device {device}; {ctx.world} process(es); precision {cfg.train.precision}"
-        + ("; compiled" if cfg.train.compile else ""))  # fmt: skip
+        + ("; compiled" if cfg.train.compile else "")
+    )
     if reg is not None:
         log(f"regularizer: alpha={alpha:g} {reg.extra_repr()}")
 
@@ -309,9 +363,14 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
         s.net.train()
         k = skip = state.step_in_epoch  # resuming inside the epoch: the batches already taken
         train_loader.sampler.skip = skip
-        bar = tqdm(train_loader, desc=f"epoch {epoch}", leave=False, initial=skip,
-                   total=len(train_loader),
-                   disable=None if cfg.train.progress and ctx.is_main else True)  # fmt: skip
+        bar = tqdm(
+            train_loader,
+            desc=f"epoch {epoch}",
+            leave=False,
+            initial=skip,
+            total=len(train_loader),
+            disable=None if cfg.train.progress and ctx.is_main else True,
+        )
         stop = interrupted = False
         start = time.perf_counter()
         for k, batch in enumerate(bar, start=skip + 1):
@@ -333,8 +392,10 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
                 break
         train_seconds = time.perf_counter() - start
         if interrupted:
-            log(f"stopped after global step {state.global_step} (train.stop_after_steps); "
-                f"checkpoint {guard.last_checkpoint}")  # fmt: skip
+            log(
+                f"stopped after global step {state.global_step} (train.stop_after_steps); "
+                f"checkpoint {guard.last_checkpoint}"
+            )
             break
         guard.read(state)  # stop: raises before the epoch's dual step sees the scores
 
@@ -353,11 +414,16 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
         evaluated, images, per_image = evaluate_splits(s, cfg)
         eval_seconds = time.perf_counter() - start
         total = max(float(sums[2]), 1.0)
-        row = {"epoch": epoch, "train_loss": float(sums[0]) / total,
-               "reg_loss": float(sums[1]) / total if reg is not None else None,
-               "train_seconds": train_seconds, "epoch_end_seconds": epoch_end_seconds,
-               "steps": k, "eval_seconds": eval_seconds,
-               "skipped_steps_total": state.skipped_steps + int(state.totals[3])}  # fmt: skip
+        row = {
+            "epoch": epoch,
+            "train_loss": float(sums[0]) / total,
+            "reg_loss": float(sums[1]) / total if reg is not None else None,
+            "train_seconds": train_seconds,
+            "epoch_end_seconds": epoch_end_seconds,
+            "steps": k,
+            "eval_seconds": eval_seconds,
+            "skipped_steps_total": state.skipped_steps + int(state.totals[3]),
+        }
         row |= evaluated
         if reg is not None:
             row |= {f"reg_{name}": v for name, v in reg.stats().items() if not isinstance(v, list)}
@@ -386,8 +452,15 @@ def _train(cfg: Config, log: Callable[..., object], resume: str | Path | None,
     return reporting.summary(state.history, cfg)
 
 
-def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard, alpha: float,
-               autocast: torch.dtype | None, check: bool) -> bool:  # fmt: skip
+def train_step(
+    s: Setup,
+    batch: dict[str, Tensor],
+    k: int,
+    guard: NonFiniteGuard,
+    alpha: float,
+    autocast: torch.dtype | None,
+    check: bool,
+) -> bool:
     """Step ``k`` of the epoch: forward, the finiteness flag, the regularized loss, backward, the
     optimizer, the lr schedule and ``reg.after_step_()``, with no host read of a device value
     unless ``check`` (then the flag is read before anything is updated: ``stop`` raises, and a
@@ -447,8 +520,9 @@ def train_step(s: Setup, batch: dict[str, Tensor], k: int, guard: NonFiniteGuard
     return True
 
 
-def save_checkpoint(state: TrainState, out: Path, cfg: Config, ctx: distributed.Context,
-                    written: Tensor | None) -> str:  # fmt: skip
+def save_checkpoint(
+    state: TrainState, out: Path, cfg: Config, ctx: distributed.Context, written: Tensor | None
+) -> str:
     """Write ``state`` to ``out/checkpoints/step-<global step>.pt`` atomically (rank 0; the newest
     ``train.keep_checkpoints`` are kept) and return its path for error messages.
 
@@ -478,11 +552,16 @@ def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None
     """The epoch's evaluation: the reported split (``test_*``, with the images for TensorBoard and
     the per-image IoUs of segmentation) and, when the data set has one, the selection split
     (``val_*``)."""
-    kwargs = dict(device=s.device, num_classes=s.data.num_classes,
-                  beta=cfg.regularizer.fbeta.beta,
-                  positive_class=cfg.regularizer.positive_classes()[0],
-                  num_groups=_num_groups(s.data), segmentation=cfg.data.segmentation,
-                  precision=cfg.train.precision, threshold=_learned_threshold(s.reg))  # fmt: skip
+    kwargs = dict(
+        device=s.device,
+        num_classes=s.data.num_classes,
+        beta=cfg.regularizer.fbeta.beta,
+        positive_class=cfg.regularizer.positive_classes()[0],
+        num_groups=_num_groups(s.data),
+        segmentation=cfg.data.segmentation,
+        precision=cfg.train.precision,
+        threshold=_learned_threshold(s.reg),
+    )
     test = evaluate(s.model, s.test_loader, keep_images=cfg.train.log_images, **kwargs)
     images, per_image = test.pop("_images", None), test.pop("_per_image", None)
     out = {f"test_{name}": v for name, v in test.items()}
@@ -502,10 +581,18 @@ def _learned_threshold(reg: nn.Module | None) -> float | None:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: torch.utils.data.DataLoader, device: torch.device, num_classes: int,
-    beta: float = 1.0, positive_class: int = 1, num_groups: int = 2, keep_images: int = 0,
-    segmentation: bool = False, precision: str = "fp32", threshold: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    model: nn.Module,
+    loader: torch.utils.data.DataLoader,
+    device: torch.device,
+    num_classes: int,
+    beta: float = 1.0,
+    positive_class: int = 1,
+    num_groups: int = 2,
+    keep_images: int = 0,
+    segmentation: bool = False,
+    precision: str = "fp32",
+    threshold: float | None = None,
+) -> dict[str, Any]:
     """Task metrics overall and per shape group, from confusion matrices accumulated over the
     whole split and summed over processes (classification: accuracy; segmentation: mIoU, pixel
     acc., mean class acc., fwIoU); the shape node's metrics for ``positive_class`` against the
@@ -515,8 +602,11 @@ def evaluate(
     and labels are returned under ``"_images"``."""
     model.eval()
     dtype = autocast_dtype(precision)
-    confusion = (GroupedSegmentationConfusion(num_classes, num_groups) if segmentation
-                 else GroupedConfusion(num_classes, num_groups))  # fmt: skip
+    confusion = (
+        GroupedSegmentationConfusion(num_classes, num_groups)
+        if segmentation
+        else GroupedConfusion(num_classes, num_groups)
+    )
     shape_scores, shape_positive = [], []
     kept, per_image, indices = [], [], []
     for batch in loader:
@@ -529,8 +619,13 @@ def evaluate(
             per_image.append(per_image_iou(label, pred, num_classes).cpu())
             indices.append(batch["index"])
             if sum(len(k[0]) for k in kept) < keep_images:
-                kept.append((batch["image"][:keep_images], pred[:keep_images].cpu(),
-                             batch["label"][:keep_images]))  # fmt: skip
+                kept.append(
+                    (
+                        batch["image"][:keep_images],
+                        pred[:keep_images].cpu(),
+                        batch["label"][:keep_images],
+                    )
+                )
         else:
             confusion.update(batch["label"], pred.cpu(), batch["shape"])
         shape_scores.append((u if u.dim() == 1 else u[:, positive_class]).float().cpu())

@@ -84,8 +84,13 @@ def segmentation_scores(cm: Tensor) -> dict[str, float | list[float | None] | No
     iou = torch.where(union > 0, tp / union.clamp_min(1), torch.nan)
     present = union > 0
     if total == 0:
-        return {"miou": None, "pixel_accuracy": None, "mean_class_accuracy": None,
-                "fw_iou": None, "iou": [None] * len(tp)}  # fmt: skip
+        return {
+            "miou": None,
+            "pixel_accuracy": None,
+            "mean_class_accuracy": None,
+            "fw_iou": None,
+            "iou": [None] * len(tp),
+        }
     in_gt = gt > 0
     return {
         "miou": float(iou[present].mean()),
@@ -134,6 +139,10 @@ class GroupedSegmentationConfusion:
         out = segmentation_scores(cm.sum(0))
         per_group = [segmentation_scores(m)["miou"] for m in cm]
         small, big = per_group[0], per_group[-1] if self.num_groups > 1 else None
-        out |= {"miou_small": small, "miou_big": big, "miou_per_group": per_group,
-                "miou_gap": None if small is None or big is None else abs(small - big)}  # fmt: skip
+        out |= {
+            "miou_small": small,
+            "miou_big": big,
+            "miou_per_group": per_group,
+            "miou_gap": None if small is None or big is None else abs(small - big),
+        }
         return out

@@ -104,6 +104,7 @@ def build_model(
     ensure_torchvision_importable()  # before smp, timm and torchvision are imported
     from .seg_models import build_segmentation_model
 
-    net = build_segmentation_model(cfg.name, cfg.encoder, cfg.encoder_weights, num_classes,
-                                   shape_scores=shape_scores)  # fmt: skip
+    net = build_segmentation_model(
+        cfg.name, cfg.encoder, cfg.encoder_weights, num_classes, shape_scores=shape_scores
+    )
     return SegmentationClassifier(net)

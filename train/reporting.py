@@ -64,10 +64,16 @@ def epoch_line(row: dict[str, Any]) -> str:
     )
     if row.get(f"val_{metric}") is not None:
         line += f"  val {row[f'val_{metric}']:.4f}"
-    figures = (("reg_eps", "eps", ".3f"), ("reg_mu", "mu", ".3f"), ("reg_nu", "nu", ".3f"),
-               ("reg_certified_fbeta", "bound", ".3f"), ("reg_certified_recall", "cert. R", ".3f"),
-               ("reg_certified_precision", "cert. P", ".3f"), ("reg_train_auc", "train AUC", ".3f"),
-               ("reg_certified_auc", "cert. AUC", ".3f"))  # fmt: skip
+    figures = (
+        ("reg_eps", "eps", ".3f"),
+        ("reg_mu", "mu", ".3f"),
+        ("reg_nu", "nu", ".3f"),
+        ("reg_certified_fbeta", "bound", ".3f"),
+        ("reg_certified_recall", "cert. R", ".3f"),
+        ("reg_certified_precision", "cert. P", ".3f"),
+        ("reg_train_auc", "train AUC", ".3f"),
+        ("reg_certified_auc", "cert. AUC", ".3f"),
+    )
     shown = [f"{name} {f(row[key], spec)}" for key, name, spec in figures if key in row]
     if shown:
         line += "  | " + " ".join(shown)
@@ -105,8 +111,9 @@ def log_scalars(writer: Any, row: dict[str, Any], epoch: int) -> None:
 def colorize(labels: Tensor, num_classes: int) -> Tensor:
     """``(B, H, W)`` class indices -> uint8 ``(B, 3, H, W)``: a fixed color per class (a seeded
     palette, the same in every run), black for the ignore index."""
-    palette = torch.randint(40, 256, (num_classes + 1, 3), dtype=torch.uint8,
-                            generator=torch.Generator().manual_seed(0))  # fmt: skip
+    palette = torch.randint(
+        40, 256, (num_classes + 1, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
     palette[num_classes] = 0
     labels = labels.long()
     idx = torch.where(labels == IGNORE, num_classes, labels.clamp(0, num_classes - 1))

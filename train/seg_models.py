@@ -141,8 +141,10 @@ def build_segmentation_model(
         in_channels: input channels (>= 1).
     """
     for name, value in (
-        ("num_classes", num_classes), ("shape_scores", shape_scores), ("in_channels", in_channels)
-    ):  # fmt: skip
+        ("num_classes", num_classes),
+        ("shape_scores", shape_scores),
+        ("in_channels", in_channels),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if not isinstance(arch, str) or arch.lower() not in architectures():
@@ -155,8 +157,9 @@ def build_segmentation_model(
         size_multiple = SEGNET_MULTIPLE
     else:
         _check_smp_encoder(encoder, None if weights_file else encoder_weights)
-        model = _create_smp(arch, encoder, None if weights_file else encoder_weights, num_classes,
-                            in_channels)  # fmt: skip
+        model = _create_smp(
+            arch, encoder, None if weights_file else encoder_weights, num_classes, in_channels
+        )
         if weights_file is not None:
             _load_encoder_file(model.encoder, weights_file, encoder)
         # smp's aux classification head (aux_params=None) is not built
@@ -225,9 +228,14 @@ def _create_smp(arch, encoder, weights, num_classes, in_channels) -> nn.Module:
     offline = weights is not None and not _reachable(hf_constants.ENDPOINT)
     try:
         with _hub_offline(offline):
-            return smp.create_model(arch, encoder_name=encoder, encoder_weights=weights,
-                                    in_channels=in_channels, classes=num_classes,
-                                    **SMP_KWARGS.get(arch.lower(), {}))  # fmt: skip
+            return smp.create_model(
+                arch,
+                encoder_name=encoder,
+                encoder_weights=weights,
+                in_channels=in_channels,
+                classes=num_classes,
+                **SMP_KWARGS.get(arch.lower(), {}),
+            )
     except (OSError, HfHubHTTPError) as e:
         if weights is None:
             raise

@@ -103,8 +103,11 @@ class TrainState:
         """Resume: the objects' states, the counters, the sampler position and the RNG states."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        for obj, key in ((self.scheduler, "scheduler"), (self.scaler, "scaler"),
-                         (self.regularizer, "regularizer")):  # fmt: skip
+        for obj, key in (
+            (self.scheduler, "scheduler"),
+            (self.scaler, "scaler"),
+            (self.regularizer, "regularizer"),
+        ):
             if obj is not None:
                 obj.load_state_dict(state[key])
         if self.groups is not None and state.get("groups") is not None:

@@ -102,11 +102,16 @@ def prepare(options: Options, *, log: Callable[[str], object] = print) -> Path:
     with _mapper(options.workers) as map_fn:
         shards = {
             s: _process_split(
-                s, make_jobs(s, sources[s], inputs, options, len(class_ids)),
-                partial / s, key, options.shard_size, map_fn, log,
+                s,
+                make_jobs(s, sources[s], inputs, options, len(class_ids)),
+                partial / s,
+                key,
+                options.shard_size,
+                map_fn,
+                log,
             )
             for s in SPLITS
-        }  # fmt: skip
+        }
 
     results = {s: _select(s, shards[s], sources[s].records, options) for s in SPLITS}
     for s in SPLITS:
@@ -120,9 +125,10 @@ def prepare(options: Options, *, log: Callable[[str], object] = print) -> Path:
     files = {}
     for s, r in results.items():
         r["shape"] = (
-            bin_sizes(r["size"], edges) if options.sky
+            bin_sizes(r["size"], edges)
+            if options.sky
             else majority_shape(r["counts"], h * w, edges)
-        )  # fmt: skip
+        )
         r["bins"], r["edges"], r["image_size"] = len(edges) + 1, edges, (h, w)
         files.update(_write_split(out / s, shards[s], r, h * w))
     with atomic_path(out / PLOT_NAME) as tmp:

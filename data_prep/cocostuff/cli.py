@@ -27,12 +27,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="output folder")
     d = Options(out="")
     p.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), default=list(d.size))
-    p.add_argument("--threshold", type=float, default=d.threshold,
-                   help="all classes: s^c = 1[f_c > T]")  # fmt: skip
-    p.add_argument("--thresholds", type=float, nargs="+", default=[],
-                   help="all classes, p > 2 bins: increasing thresholds")  # fmt: skip
-    p.add_argument("--bins", type=int, default=d.bins,
-                   help="sky: 2 = mean threshold, P > 2 = training quantile bins")  # fmt: skip
+    p.add_argument(
+        "--threshold", type=float, default=d.threshold, help="all classes: s^c = 1[f_c > T]"
+    )
+    p.add_argument(
+        "--thresholds",
+        type=float,
+        nargs="+",
+        default=[],
+        help="all classes, p > 2 bins: increasing thresholds",
+    )
+    p.add_argument(
+        "--bins",
+        type=int,
+        default=d.bins,
+        help="sky: 2 = mean threshold, P > 2 = training quantile bins",
+    )
     p.add_argument("--interpolation", choices=INTERPOLATIONS, default=d.interpolation)
     p.add_argument("--workers", type=int, default=d.workers, help="processes (0, 1: none)")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="images per resume shard")
@@ -40,11 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild from scratch")
     a = p.parse_args(argv)
     options = Options(
-        out=a.out, setup=a.setup, root=a.root, annotations=a.annotations, images=a.images,
-        stuffthingmaps=a.stuffthingmaps, only=a.only, size=tuple(a.size), threshold=a.threshold,
-        thresholds=tuple(a.thresholds), bins=a.bins, interpolation=a.interpolation, limit=a.limit,
-        workers=a.workers, shard_size=a.shard_size, force=a.force,
-    )  # fmt: skip
+        out=a.out,
+        setup=a.setup,
+        root=a.root,
+        annotations=a.annotations,
+        images=a.images,
+        stuffthingmaps=a.stuffthingmaps,
+        only=a.only,
+        size=tuple(a.size),
+        threshold=a.threshold,
+        thresholds=tuple(a.thresholds),
+        bins=a.bins,
+        interpolation=a.interpolation,
+        limit=a.limit,
+        workers=a.workers,
+        shard_size=a.shard_size,
+        force=a.force,
+    )
     try:
         prepare(options)
     except ValueError as e:

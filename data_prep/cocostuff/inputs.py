@@ -103,12 +103,16 @@ def read_split(path: Path, options: Options) -> SplitSource:
         )
     records = sorted(
         (
-            {"id": int(r["id"]), "file_name": str(r["file_name"]),
-             "height": int(r["height"]), "width": int(r["width"])}
+            {
+                "id": int(r["id"]),
+                "file_name": str(r["file_name"]),
+                "height": int(r["height"]),
+                "width": int(r["width"]),
+            }
             for r in data["images"]
         ),
         key=lambda r: r["id"],
-    )  # fmt: skip
+    )
     if not records:
         raise ValueError(f"{path}: the 'images' list is empty")
     if options.limit is not None:

@@ -80,8 +80,12 @@ class BatchLossObjective(ShapeObjective):
         if n_pos == 0 or (self.needs_negatives and n_pos == y.numel()):
             return (u * 0.0).sum()
         if self.newton == "hessian":
-            return newton_loss(lambda v: self.loss_fn(v[:, 0], y), u[:, None],
-                               tikhonov=self.newton_tikhonov, hessian="full")  # fmt: skip
+            return newton_loss(
+                lambda v: self.loss_fn(v[:, 0], y),
+                u[:, None],
+                tikhonov=self.newton_tikhonov,
+                hessian="full",
+            )
         if self.newton == "fisher":
             u = inject_fisher(u[:, None], tikhonov=self.newton_tikhonov)[:, 0]
         return self.loss_fn(u, y)
@@ -125,8 +129,12 @@ class LPAUC(BatchLossObjective):
         self, shape_labels: object, *, margin: float = 0.01, positive_class: int = 1
     ) -> None:
         check_positive("margin", margin, allow_zero=True)
-        super().__init__(shape_labels, lambda u, y: auc_lp_loss(u, y, margin=margin),
-                         positive_class=positive_class, needs_negatives=True)  # fmt: skip
+        super().__init__(
+            shape_labels,
+            lambda u, y: auc_lp_loss(u, y, margin=margin),
+            positive_class=positive_class,
+            needs_negatives=True,
+        )
 
 
 class SoftFBeta(BatchLossObjective):
@@ -149,8 +157,13 @@ class SoftFBeta(BatchLossObjective):
         def loss(u: Tensor, y: Tensor) -> Tensor:
             return soft_fbeta_loss(u, y, beta=beta, temperature=temperature)
 
-        super().__init__(shape_labels, loss, positive_class=positive_class, newton=newton,
-                         newton_tikhonov=newton_tikhonov)  # fmt: skip
+        super().__init__(
+            shape_labels,
+            loss,
+            positive_class=positive_class,
+            newton=newton,
+            newton_tikhonov=newton_tikhonov,
+        )
         self.beta = beta
 
 
@@ -168,9 +181,14 @@ class PairwiseAUC(BatchLossObjective):
         newton_tikhonov: float = 1.0,
     ) -> None:
         check_positive("margin", margin, allow_zero=True)
-        super().__init__(shape_labels, lambda u, y: pairwise_squared_hinge_auc_loss(u, y, margin=margin),
-                         positive_class=positive_class, needs_negatives=True, newton=newton,
-                         newton_tikhonov=newton_tikhonov)  # fmt: skip
+        super().__init__(
+            shape_labels,
+            lambda u, y: pairwise_squared_hinge_auc_loss(u, y, margin=margin),
+            positive_class=positive_class,
+            needs_negatives=True,
+            newton=newton,
+            newton_tikhonov=newton_tikhonov,
+        )
 
 
 class CooperFBeta(ShapeObjective):
@@ -262,8 +280,9 @@ class LibAUCMargin(ShapeObjective):
         losses = _require("libauc.losses")
         super().__init__(shape_labels, positive_classes=(positive_class,))
         imratio = self._n_pos_list[0] / self.n_samples
-        aucm = losses.AUCMLoss(margin=check_positive("margin", margin, allow_zero=True),
-                               imratio=imratio, device="cpu")  # fmt: skip
+        aucm = losses.AUCMLoss(
+            margin=check_positive("margin", margin, allow_zero=True), imratio=imratio, device="cpu"
+        )
         self.a, self.b = (
             nn.Parameter(aucm.a.detach().clone()),
             nn.Parameter(aucm.b.detach().clone()),
@@ -295,8 +314,10 @@ class LibAUCMargin(ShapeObjective):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         return score_figures(*self._split_scores()) | {
-            "a": float(self.a.detach()), "b": float(self.b.detach()), "alpha": float(self.alpha),
-        }  # fmt: skip
+            "a": float(self.a.detach()),
+            "b": float(self.b.detach()),
+            "alpha": float(self.alpha),
+        }
 
 
 def score_figures(u_pos: Tensor, u_neg: Tensor, beta: float = 1.0) -> dict[str, float | None]:

@@ -54,8 +54,9 @@ def test_each_objective_is_its_loss_on_the_batch():
         torch.testing.assert_close(reg(u, idx).double(), expected.double(), rtol=1e-5, atol=1e-6)
     # the positive class is configurable: class 0 as positive flips the labels
     flipped = SoftFBeta(LABELS, positive_class=0)
-    torch.testing.assert_close(flipped(u, idx).double(), soft_fbeta_loss(u, 1 - y).double(),
-                               rtol=1e-5, atol=1e-6)  # fmt: skip
+    torch.testing.assert_close(
+        flipped(u, idx).double(), soft_fbeta_loss(u, 1 - y).double(), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_batches_without_positives_or_negatives_give_a_zero_loss():
@@ -77,11 +78,13 @@ def test_newton_variants_transform_the_gradient_not_the_objective(newton):
     reg(u, idx).backward()
     v = u.detach().clone().requires_grad_()
     if newton == "hessian":
-        expected = newton_loss(lambda w: soft_fbeta_loss(w[:, 0], LABELS, temperature=0.5),
-                               v[:, None], tikhonov=0.1)  # fmt: skip
+        expected = newton_loss(
+            lambda w: soft_fbeta_loss(w[:, 0], LABELS, temperature=0.5), v[:, None], tikhonov=0.1
+        )
     else:
-        expected = soft_fbeta_loss(inject_fisher(v[:, None], tikhonov=0.1)[:, 0], LABELS,
-                                   temperature=0.5)  # fmt: skip
+        expected = soft_fbeta_loss(
+            inject_fisher(v[:, None], tikhonov=0.1)[:, 0], LABELS, temperature=0.5
+        )
     expected.backward()
     torch.testing.assert_close(u.grad, v.grad, rtol=1e-5, atol=1e-6)  # the module works in float32
     plain = u.detach().clone().requires_grad_()
@@ -175,10 +178,24 @@ def test_the_trainer_runs_every_alternative(digits_smnist, tmp_path, name):
     from train.__main__ import main
 
     out = tmp_path / "run"
-    assert main(["--config", str(ROOT / "configs" / "demo.yaml"), "--regularizer", name,
-                 "--out", str(out), f"data.path={digits_smnist}", "train.epochs=1",
-                 "train.progress=false", "regularizer.projection=null",
-                 "regularizer.lp_fbeta.infeasibility_cost=100"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--config",
+                str(ROOT / "configs" / "demo.yaml"),
+                "--regularizer",
+                name,
+                "--out",
+                str(out),
+                f"data.path={digits_smnist}",
+                "train.epochs=1",
+                "train.progress=false",
+                "regularizer.projection=null",
+                "regularizer.lp_fbeta.infeasibility_cost=100",
+            ]
+        )
+        == 0
+    )
     final = json.loads((out / "metrics.json").read_text())["final"]
     assert final["reg_train_auc"] is not None and final["test_shape_auc"] is not None
 
@@ -189,5 +206,7 @@ def test_shared_options_that_do_not_apply_are_an_error():
     with pytest.raises(
         ValueError, match=r"regularizer\.projection does not apply to regularizer\.name=soft_fbeta"
     ):
-        C.load(ROOT / "configs" / "demo.yaml",
-               ["regularizer.name=soft_fbeta", "regularizer.projection=inline"])  # fmt: skip
+        C.load(
+            ROOT / "configs" / "demo.yaml",
+            ["regularizer.name=soft_fbeta", "regularizer.projection=inline"],
+        )

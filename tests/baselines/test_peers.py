@@ -60,9 +60,16 @@ def test_cooper_lagrangian_is_the_minibatch_lagrangian_of_the_method_note():
     slots = torch.where(is_pos, torch.cumsum(labels, 0)[idx] - 1, 0)
     scale = 10 / (5 * 6)
     ours = fn.batch_lagrangian(
-        cmp.eps.detach(), cmp.tau.detach(), u, lam, torch.tensor(0.0), is_pos, slots,
-        beta=0.5, scale=scale,
-    )  # fmt: skip
+        cmp.eps.detach(),
+        cmp.tau.detach(),
+        u,
+        lam,
+        torch.tensor(0.0),
+        is_pos,
+        slots,
+        beta=0.5,
+        scale=scale,
+    )
     (g_ours,) = torch.autograd.grad(ours, u)
     torch.testing.assert_close(g_cooper, g_ours)
 

@@ -38,8 +38,18 @@ def test_smnist_quick_trains_every_shape_term_through_the_trainer(tmp_path, digi
     from benchmarks import compare_smnist
 
     out = tmp_path / "out"
-    args = ["smnist", "--quick", "--data", str(digits_smnist), "--runs", str(tmp_path / "runs"),
-            "--out", str(out), "--jobs", "2"]  # fmt: skip
+    args = [
+        "smnist",
+        "--quick",
+        "--data",
+        str(digits_smnist),
+        "--runs",
+        str(tmp_path / "runs"),
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+    ]
     assert compare.main(args) == 0
     text = (out / "compare_smnist.md").read_text()
     assert "### linear, logits" in text

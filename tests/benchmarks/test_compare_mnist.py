@@ -55,8 +55,17 @@ def test_quick_writes_tables_and_plot_with_every_method(tmp_path, source):
         pytest.skip(f"real MNIST not found at {REAL_MNIST}")
     mnist = REAL_MNIST if source == "real" else write_fake_mnist(tmp_path / "mnist")
     runs, out = tmp_path / "runs", tmp_path / "out"
-    argv = ["--mnist-dir", str(mnist), "--quick", "--jobs", "2", "--runs", str(runs),
-            "--out", str(out)]  # fmt: skip
+    argv = [
+        "--mnist-dir",
+        str(mnist),
+        "--quick",
+        "--jobs",
+        "2",
+        "--runs",
+        str(runs),
+        "--out",
+        str(out),
+    ]
     assert compare_mnist.main(argv) == 0
     text = (out / "compare_mnist.md").read_text()
     for label, _ in compare_mnist.METHODS.values():

@@ -31,9 +31,28 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     camvid = write_layout(tmp_path / "camvid", n=4, hw=(32, 48))
     monkeypatch.chdir(tmp_path)  # caches under ./data, configs from ./configs
     (tmp_path / "configs").symlink_to(ROOT / "configs")
-    args = ["--camvid", str(camvid), "--runs", "runs", "--out", "figs", "--size", "32", "48",
-            "--epochs", "1", "--seeds", "0", "--tasks", "sky", "--jobs", "1",
-            "--methods", "baseline", "group DRO"]  # fmt: skip
+    args = [
+        "--camvid",
+        str(camvid),
+        "--runs",
+        "runs",
+        "--out",
+        "figs",
+        "--size",
+        "32",
+        "48",
+        "--epochs",
+        "1",
+        "--seeds",
+        "0",
+        "--tasks",
+        "sky",
+        "--jobs",
+        "1",
+        "--methods",
+        "baseline",
+        "group DRO",
+    ]
     assert study.main(["run", *args]) == 0
     assert "2 of 2 runs to do" in capsys.readouterr().out
     assert study.main(["run", *args]) == 0  # finished runs are reused

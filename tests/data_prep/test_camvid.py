@@ -58,8 +58,9 @@ def check_cache(root: Path, out: Path, task: str, limit: int | None = None) -> N
     derived = {}
     for split in camvid.SPLITS:
         names = sorted(p.name for p in (root / split).glob("*.png"))[:limit]
-        labels = np.stack([nearest(np.asarray(Image.open(root / f"{split}annot" / n)), (h, w))
-                           for n in names])  # fmt: skip
+        labels = np.stack(
+            [nearest(np.asarray(Image.open(root / f"{split}annot" / n)), (h, w)) for n in names]
+        )
         labels = np.where(labels == 11, 255, labels).astype(np.uint8)
         if task == "sky":
             labels = np.where(labels == 255, 255, (labels == 0).astype(np.uint8))
@@ -168,9 +169,13 @@ def test_failed_rebuild_leaves_the_previous_cache(tmp_path):
 
 
 def test_bad_options(tmp_path):
-    for kwargs, match in (({"task": "cars"}, "--task"), ({"threshold": 1.5}, "--threshold"),
-                          ({"thresholds": (0.2, 0.1)}, "--thresholds"), ({"bins": 1}, "--bins"),
-                          ({"size": (0, 5)}, "--size")):  # fmt: skip
+    for kwargs, match in (
+        ({"task": "cars"}, "--task"),
+        ({"threshold": 1.5}, "--threshold"),
+        ({"thresholds": (0.2, 0.1)}, "--thresholds"),
+        ({"bins": 1}, "--bins"),
+        ({"size": (0, 5)}, "--size"),
+    ):
         with pytest.raises(ValueError, match=match):
             camvid.prepare(camvid.Options(root=tmp_path, out=tmp_path / "o", **kwargs))
     with pytest.raises(ValueError, match=r"--root .*no such folder"):

@@ -162,22 +162,26 @@ def test_all_class_shape_labels(coco_cache_stuff):
 
 def test_shape_rule_on_a_hand_computed_table():
     # 100 pixels per image, 4 classes; t = 0.05: a class is big if it has > 5 pixels
-    counts = np.array([
-        [50, 30, 3, 2],   # 2 big, 2 small: tie -> 0 (smaller bin)
-        [60, 30, 10, 0],  # 3 big -> 1
-        [0, 0, 0, 0],     # nothing labelled -> 0
-        [5, 6, 0, 0],     # 5 is not > 5: 1 small, 1 big: tie -> 0
-        [1, 1, 90, 0],    # 2 small, 1 big -> 0
-        [0, 40, 0, 7],    # 2 big -> 1
-    ])  # fmt: skip
+    counts = np.array(
+        [
+            [50, 30, 3, 2],  # 2 big, 2 small: tie -> 0 (smaller bin)
+            [60, 30, 10, 0],  # 3 big -> 1
+            [0, 0, 0, 0],  # nothing labelled -> 0
+            [5, 6, 0, 0],  # 5 is not > 5: 1 small, 1 big: tie -> 0
+            [1, 1, 90, 0],  # 2 small, 1 big -> 0
+            [0, 40, 0, 7],  # 2 big -> 1
+        ]
+    )
     assert cs.majority_shape(counts, 100, [0.05]).tolist() == [0, 1, 0, 0, 0, 1]
     # three bins, thresholds 0.05 < 0.3: per class 0 (<= 5 px), 1 (<= 30 px), 2 (> 30 px)
-    counts3 = np.array([
-        [50, 20, 10, 2],  # bins 2, 1, 1, 0 -> 1
-        [50, 40, 2, 1],   # 2, 2, 0, 0: tie of 0 and 2 -> 0
-        [40, 35, 20, 5],  # 2, 2, 1, 0 -> 2
-        [31, 30, 6, 0],   # 2, 1, 1 -> 1
-    ])  # fmt: skip
+    counts3 = np.array(
+        [
+            [50, 20, 10, 2],  # bins 2, 1, 1, 0 -> 1
+            [50, 40, 2, 1],  # 2, 2, 0, 0: tie of 0 and 2 -> 0
+            [40, 35, 20, 5],  # 2, 2, 1, 0 -> 2
+            [31, 30, 6, 0],  # 2, 1, 1 -> 1
+        ]
+    )
     assert cs.majority_shape(counts3, 100, [0.05, 0.3]).tolist() == [1, 0, 2, 1]
     assert cs.bin_sizes(np.array([1, 5, 6, 10]), [5.0]).tolist() == [0, 0, 1, 1]
     assert cs.size_edges(np.array([0, 10, 20, 30]), 2) == [15.0]
@@ -392,8 +396,19 @@ def test_the_real_official_annotation_file(tmp_path):
         line.split(": ", 1) for line in (SAMPLE / "labels.txt").read_text().splitlines() if line
     )
     assert {i: official[str(i)] for i in cs.THING_NAMES} == cs.THING_NAMES
-    unused = {"street sign", "hat", "shoe", "eye glasses", "plate", "mirror", "window", "desk",
-              "door", "blender", "hair brush"}  # fmt: skip
+    unused = {
+        "street sign",
+        "hat",
+        "shoe",
+        "eye glasses",
+        "plate",
+        "mirror",
+        "window",
+        "desk",
+        "door",
+        "blender",
+        "hair brush",
+    }
     assert {official[str(i)] for i in cs.UNUSED_THING_IDS} == unused
 
 
@@ -407,9 +422,12 @@ def test_missing_and_corrupt_images_are_listed(tmp_path, capsys):
     train, val = meta["splits"]["train"], meta["splits"]["val"]
     assert train["skipped_count"] == 1 and train["count"] == 3
     assert train["skipped"] == [
-        {"image_id": lost, "file_name": f"{lost:012d}.jpg",
-         "reason": f"missing image train2017/{lost:012d}.jpg"}
-    ]  # fmt: skip
+        {
+            "image_id": lost,
+            "file_name": f"{lost:012d}.jpg",
+            "reason": f"missing image train2017/{lost:012d}.jpg",
+        }
+    ]
     assert val["skipped_count"] == 1 and val["skipped"][0]["image_id"] == broken
     assert val["skipped"][0]["reason"].startswith(f"unreadable image val2017/{broken:012d}.jpg")
     assert lost not in splits["train"]["image_ids"] and broken not in splits["val"]["image_ids"]
@@ -437,8 +455,11 @@ def _edit_json(root: Path, split: str, edit) -> None:
 
 def test_annotation_for_an_unknown_image(tmp_path):
     root = small_root(tmp_path)
-    _edit_json(root, "val", lambda d: d["annotations"].append(
-        {**d["annotations"][0], "id": 42, "image_id": 999999}))  # fmt: skip
+    _edit_json(
+        root,
+        "val",
+        lambda d: d["annotations"].append({**d["annotations"][0], "id": 42, "image_id": 999999}),
+    )
     with pytest.raises(
         ValueError, match=r"stuff_val2017\.json: annotation 42 refers to image 999999"
     ):

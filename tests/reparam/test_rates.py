@@ -49,8 +49,9 @@ def _full_lagrangian(kind, reg, u, labels):
         return R.precision_at_recall_lagrangian(tau, lam, nu[0], u_pos, u_neg, reg.recall)
     if kind == "rap":
         return R.recall_at_precision_lagrangian(tau, lam, nu[0], u_pos, u_neg, reg.precision)
-    return R.roc_auc_lagrangian(tau, lam, nu, reg.offsets.double(), u_pos, u_neg,
-                                reg.fpr_targets.double())  # fmt: skip
+    return R.roc_auc_lagrangian(
+        tau, lam, nu, reg.offsets.double(), u_pos, u_neg, reg.fpr_targets.double()
+    )
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -86,8 +87,11 @@ def test_gradients_match_closed_forms(kind):
         torch.testing.assert_close(reg.tau_param.grad, g_tau)
         neg_w = 1.0 if kind == "par" else nu * reg.precision
         below_cap = (u <= 1).float()  # the pull -lambda_i min(u_i, 1) stops at 1
-        g_u = torch.where(pos, -scale * reg.lam[reg.slot[idx].clamp_min(0)] * below_cap,
-                          scale * neg_w * (1 + u > 0).float())  # fmt: skip
+        g_u = torch.where(
+            pos,
+            -scale * reg.lam[reg.slot[idx].clamp_min(0)] * below_cap,
+            scale * neg_w * (1 + u > 0).float(),
+        )
         torch.testing.assert_close(u.grad, g_u)
 
 
@@ -146,8 +150,9 @@ def test_minibatch_lagrangians_pass_gradcheck_in_float64():
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_dual_step_uses_remembered_scores(kind):
-    reg, labels, gen = _setup(kind, dual_lr_lambda=0.5, dual_lr_nu=0.25, projection="none",
-                              nu_max=None)  # fmt: skip
+    reg, labels, gen = _setup(
+        kind, dual_lr_lambda=0.5, dual_lr_nu=0.25, projection="none", nu_max=None
+    )
     u = torch.randn(N, generator=gen) * 2
     seen = torch.arange(0, N - 6)  # the last 6 samples get no score this epoch
     for idx in seen.split(9):
@@ -247,8 +252,11 @@ def test_state_dict_round_trip_and_float32_state(kind):
 
 def test_numpy_and_int32_labels_are_accepted():
     labels = np.array([0, 1, 1, 0, 1], dtype=np.int32)
-    for reg in (PrecisionAtRecall(labels, recall=0.5), ROCAUC(labels.tolist(), grid=2),
-                RecallAtPrecision(torch.tensor(labels), precision=0.5)):  # fmt: skip
+    for reg in (
+        PrecisionAtRecall(labels, recall=0.5),
+        ROCAUC(labels.tolist(), grid=2),
+        RecallAtPrecision(torch.tensor(labels), precision=0.5),
+    ):
         assert reg.shape_labels.dtype == torch.int64 and reg.shape_labels.tolist() == [
             0,
             1,
@@ -300,8 +308,10 @@ def _pairwise_auc(u_pos, u_neg):
     return float(((d > 0).double() + 0.5 * (d == 0).double()).mean())
 
 
-@given(arrays(np.float64, st.integers(1, 30), elements=st.integers(-4, 4).map(float)),
-       arrays(np.float64, st.integers(1, 30), elements=st.integers(-4, 4).map(float)))  # fmt: skip
+@given(
+    arrays(np.float64, st.integers(1, 30), elements=st.integers(-4, 4).map(float)),
+    arrays(np.float64, st.integers(1, 30), elements=st.integers(-4, 4).map(float)),
+)
 def test_exact_auc_is_mann_whitney_with_ties(u_pos, u_neg):
     """Integer scores: plenty of ties, which count 1/2."""
     u_pos, u_neg = torch.tensor(u_pos), torch.tensor(u_neg)
@@ -335,8 +345,11 @@ def test_stats_report_sound_bounds_for_each_target():
     gen = torch.Generator().manual_seed(5)
     labels = (torch.rand(200, generator=gen) < 0.4).long()
     u = torch.where(labels == 1, 1.5, -1.5) * 2 + torch.randn(200, generator=gen) * 2
-    for reg in (PrecisionAtRecall(labels, recall=0.6), RecallAtPrecision(labels, precision=0.95),
-                ROCAUC(labels, grid=5)):  # fmt: skip
+    for reg in (
+        PrecisionAtRecall(labels, recall=0.6),
+        RecallAtPrecision(labels, precision=0.95),
+        ROCAUC(labels, grid=5),
+    ):
         reg(u, torch.arange(200))
         stats = reg.stats()
         if isinstance(reg, ROCAUC):

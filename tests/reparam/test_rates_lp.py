@@ -48,9 +48,11 @@ def test_the_lagrangian_with_the_lp_multipliers_has_the_lp_optimum(kind, dim, me
     Lagrangian equals the optimum, and no primal point of the box ``tau <= 1`` goes below it
     (the LP's solution minimizes the Lagrangian: the multipliers are the right ones)."""
     a, s = gaussian_toy(40, 60, dim, seed=seed, mean=mean)
-    solve = {"par": lambda: solve_precision_at_recall(a, s, 0.8),
-             "rap": lambda: solve_recall_at_precision(a, s, 0.8),
-             "auc": lambda: solve_roc_auc(a, s, 5)}[kind]  # fmt: skip
+    solve = {
+        "par": lambda: solve_precision_at_recall(a, s, 0.8),
+        "rap": lambda: solve_recall_at_precision(a, s, 0.8),
+        "auc": lambda: solve_roc_auc(a, s, 5),
+    }[kind]
     lp = solve()
     optimum = lp.value if kind == "par" else -lp.value
     assert _lagrangian(kind, lp, a, s) == pytest.approx(optimum, abs=1e-6)
@@ -76,8 +78,16 @@ def _lp_head_metrics(lp, a, s, column=0):
 def test_precision_at_recall_converges_to_the_lp_head(dim, mean, seed):
     a, s = gaussian_toy(40, 60, dim, seed=seed, mean=mean)
     lp_recall, lp_precision, _ = _lp_head_metrics(solve_precision_at_recall(a, s, 0.8), a, s)
-    _, _reg, u = train_head(a, s, regularizer=PrecisionAtRecall, recall=0.8, projection="inline",
-                           epochs=200, batch_size=20, seed=seed)  # fmt: skip
+    _, _reg, u = train_head(
+        a,
+        s,
+        regularizer=PrecisionAtRecall,
+        recall=0.8,
+        projection="inline",
+        epochs=200,
+        batch_size=20,
+        seed=seed,
+    )
     recall, precision, _ = _metrics(u, s)
     assert recall >= 0.8 - 0.03
     assert precision >= lp_precision - 0.05, (precision, lp_precision, lp_recall)
@@ -89,8 +99,16 @@ def test_recall_at_precision_converges_to_the_lp_head(dim, mean, seed):
     lp_recall, lp_precision, _ = _lp_head_metrics(solve_recall_at_precision(a, s, 0.8), a, s)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # feasible: no infeasibility warning
-        _, reg, u = train_head(a, s, regularizer=RecallAtPrecision, precision=0.8,
-                               projection="inline", epochs=200, batch_size=20, seed=seed)  # fmt: skip
+        _, reg, u = train_head(
+            a,
+            s,
+            regularizer=RecallAtPrecision,
+            precision=0.8,
+            projection="inline",
+            epochs=200,
+            batch_size=20,
+            seed=seed,
+        )
     recall, precision, _ = _metrics(u, s)
     assert precision >= 0.8 - 0.03
     assert abs(recall - lp_recall) <= 0.05, (recall, lp_recall, lp_precision)
@@ -107,8 +125,9 @@ def test_roc_auc_converges_to_the_lp_head_and_logistic_regression(dim, mean, see
     logistic = roc_auc_score(
         s, LogisticRegression(C=1e4, max_iter=5000).fit(a, s).decision_function(a)
     )
-    _, reg, u = train_head(a, s, regularizer=ROCAUC, grid=10, projection="inline", epochs=200,
-                           batch_size=20, seed=seed)  # fmt: skip
+    _, reg, u = train_head(
+        a, s, regularizer=ROCAUC, grid=10, projection="inline", epochs=200, batch_size=20, seed=seed
+    )
     auc = _metrics(u, s)[2]
     assert auc >= lp_auc - 0.02 and auc >= logistic - 0.02, (auc, lp_auc, logistic)
     stats = reg.stats()  # on the scores remembered during the last epoch
@@ -121,13 +140,30 @@ def test_infeasible_precision_target_is_detected_and_nu_can_be_capped():
     with pytest.raises(RuntimeError, match="infeasible"):
         solve_recall_at_precision(a, s, 0.8)
     with pytest.warns(RuntimeWarning, match="no rescaling of the head's scores certifies"):
-        _, reg, _ = train_head(a, s, regularizer=RecallAtPrecision, precision=0.8,
-                               projection="inline", epochs=120, batch_size=20, seed=3)  # fmt: skip
+        _, reg, _ = train_head(
+            a,
+            s,
+            regularizer=RecallAtPrecision,
+            precision=0.8,
+            projection="inline",
+            epochs=120,
+            batch_size=20,
+            seed=3,
+        )
     stats = reg.stats()
     assert stats["infeasible_suspected"] and stats["certifiable_margin"] < 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        _, capped, _ = train_head(a, s, regularizer=RecallAtPrecision, precision=0.8, nu_max=2.0,
-                                  projection="inline", epochs=120, batch_size=20, seed=3)  # fmt: skip
+        _, capped, _ = train_head(
+            a,
+            s,
+            regularizer=RecallAtPrecision,
+            precision=0.8,
+            nu_max=2.0,
+            projection="inline",
+            epochs=120,
+            batch_size=20,
+            seed=3,
+        )
     assert float(capped.nu) <= 2.0 and capped.stats()["nu_capped"]
     assert float(reg.nu) > 2.0  # uncapped, it keeps growing

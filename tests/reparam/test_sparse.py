@@ -82,8 +82,12 @@ def _clone(head):
 @pytest.mark.parametrize("repeat", [False, True])
 def test_sparse_sgd_equals_dense_sgd(classes, repeat, device):
     head, dense, common = _pair(classes)
-    dense = _run(head, dense.to(device), _batches(1, 15, repeat=repeat),
-                       lambda t: torch.optim.SGD([t], lr=0.2))  # fmt: skip
+    dense = _run(
+        head,
+        dense.to(device),
+        _batches(1, 15, repeat=repeat),
+        lambda t: torch.optim.SGD([t], lr=0.2),
+    )
     sparse = FBetaRegularizer(LABELS, tau_update="sparse_sgd", tau_lr=0.2, **common).to(device)
     sparse = _run(head, sparse, _batches(1, 15, repeat=repeat))
     torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach(), rtol=1e-6, atol=1e-6)

@@ -111,7 +111,11 @@ def test_defaults_and_the_paper_preset():
     for key, value in FBETA_DEFAULTS.items():
         assert getattr(ours, key) == value, key
     assert (ours.projection, ours.dual_lr_lambda, ours.dual_lr_mu, ours.cap_scores) == (
-        "inline", 0.1, 0.1, True)  # fmt: skip
+        "inline",
+        0.1,
+        0.1,
+        True,
+    )
     paper = FBetaRegularizer(labels, preset="paper")
     for key, value in PAPER_PRESET.items():
         assert getattr(paper, key) == value, key
@@ -124,5 +128,7 @@ def test_defaults_and_the_paper_preset():
         FBetaRegularizer(labels, preset="fast")
     # the one resolution rule the constructor and the trainer's config share
     assert resolve_preset("paper", projection="step", cap_scores=None) == {
-        **PAPER_PRESET, "projection": "step"}  # fmt: skip
+        **PAPER_PRESET,
+        "projection": "step",
+    }
     assert resolve_preset(None) == FBETA_DEFAULTS

@@ -18,8 +18,13 @@ from train import config as C
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "configs" / "demo.yaml"
 TINY = ROOT / "configs" / "cocostuff_tiny.yaml"
-TIMING = {"train_seconds", "epoch_end_seconds", "eval_seconds", "train_seconds_total",
-          "epoch_end_seconds_total"}  # fmt: skip
+TIMING = {
+    "train_seconds",
+    "epoch_end_seconds",
+    "eval_seconds",
+    "train_seconds_total",
+    "epoch_end_seconds_total",
+}
 RUN_CONTROL = ("out", "stop_after_steps", "checkpoint_every", "keep_checkpoints")
 # one thread everywhere: an in-process run and a fresh process then do the same arithmetic
 SMALL = ("train.epochs=2", "train.progress=false", "train.num_threads=1")
@@ -46,8 +51,13 @@ def steps_per_epoch(cfg: C.Config) -> int:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``python -m train ARGS`` in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "train", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "train", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def final_checkpoint(run_dir: Path) -> dict[str, Any]:
@@ -69,7 +79,9 @@ def assert_bitwise_equal(a: Any, b: Any, where: str = "checkpoint") -> None:
     """Same structure, tensors ``torch.equal`` with the same dtype, other leaves ``==``."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor), f"{where}: tensor vs {type(b).__name__}"
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{where}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"  # fmt: skip
+        assert a.dtype == b.dtype and a.shape == b.shape, (
+            f"{where}: {a.dtype}{tuple(a.shape)} vs {b.dtype}{tuple(b.shape)}"
+        )
         assert torch.equal(a, b), f"{where}: tensors differ (max |diff| {_max_diff(a, b)})"
     elif isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys {set(a) ^ set(b)}"

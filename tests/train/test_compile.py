@@ -22,8 +22,13 @@ TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 def _eager_and_compiled(data, tmp_path, *extra: str) -> list[tuple[dict, dict]]:
     out = []
     for compiled in ("false", "true"):
-        cfg = smnist_cfg(data, tmp_path / f"compile-{compiled}", "train.epochs=1",
-                         f"train.compile={compiled}", *extra)  # fmt: skip
+        cfg = smnist_cfg(
+            data,
+            tmp_path / f"compile-{compiled}",
+            "train.epochs=1",
+            f"train.compile={compiled}",
+            *extra,
+        )
         history = run(cfg, log=quiet)["history"]
         out.append((history[-1], final_checkpoint(tmp_path / f"compile-{compiled}")))
     return out

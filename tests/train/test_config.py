@@ -24,11 +24,18 @@ def test_every_shipped_config_loads(path):
 
 
 def test_overrides_are_typed():
-    cfg = C.load(ROOT / "configs" / "smnist_linear.yaml", [
-        "train.epochs=3", "regularizer.alpha=1e-4", "regularizer.name=fbeta",
-        "model.hidden=[32, 16]", "data.train_subset=100", "optim.regularizer_lr=null",
-        "regularizer.fbeta.mu_init=-2",
-    ])  # fmt: skip
+    cfg = C.load(
+        ROOT / "configs" / "smnist_linear.yaml",
+        [
+            "train.epochs=3",
+            "regularizer.alpha=1e-4",
+            "regularizer.name=fbeta",
+            "model.hidden=[32, 16]",
+            "data.train_subset=100",
+            "optim.regularizer_lr=null",
+            "regularizer.fbeta.mu_init=-2",
+        ],
+    )
     assert cfg.train.epochs == 3 and cfg.regularizer.alpha == 1e-4
     assert isinstance(cfg.regularizer.alpha, float) and cfg.regularizer.fbeta.mu_init == -2.0
     assert cfg.model.hidden == [32, 16] and cfg.data.train_subset == 100
@@ -72,8 +79,18 @@ def test_missing_config_file():
 
 
 def test_cli_flags_map_to_keys_and_print_config(capsys):
-    rc = main(["--config", str(ROOT / "configs" / "smnist_linear.yaml"), "--regularizer", "fbeta",
-               "--alpha", "1e-2", "train.epochs=2", "--print-config"])  # fmt: skip
+    rc = main(
+        [
+            "--config",
+            str(ROOT / "configs" / "smnist_linear.yaml"),
+            "--regularizer",
+            "fbeta",
+            "--alpha",
+            "1e-2",
+            "train.epochs=2",
+            "--print-config",
+        ]
+    )
     assert rc == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["regularizer"]["name"] == "fbeta" and printed["regularizer"]["alpha"] == 1e-2
@@ -118,8 +135,10 @@ def test_regularizer_section_is_the_constructor_signature():
             else:
                 assert value == (list(default) if isinstance(default, tuple) else default), key
     hints = typing.get_type_hints(C.RegularizerConfig)
-    for key, choices in (("projection", reparam.PROJECTION_MODES),
-                         ("dual_schedule", reparam.DUAL_SCHEDULES)):  # fmt: skip
+    for key, choices in (
+        ("projection", reparam.PROJECTION_MODES),
+        ("dual_schedule", reparam.DUAL_SCHEDULES),
+    ):
         hint = hints[key]
         if type(None) in typing.get_args(hint):  # Optional: null is the objective's own default
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
@@ -133,13 +152,21 @@ def test_regularizer_section_is_the_constructor_signature():
 def test_build_regularizer_passes_every_option():
     from train.build import build_regularizer
 
-    cfg = C.load(ROOT / "configs" / "demo.yaml", [
-        "regularizer.fbeta.beta=0.5", "regularizer.projection=step",
-        "regularizer.fbeta.negative_loss=logistic", "regularizer.fbeta.dual_lr_lambda=0.3",
-        "regularizer.fbeta.dual_lr_mu=0.2", "regularizer.rho=0.1", "regularizer.fbeta.mu_init=-3",
-        "regularizer.dual_schedule=inverse_epoch", "regularizer.fbeta.projection_method=sort",
-        "regularizer.fbeta.positive_classes=[1, 2]",
-    ])  # fmt: skip
+    cfg = C.load(
+        ROOT / "configs" / "demo.yaml",
+        [
+            "regularizer.fbeta.beta=0.5",
+            "regularizer.projection=step",
+            "regularizer.fbeta.negative_loss=logistic",
+            "regularizer.fbeta.dual_lr_lambda=0.3",
+            "regularizer.fbeta.dual_lr_mu=0.2",
+            "regularizer.rho=0.1",
+            "regularizer.fbeta.mu_init=-3",
+            "regularizer.dual_schedule=inverse_epoch",
+            "regularizer.fbeta.projection_method=sort",
+            "regularizer.fbeta.positive_classes=[1, 2]",
+        ],
+    )
     reg = build_regularizer(cfg.regularizer, torch.tensor([0, 1, 2, 1, 0, 2]))
     assert (reg.beta, reg.projection, reg.negative_loss) == (0.5, "step", "logistic")
     assert (reg.dual_lr_lambda, reg.dual_lr_mu, reg.rho) == (0.3, 0.2, 0.1)
@@ -151,15 +178,25 @@ def test_build_regularizer_passes_every_option():
     assert reg.mu.tolist() == [-3.0, -3.0]
     assert build_regularizer(C.RegularizerConfig(), torch.tensor([0, 1])) is None
     labels = torch.tensor([0, 1, 1, 0, 1, 0])
-    rate = C.load(ROOT / "configs" / "demo.yaml", [
-        "regularizer.name=recall_at_precision", "regularizer.recall_at_precision.precision=0.7",
-        "regularizer.recall_at_precision.nu_max=5", "regularizer.projection=inline",
-    ])  # fmt: skip
+    rate = C.load(
+        ROOT / "configs" / "demo.yaml",
+        [
+            "regularizer.name=recall_at_precision",
+            "regularizer.recall_at_precision.precision=0.7",
+            "regularizer.recall_at_precision.nu_max=5",
+            "regularizer.projection=inline",
+        ],
+    )
     reg = build_regularizer(rate.regularizer, labels)
     assert (type(reg).__name__, reg.precision, reg.nu_max, reg.projection) == (
-        "RecallAtPrecision", 0.7, 5.0, "inline")  # fmt: skip
-    auc = C.load(ROOT / "configs" / "demo.yaml", ["regularizer.name=roc_auc",
-                                                   "regularizer.roc_auc.grid=4"])  # fmt: skip
+        "RecallAtPrecision",
+        0.7,
+        5.0,
+        "inline",
+    )
+    auc = C.load(
+        ROOT / "configs" / "demo.yaml", ["regularizer.name=roc_auc", "regularizer.roc_auc.grid=4"]
+    )
     assert build_regularizer(auc.regularizer, labels).offsets.shape == (4,)
 
 
@@ -169,8 +206,9 @@ def test_rate_objectives_need_their_target_and_name_bad_options():
     demo = ROOT / "configs" / "demo.yaml"
     with pytest.raises(ValueError, match=r"regularizer\.precision_at_recall\.recall must be set"):
         C.load(demo, ["regularizer.name=precision_at_recall"])
-    cfg = C.load(demo, ["regularizer.name=precision_at_recall",
-                        "regularizer.precision_at_recall.recall=1.5"])  # fmt: skip
+    cfg = C.load(
+        demo, ["regularizer.name=precision_at_recall", "regularizer.precision_at_recall.recall=1.5"]
+    )
     with pytest.raises(ValueError, match=r"regularizer \(precision_at_recall\): recall must be"):
         build_regularizer(cfg.regularizer, torch.tensor([0, 1, 1, 0]))
     with pytest.raises(ValueError, match=r"unknown key regularizer\.roc_auc\.recall"):
@@ -182,7 +220,11 @@ def test_config_selects_the_paper_preset_and_pins_what_it_resolves():
     r = cfg.regularizer
     # the saved config pins the values the preset gave (not null)
     assert (r.projection, r.fbeta.dual_lr_lambda, r.fbeta.dual_lr_mu, r.fbeta.cap_scores) == (
-        "epoch", 1e-3, 1e-5, False)  # fmt: skip
+        "epoch",
+        1e-3,
+        1e-5,
+        False,
+    )
     reg = FBetaRegularizer(torch.tensor([0, 1, 1]), **r.kwargs())
     assert (reg.projection, reg.cap_scores, reg.dual_lr_mu) == ("epoch", False, 1e-5)
     again = C.from_dict(cfg.to_dict())

@@ -39,12 +39,22 @@ def _overrides(data: Path, out: Path) -> list[str]:
     (divides 600: no sampler padding), two epochs so that the second trains on the dual variables
     of the first, the projection at the epoch end and large dual steps."""
     return [
-        f"data.path={data}", f"train.out={out}", "model.name=mlp", "model.hidden=[64]",
-        "data.batch_size=20", "data.eval_batch_size=64", "train.epochs=2", "train.device=cpu",
-        "regularizer.name=fbeta", "regularizer.alpha=0.1", "regularizer.projection=epoch",
-        "regularizer.fbeta.dual_lr_lambda=0.1", "regularizer.fbeta.dual_lr_mu=0.1", "train.num_threads=1",
+        f"data.path={data}",
+        f"train.out={out}",
+        "model.name=mlp",
+        "model.hidden=[64]",
+        "data.batch_size=20",
+        "data.eval_batch_size=64",
+        "train.epochs=2",
+        "train.device=cpu",
+        "regularizer.name=fbeta",
+        "regularizer.alpha=0.1",
+        "regularizer.projection=epoch",
+        "regularizer.fbeta.dual_lr_lambda=0.1",
+        "regularizer.fbeta.dual_lr_mu=0.1",
+        "train.num_threads=1",
         "train.progress=false",
-    ]  # fmt: skip
+    ]
 
 
 def _free_port() -> int:
@@ -55,8 +65,13 @@ def _free_port() -> int:
 
 def _join_env(rank: int, world: int, port: int) -> None:
     """What ``torchrun`` puts in the environment of each process it starts."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
-                      RANK=str(rank), LOCAL_RANK=str(rank))  # fmt: skip
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+    )
     torch.set_num_threads(1)
 
 
@@ -81,8 +96,11 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
     _join_env(rank, world, port)
     built: dict[str, Any] = {}
     evaluated: list[list[int]] = []
-    build_model_, build_regularizer_, evaluate_ = (loop.build_model, loop.build_regularizer,
-                                                   loop.evaluate)  # fmt: skip
+    build_model_, build_regularizer_, evaluate_ = (
+        loop.build_model,
+        loop.build_regularizer,
+        loop.evaluate,
+    )
 
     def keep(name: str, build: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -106,10 +124,16 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
     loop.build_regularizer = keep("regularizer", build_regularizer_)
     loop.evaluate = evaluate
     summary = loop.run(C.load(ROOT / "configs" / "demo.yaml", overrides), log=lambda *_: None)
-    _record(folder, rank, {
-        "model": built["model"].state_dict(), "regularizer": built["regularizer"].state_dict(),
-        "summary": summary, "evaluated": evaluated,
-    })  # fmt: skip
+    _record(
+        folder,
+        rank,
+        {
+            "model": built["model"].state_dict(),
+            "regularizer": built["regularizer"].state_dict(),
+            "summary": summary,
+            "evaluated": evaluated,
+        },
+    )
 
 
 def _poisoned_worker(rank: int, world: int, port: int, overrides: list[str], folder: str) -> None:
@@ -193,8 +217,9 @@ def _evaluate_fixed_model(data: str, rank: int = 0, world: int = 1) -> dict[str,
     bundle = load_data(cfg.data)
     torch.manual_seed(0)
     model = build_model(cfg.model, bundle.image_shape, bundle.num_classes)
-    loader = make_loader(bundle.test, 64, shuffle=False, rank=rank, world=world,
-                         distributed=world > 1)  # fmt: skip
+    loader = make_loader(
+        bundle.test, 64, shuffle=False, rank=rank, world=world, distributed=world > 1
+    )
     return loop.evaluate(model, loader, torch.device("cpu"), bundle.num_classes)
 
 
@@ -222,8 +247,12 @@ def test_two_processes_stop_and_resume_like_uninterrupted(runs, digits_smnist, t
     out = tmp_path / "stopped"
     folder = tmp_path / "records"
     folder.mkdir()
-    _spawn(_train_worker, 2, [*_overrides(digits_smnist, out), "train.stop_after_steps=40"],
-           str(folder))  # fmt: skip
+    _spawn(
+        _train_worker,
+        2,
+        [*_overrides(digits_smnist, out), "train.stop_after_steps=40"],
+        str(folder),
+    )
     stopped = checkpoint.latest(out)[1]
     assert (stopped["global_step"], stopped["epoch"], stopped["step_in_epoch"]) == (40, 1, 10)
     _spawn(_resume_worker, 2, str(out))
@@ -308,11 +337,23 @@ def test_evaluation_counts_every_test_sample_once(runs):
 def test_torchrun_cli(digits_smnist, runs, tmp_path):
     """``torchrun --nproc_per_node=2 -m train``: the same run as the spawned one; rank 0 logs."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "train", "--config", "configs/demo.yaml",
-         *_overrides(digits_smnist, tmp_path / "run")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "train",
+            "--config",
+            "configs/demo.yaml",
+            *_overrides(digits_smnist, tmp_path / "run"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("run folder ") == 1 and "2 process(es)" in proc.stdout
     assert proc.stdout.count("epoch   2") == 1
@@ -364,8 +405,9 @@ def test_global_batch_must_divide_among_processes(digits_smnist, tmp_path, monke
     """Checked before anything is written: a corrected re-run may use the same folder."""
     monkeypatch.setattr(distributed, "init_from_env", lambda device: distributed.Context(0, 2, 0))
     out = tmp_path / "run"
-    cfg = C.load(ROOT / "configs" / "demo.yaml", [*_overrides(digits_smnist, out),
-                                                  "data.batch_size=25"])  # fmt: skip
+    cfg = C.load(
+        ROOT / "configs" / "demo.yaml", [*_overrides(digits_smnist, out), "data.batch_size=25"]
+    )
     with pytest.raises(ValueError, match=r"data\.batch_size 25 .*divisible by .* processes 2"):
         loop.run(cfg, log=lambda *_: None)
     assert not out.exists() or not any(out.iterdir())

@@ -63,8 +63,13 @@ torch.save = save
 
 
 def _kill_when_stuck(code: str, args: list[str], marker: Path, timeout: float = 120) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", STUCK_SAVE + code, *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", STUCK_SAVE + code, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + timeout
     while not marker.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -142,7 +147,9 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp
     checkpoint.path_for(tmp_path, 1).write_bytes(b"")  # empty: every one unreadable
     with pytest.warns(UserWarning) as record:
         assert checkpoint.latest(tmp_path) is None
-    assert [re.search(r"step-00000000(\d)\.pt cannot be read", str(w.message))[1] for w in record] == ["3", "2", "1"]  # fmt: skip
+    assert [
+        re.search(r"step-00000000(\d)\.pt cannot be read", str(w.message))[1] for w in record
+    ] == ["3", "2", "1"]
     assert checkpoint.latest(tmp_path / "nothing") is None
 
 
@@ -181,14 +188,21 @@ def test_nonfinite_stop_names_the_epoch_step_and_last_good_checkpoint(
 ):
     """The first non-finite step is named exactly, whenever its flag is read; no checkpoint after
     it is written (the flag is read before every checkpoint)."""
-    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.checkpoint_every=2",
-                     f"train.nonfinite_check_every={every}")  # fmt: skip
+    cfg = smnist_cfg(
+        digits_smnist,
+        tmp_path / "run",
+        "train.checkpoint_every=2",
+        f"train.nonfinite_check_every={every}",
+    )
     per_epoch = steps_per_epoch(cfg)
     poison_training_forwards(monkeypatch, [per_epoch + 7], target)
     saved = [s for s in range(1, per_epoch + 7) if s % 2 == 0 or s == per_epoch]
     last = checkpoint.path_for(tmp_path / "run", saved[-1])  # a mid-epoch one
     assert saved[-1] > per_epoch
-    with pytest.raises(NonFiniteLossError, match=rf"at epoch 2 step 7 \(.*\); last good checkpoint: {re.escape(str(last))}\. .*train\.nonfinite=skip"):  # fmt: skip
+    with pytest.raises(
+        NonFiniteLossError,
+        match=rf"at epoch 2 step 7 \(.*\); last good checkpoint: {re.escape(str(last))}\. .*train\.nonfinite=skip",
+    ):
         run(cfg, log=quiet)
     assert checkpoint.latest(tmp_path / "run")[0] == last
     history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
@@ -253,8 +267,14 @@ def test_nonfinite_skip_without_host_reads_equals_the_per_step_check(
     states, histories = [], []
     for every in ("1", "100"):
         out = tmp_path / f"every-{every}"
-        cfg = smnist_cfg(digits_smnist, out, "train.nonfinite=skip", f"optim.name={optim}",
-                         f"train.nonfinite_check_every={every}", *extra)  # fmt: skip
+        cfg = smnist_cfg(
+            digits_smnist,
+            out,
+            "train.nonfinite=skip",
+            f"optim.name={optim}",
+            f"train.nonfinite_check_every={every}",
+            *extra,
+        )
         with monkeypatch.context() as m:
             poison_training_forwards(m, [1, 4, per_epoch + 2], target)
             histories.append(without_timing(run(cfg, log=quiet)["history"]))
@@ -273,8 +293,13 @@ def test_nonfinite_skip_with_fp16_scaler_between_reads(digits_smnist, tmp_path, 
     states = []
     for every in ("1", "100"):
         out = tmp_path / f"every-{every}"
-        cfg = smnist_cfg(digits_smnist, out, "train.nonfinite=skip", "train.precision=fp16",
-                         f"train.nonfinite_check_every={every}")  # fmt: skip
+        cfg = smnist_cfg(
+            digits_smnist,
+            out,
+            "train.nonfinite=skip",
+            "train.precision=fp16",
+            f"train.nonfinite_check_every={every}",
+        )
         per_epoch = steps_per_epoch(cfg)
         with monkeypatch.context() as m:
             poison_training_forwards(m, [2, per_epoch + 3], "u")
@@ -298,13 +323,18 @@ def test_skipped_steps_and_epoch_loss_survive_a_mid_epoch_resume(
     """A poisoned (NaN) sample in step 2 of epoch 1 and somewhere in epoch 2; run B stops after
     global step 4 (batch 5 of epoch 1: one step already skipped) and resumes."""
     cfg = smnist_cfg(digits_smnist, tmp_path / "a", "train.nonfinite=skip")
-    epoch_1 = list(make_loader(load_data(cfg.data).train, cfg.data.batch_size, shuffle=True,
-                               seed=cfg.train.seed).sampler)  # fmt: skip
+    epoch_1 = list(
+        make_loader(
+            load_data(cfg.data).train, cfg.data.batch_size, shuffle=True, seed=cfg.train.seed
+        ).sampler
+    )
     poison_training_samples(monkeypatch, [epoch_1[1][0]])
     run(cfg, log=quiet)
     out = tmp_path / "b"
-    run(smnist_cfg(digits_smnist, out, "train.nonfinite=skip", "train.stop_after_steps=4"),
-        log=quiet)  # fmt: skip
+    run(
+        smnist_cfg(digits_smnist, out, "train.nonfinite=skip", "train.stop_after_steps=4"),
+        log=quiet,
+    )
     stopped = final_checkpoint(out)
     assert (stopped["global_step"], stopped["step_in_epoch"]) == (4, 5)
     run(smnist_cfg(digits_smnist, out, "train.nonfinite=skip"), log=quiet, resume=out)
@@ -318,10 +348,17 @@ def test_skipped_steps_and_epoch_loss_survive_a_mid_epoch_resume(
 
 def test_diverging_lr_stops_the_cli_with_exit_1(digits_smnist, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "train",
-         *smnist_args(digits_smnist, tmp_path / "run", "optim.lr=1e38", "regularizer.name=none")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "train",
+            *smnist_args(digits_smnist, tmp_path / "run", "optim.lr=1e38", "regularizer.name=none"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: non-finite loss or shape score at epoch 1 step ")

@@ -135,10 +135,23 @@ def test_trainer_on_a_camvid_cache_selects_on_val_and_reports_test(
 ):
     out = tmp_path / "run"
     # overrides before, between and after the options (intermixed)
-    rc = main(["--config", str(ROOT / "configs" / "camvid.yaml"), f"data.path={camvid_cache}",
-               "--regularizer", "fbeta", "train.epochs=2", "--out", str(out), "data.batch_size=4",
-               "model.encoder=resnet18", "train.progress=false", f"train.group_weighting={weighting}",
-               "train.log_images=0"])  # fmt: skip
+    rc = main(
+        [
+            "--config",
+            str(ROOT / "configs" / "camvid.yaml"),
+            f"data.path={camvid_cache}",
+            "--regularizer",
+            "fbeta",
+            "train.epochs=2",
+            "--out",
+            str(out),
+            "data.batch_size=4",
+            "model.encoder=resnet18",
+            "train.progress=false",
+            f"train.group_weighting={weighting}",
+            "train.log_images=0",
+        ]
+    )
     assert rc == 0
     m = json.loads((out / "metrics.json").read_text())
     rows = m["history"]

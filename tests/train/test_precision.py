@@ -21,11 +21,21 @@ REG_FLOAT_STATE = ("eps_param", "tau_param", "lam", "mu", "scores")
 
 
 def _cfg(data: Path, out: Path, precision: str, *extra: str) -> C.Config:
-    return C.load(ROOT / "configs" / "demo.yaml", [
-        f"data.path={data}", f"train.out={out}", f"train.precision={precision}",
-        "train.epochs=1", "train.progress=false", "model.name=mlp", "data.batch_size=20",
-        "regularizer.name=fbeta", "regularizer.projection=epoch", *extra,
-    ])  # fmt: skip
+    return C.load(
+        ROOT / "configs" / "demo.yaml",
+        [
+            f"data.path={data}",
+            f"train.out={out}",
+            f"train.precision={precision}",
+            "train.epochs=1",
+            "train.progress=false",
+            "model.name=mlp",
+            "data.batch_size=20",
+            "regularizer.name=fbeta",
+            "regularizer.projection=epoch",
+            *extra,
+        ],
+    )
 
 
 def test_bf16_epoch_keeps_float32_state(digits_smnist, tmp_path):
@@ -46,8 +56,9 @@ def test_bf16_epoch_keeps_float32_state(digits_smnist, tmp_path):
     assert state["scaler"] is None  # bf16 needs no loss scaling
 
 
-@pytest.mark.parametrize(("precision", "expected"), [("bf16", torch.bfloat16),
-                                                     ("fp32", torch.float32)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("precision", "expected"), [("bf16", torch.bfloat16), ("fp32", torch.float32)]
+)
 def test_network_runs_in_the_chosen_precision_and_the_regularizer_in_float32(
     digits_smnist, tmp_path, monkeypatch, precision, expected
 ):

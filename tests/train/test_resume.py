@@ -28,8 +28,19 @@ from .run_utils import (
     without_timing,
 )
 
-REG_STATE = ("eps_param", "tau_param", "lam", "mu", "scores", "seen_ever", "epoch", "projections",
-             "projections_epoch", "projections_last_epoch", "score_epoch")  # fmt: skip
+REG_STATE = (
+    "eps_param",
+    "tau_param",
+    "lam",
+    "mu",
+    "scores",
+    "seen_ever",
+    "epoch",
+    "projections",
+    "projections_epoch",
+    "projections_last_epoch",
+    "score_epoch",
+)
 RATE_STATE = ("tau_param", "lam", "nu", "scores", "seen_ever", "score_epoch", "epoch")
 
 
@@ -71,8 +82,11 @@ def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     digits_smnist, tmp_path, where, projection, objective
 ):
     objective, _, tau_update = objective.partition("-")
-    extra = (f"regularizer.projection={projection}", f"regularizer.name={objective}",
-             "regularizer.recall_at_precision.precision=0.8")  # fmt: skip
+    extra = (
+        f"regularizer.projection={projection}",
+        f"regularizer.name={objective}",
+        "regularizer.recall_at_precision.precision=0.8",
+    )
     reg_state = REG_STATE if objective == "fbeta" else RATE_STATE
     if tau_update:  # the fast step: tau's lazy Adam state is the regularizer's, checkpointed
         extra += (f"regularizer.fbeta.tau_update={tau_update}", "model.shared_gemm=true")
@@ -115,11 +129,26 @@ def test_cocostuff_augmented_poly_schedule_stop_and_resume_is_bitwise_exact(
     with 2 loader processes too (the augmentations are drawn from the batch's own seed)."""
 
     def args(out: Path) -> list[str]:
-        return ["--config", str(TINY), "--out", str(out), "--regularizer", "fbeta", "--alpha",
-                "0.1", f"data.path={coco_cache_stuff}", "data.batch_size=4", "optim.schedule=poly",
-                "data.hflip=true", "data.scale_range=[0.75, 1.25]", "train.epochs=2",
-                "train.progress=false", "train.num_threads=1", "train.log_images=0",
-                f"data.num_workers={workers}"]  # fmt: skip
+        return [
+            "--config",
+            str(TINY),
+            "--out",
+            str(out),
+            "--regularizer",
+            "fbeta",
+            "--alpha",
+            "0.1",
+            f"data.path={coco_cache_stuff}",
+            "data.batch_size=4",
+            "optim.schedule=poly",
+            "data.hflip=true",
+            "data.scale_range=[0.75, 1.25]",
+            "train.epochs=2",
+            "train.progress=false",
+            "train.num_threads=1",
+            "train.log_images=0",
+            f"data.num_workers={workers}",
+        ]
 
     per_epoch = steps_per_epoch(C.load(TINY, [f"data.path={coco_cache_stuff}"]))
     assert per_epoch >= 3
@@ -147,8 +176,12 @@ def test_checkpoint_every_writes_mid_epoch_checkpoints_prunes_and_resumes_exactl
     the epoch end)."""
     per_epoch = steps_per_epoch(smnist_cfg(digits_smnist, tmp_path / "run"))
     every = 5 if every == "5" else per_epoch
-    cfg = smnist_cfg(digits_smnist, tmp_path / "run", f"train.checkpoint_every={every}",
-                     "train.keep_checkpoints=2")  # fmt: skip
+    cfg = smnist_cfg(
+        digits_smnist,
+        tmp_path / "run",
+        f"train.checkpoint_every={every}",
+        "train.keep_checkpoints=2",
+    )
     saved, keep = [], tmp_path / "copies"
     keep.mkdir()
     save_atomic = checkpoint.save_atomic
@@ -177,8 +210,9 @@ def test_checkpoint_every_writes_mid_epoch_checkpoints_prunes_and_resumes_exactl
     last_mid = max(i for i, (_, epoch, k) in enumerate(saved) if k and epoch == 1)
     crashed = tmp_path / "crashed"
     (crashed / "checkpoints").mkdir(parents=True)
-    C.save(C.load(tmp_path / "run" / "config.yaml", [f"train.out={crashed}"]),
-           crashed / "config.yaml")  # fmt: skip
+    C.save(
+        C.load(tmp_path / "run" / "config.yaml", [f"train.out={crashed}"]), crashed / "config.yaml"
+    )
     shutil.copy(keep / f"{last_mid + 1}.pt", checkpoint.path_for(crashed, saved[last_mid][0]))
     monkeypatch.setattr(checkpoint, "save_atomic", save_atomic)
     assert main(["--resume", str(crashed)]) == 0

@@ -77,8 +77,9 @@ def test_segnet_output_shapes_at_odd_sizes_and_several_scores():
 
 def test_matches_smps_own_forward_when_no_padding_is_needed(deeplab):
     torch.manual_seed(0)  # same seed, same construction order: the same weights
-    reference = smp.create_model(*SMALL[:1], encoder_name=SMALL[1], encoder_weights=None,
-                                 classes=4).eval()  # fmt: skip
+    reference = smp.create_model(
+        *SMALL[:1], encoder_name=SMALL[1], encoder_weights=None, classes=4
+    ).eval()
     x, logits, _ = _run(deeplab, (64, 96))
     with torch.no_grad():
         assert torch.equal(logits, reference(x))
@@ -115,11 +116,14 @@ def test_valid_mean_averages_the_cells_that_cover_the_image():
     assert torch.equal(valid_mean(f, (128, 160), (128, 160)), f.mean((-2, -1)))
 
 
-@pytest.mark.parametrize(("arch_encoder", "hw", "cells"), [
-    (SMALL, (106, 160), (7, 10)),  # multiple = stride: every cell covers the image
-    (SEGNET, (21, 45), (1, 2)),
-    (("pan", "resnet18"), (53, 77), (4, 5)),  # PAN pads to 128: only 4 x 5 of 8 x 8 cells
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("arch_encoder", "hw", "cells"),
+    [
+        (SMALL, (106, 160), (7, 10)),  # multiple = stride: every cell covers the image
+        (SEGNET, (21, 45), (1, 2)),
+        (("pan", "resnet18"), (53, 77), (4, 5)),  # PAN pads to 128: only 4 x 5 of 8 x 8 cells
+    ],
+)
 def test_u_is_the_shape_head_on_the_pooled_deepest_encoder_features(arch_encoder, hw, cells):
     model = _build(arch_encoder).eval()
     with _Recorder(model.encoder) as rec:
@@ -288,17 +292,20 @@ def test_mismatched_local_file_is_a_clear_error(tmp_path):
 # --- bad input -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("args", "match"), [
-    (("unet3", "resnet18", None, 4), r"unknown arch 'unet3'.*'deeplabv3plus'.*'segnet'"),
-    (("deeplabv3plus", "resnet19", None, 4), r"unknown encoder 'resnet19'.*'resnet18'"),
-    (("deeplabv3plus", "tu-nonexistent_net", None, 4), r"unknown timm encoder"),
-    (("segnet", "resnet18", None, 4), r"SegNet's encoder must be 'vgg16_bn'"),
-    (("segnet", "vgg16_bn", "instagram", 4), r"SegNet's encoder_weights must be"),
-    (("deeplabv3plus", "resnet18", "instagram", 4), r"'instagram' does not exist.*'imagenet'"),
-    (("deeplabv3plus", "resnet18", None, 0), r"num_classes must be an integer >= 1"),
-    (("deeplabv3plus", "resnet18", None, 4, 0), r"shape_scores must be an integer >= 1"),
-    (("deeplabv3plus", "resnet18", None, 4, 1, 0), r"in_channels must be an integer >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("unet3", "resnet18", None, 4), r"unknown arch 'unet3'.*'deeplabv3plus'.*'segnet'"),
+        (("deeplabv3plus", "resnet19", None, 4), r"unknown encoder 'resnet19'.*'resnet18'"),
+        (("deeplabv3plus", "tu-nonexistent_net", None, 4), r"unknown timm encoder"),
+        (("segnet", "resnet18", None, 4), r"SegNet's encoder must be 'vgg16_bn'"),
+        (("segnet", "vgg16_bn", "instagram", 4), r"SegNet's encoder_weights must be"),
+        (("deeplabv3plus", "resnet18", "instagram", 4), r"'instagram' does not exist.*'imagenet'"),
+        (("deeplabv3plus", "resnet18", None, 0), r"num_classes must be an integer >= 1"),
+        (("deeplabv3plus", "resnet18", None, 4, 0), r"shape_scores must be an integer >= 1"),
+        (("deeplabv3plus", "resnet18", None, 4, 1, 0), r"in_channels must be an integer >= 1"),
+    ],
+)
 def test_bad_arguments_are_value_errors(args, match):
     with pytest.raises(ValueError, match=match):
         build_segmentation_model(*args)

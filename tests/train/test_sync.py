@@ -28,9 +28,27 @@ from .run_utils import quiet, smnist_cfg
 
 ROOT = Path(__file__).resolve().parents[2]
 # calls that hand a tensor's value to Python, or whose output shape depends on it
-READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__",
-         "__complex__", "__format__", "__repr__", "equal", "allclose", "is_nonzero", "nonzero",
-         "argwhere", "masked_select", "unique", "unique_consecutive"}  # fmt: skip
+READS = {
+    "item",
+    "tolist",
+    "numpy",
+    "cpu",
+    "__bool__",
+    "__float__",
+    "__int__",
+    "__index__",
+    "__complex__",
+    "__format__",
+    "__repr__",
+    "equal",
+    "allclose",
+    "is_nonzero",
+    "nonzero",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+}
 INDEXING = {"__getitem__", "__setitem__", "index_put_", "index_put"}  # a bool mask -> nonzero
 # ops whose kernel reads a tensor argument on the host (``index_fill_(dim, index, value)`` calls
 # ``value.item()``; ``repeat_interleave`` without ``output_size`` reads the repeats' sum): the mode
@@ -114,9 +132,19 @@ def _device_only(reads: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 def test_device_reads_counts_what_would_wait_for_the_device():
     t, host = torch.tensor([1.5, -2.0]), torch.tensor([3, 4])
-    calls = [lambda: t[0].item(), lambda: bool(t[0]), lambda: float(t[0]), lambda: int(t[1]),
-             lambda: [0, 1, 2][t.long()[1]], lambda: t.tolist(), lambda: t.cpu(),
-             lambda: t.numpy(), lambda: f"{t[0]:.1f}", lambda: t[t > 0], lambda: t.nonzero()]  # fmt: skip
+    calls = [
+        lambda: t[0].item(),
+        lambda: bool(t[0]),
+        lambda: float(t[0]),
+        lambda: int(t[1]),
+        lambda: [0, 1, 2][t.long()[1]],
+        lambda: t.tolist(),
+        lambda: t.cpu(),
+        lambda: t.numpy(),
+        lambda: f"{t[0]:.1f}",
+        lambda: t[t > 0],
+        lambda: t.nonzero(),
+    ]
     with DeviceReads([host]) as m:
         for call in calls:
             call()
@@ -126,9 +154,21 @@ def test_device_reads_counts_what_would_wait_for_the_device():
         t.clone().index_fill_(0, host.new_zeros(1), t[0])  # value.item() inside the kernel
         t.clone().index_fill_(0, host.new_zeros(1), 0.0)  # a Python number: nothing read
     names = [name for name, _ in m.reads]
-    assert names == ["item", "__bool__", "__float__", "__int__", "__index__", "tolist", "cpu",
-                     "numpy", "__format__", "__getitem__[bool mask]", "nonzero", "__int__",
-                     "index_fill_ (reads a tensor argument)"]  # fmt: skip
+    assert names == [
+        "item",
+        "__bool__",
+        "__float__",
+        "__int__",
+        "__index__",
+        "tolist",
+        "cpu",
+        "numpy",
+        "__format__",
+        "__getitem__[bool mask]",
+        "nonzero",
+        "__int__",
+        "index_fill_ (reads a tensor argument)",
+    ]
     assert (lo, hi) == (3, 4)
     assert all(where.startswith("tests/train/test_sync.py:") for _, where in m.reads)
 
@@ -180,8 +220,14 @@ def test_no_device_read_between_checks(digits_smnist, tmp_path, monkeypatch, ext
     """k = 4: a step that is no check step reads nothing back from the device; a check step reads
     once (the guard's flag), with and without the regularizer, under skip, fused SGD, bf16 and
     fp16's gradient scaler."""
-    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.epochs=1", "train.checkpoint=false",
-                     "train.nonfinite_check_every=4", *extra)  # fmt: skip
+    cfg = smnist_cfg(
+        digits_smnist,
+        tmp_path / "run",
+        "train.epochs=1",
+        "train.checkpoint=false",
+        "train.nonfinite_check_every=4",
+        *extra,
+    )
     steps = _steps(monkeypatch, cfg)
     checks = sum(check for check, _ in steps)
     assert len(steps) > 8 and checks == len(steps) // 4
@@ -192,8 +238,14 @@ def test_no_device_read_between_checks(digits_smnist, tmp_path, monkeypatch, ext
 
 
 def test_nonfinite_check_every_1_reads_every_step(digits_smnist, tmp_path, monkeypatch):
-    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.epochs=1", "train.checkpoint=false",
-                     "regularizer.name=none", "train.nonfinite_check_every=1")  # fmt: skip
+    cfg = smnist_cfg(
+        digits_smnist,
+        tmp_path / "run",
+        "train.epochs=1",
+        "train.checkpoint=false",
+        "regularizer.name=none",
+        "train.nonfinite_check_every=1",
+    )
     steps = _steps(monkeypatch, cfg)
     assert all(check and len(reads) == 1 for check, reads in steps)
 
@@ -202,8 +254,14 @@ def test_nonfinite_check_every_1_reads_every_step(digits_smnist, tmp_path, monke
 @pytest.mark.parametrize("extra", SETTINGS)
 def test_cuda_steps_do_not_synchronize(digits_smnist, tmp_path, monkeypatch, extra):
     """``torch.cuda.set_sync_debug_mode("error")`` around every step that is no check step."""
-    cfg = smnist_cfg(digits_smnist, tmp_path / "run", "train.epochs=2", "train.device=cuda",
-                     "train.nonfinite_check_every=4", *extra)  # fmt: skip
+    cfg = smnist_cfg(
+        digits_smnist,
+        tmp_path / "run",
+        "train.epochs=2",
+        "train.device=cuda",
+        "train.nonfinite_check_every=4",
+        *extra,
+    )
     step, checks = loop.train_step, []
 
     def strict(*args, check, **kwargs):

@@ -18,24 +18,44 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _cfg(data_path, out, *extra):
-    return C.load(ROOT / "configs" / "demo.yaml", [
-        f"data.path={data_path}", f"train.out={out}", "train.epochs=1", "train.progress=false",
-        *extra,
-    ])  # fmt: skip
+    return C.load(
+        ROOT / "configs" / "demo.yaml",
+        [
+            f"data.path={data_path}",
+            f"train.out={out}",
+            "train.epochs=1",
+            "train.progress=false",
+            *extra,
+        ],
+    )
 
 
 def test_one_epoch_with_the_regularizer_writes_the_run_folder(digits_smnist, tmp_path):
-    summary = run(_cfg(digits_smnist, tmp_path / "run", "regularizer.projection=epoch"),
-                  log=lambda *_: None)  # fmt: skip
+    summary = run(
+        _cfg(digits_smnist, tmp_path / "run", "regularizer.projection=epoch"), log=lambda *_: None
+    )
     out = tmp_path / "run"
     assert C.load(out / "config.yaml").regularizer.name == "fbeta"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics == json.loads(json.dumps(summary))
     (row,) = metrics["history"]
-    for key in ("test_accuracy", "test_accuracy_small", "test_accuracy_big", "test_accuracy_gap",
-                "test_shape_fbeta", "reg_eps", "reg_mu", "reg_lambda_mean", "reg_projections",
-                "train_seconds", "epoch_end_seconds", "eval_seconds", "reg_decision_threshold",
-                "reg_train_fbeta_at_threshold", "test_shape_fbeta_at_threshold"):  # fmt: skip
+    for key in (
+        "test_accuracy",
+        "test_accuracy_small",
+        "test_accuracy_big",
+        "test_accuracy_gap",
+        "test_shape_fbeta",
+        "reg_eps",
+        "reg_mu",
+        "reg_lambda_mean",
+        "reg_projections",
+        "train_seconds",
+        "epoch_end_seconds",
+        "eval_seconds",
+        "reg_decision_threshold",
+        "reg_train_fbeta_at_threshold",
+        "test_shape_fbeta_at_threshold",
+    ):
         assert key in row, key
     assert 0 <= row["test_shape_fbeta_at_threshold"] <= 1
     # the learned threshold is the exact F1-optimal cut of the training scores: never below u > 0
@@ -52,26 +72,57 @@ def test_one_epoch_with_the_regularizer_writes_the_run_folder(digits_smnist, tmp
 @pytest.mark.parametrize(
     "name, target, figures",
     [
-        ("precision_at_recall", "regularizer.precision_at_recall.recall=0.9",
-         ("reg_certified_recall", "reg_certified_precision", "reg_train_recall", "reg_nu")),
-        ("recall_at_precision", "regularizer.recall_at_precision.precision=0.9",
-         ("reg_certified_recall", "reg_certified_precision", "reg_certifiable_margin", "reg_nu")),
-        ("roc_auc", "regularizer.roc_auc.grid=5",
-         ("reg_train_auc", "reg_certified_auc", "reg_grid_tpr_mean", "reg_nu")),
+        (
+            "precision_at_recall",
+            "regularizer.precision_at_recall.recall=0.9",
+            ("reg_certified_recall", "reg_certified_precision", "reg_train_recall", "reg_nu"),
+        ),
+        (
+            "recall_at_precision",
+            "regularizer.recall_at_precision.precision=0.9",
+            ("reg_certified_recall", "reg_certified_precision", "reg_certifiable_margin", "reg_nu"),
+        ),
+        (
+            "roc_auc",
+            "regularizer.roc_auc.grid=5",
+            ("reg_train_auc", "reg_certified_auc", "reg_grid_tpr_mean", "reg_nu"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_rate_objectives_train_through_the_cli(digits_smnist, tmp_path, name, target, figures):
     """``--regularizer <rate objective>``: the objective's figures and the shape node's test
     precision / recall / AUC reach metrics.json; the certificates sit below the true values."""
     from train.__main__ import main
 
     out = tmp_path / "run"
-    assert main(["--config", str(ROOT / "configs" / "demo.yaml"), "--regularizer", name,
-                 "--out", str(out), f"data.path={digits_smnist}", "train.epochs=2",
-                 "train.progress=false", "regularizer.projection=inline", target]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "--config",
+                str(ROOT / "configs" / "demo.yaml"),
+                "--regularizer",
+                name,
+                "--out",
+                str(out),
+                f"data.path={digits_smnist}",
+                "train.epochs=2",
+                "train.progress=false",
+                "regularizer.projection=inline",
+                target,
+            ]
+        )
+        == 0
+    )
     final = json.loads((out / "metrics.json").read_text())["final"]
-    for key in (*figures, "test_shape_precision", "test_shape_recall", "test_shape_auc",
-                "test_accuracy_small", "test_accuracy_big", "reg_scored_fraction"):  # fmt: skip
+    for key in (
+        *figures,
+        "test_shape_precision",
+        "test_shape_recall",
+        "test_shape_auc",
+        "test_accuracy_small",
+        "test_accuracy_big",
+        "reg_scored_fraction",
+    ):
         assert final[key] is not None, key
     assert final["test_shape_auc"] > 0.9 and final["reg_scored_fraction"] == 1.0
     if name == "roc_auc":
@@ -85,20 +136,33 @@ def test_rate_objectives_train_through_the_cli(digits_smnist, tmp_path, name, ta
 def test_one_epoch_on_real_mnist(mnist_dir, tmp_path):
     from data_prep import smnist
 
-    smnist.prepare(tmp_path / "data", smnist.Options(limit=1000), mnist_dir=mnist_dir,
-                   log=lambda *_: None)  # fmt: skip
-    cfg = C.load(ROOT / "configs" / "smnist_linear.yaml", [
-        f"data.path={tmp_path / 'data'}", f"train.out={tmp_path / 'run'}", "train.epochs=1",
-        "regularizer.name=fbeta", "train.progress=false",
-    ])  # fmt: skip
+    smnist.prepare(
+        tmp_path / "data", smnist.Options(limit=1000), mnist_dir=mnist_dir, log=lambda *_: None
+    )
+    cfg = C.load(
+        ROOT / "configs" / "smnist_linear.yaml",
+        [
+            f"data.path={tmp_path / 'data'}",
+            f"train.out={tmp_path / 'run'}",
+            "train.epochs=1",
+            "regularizer.name=fbeta",
+            "train.progress=false",
+        ],
+    )
     final = run(cfg, log=lambda *_: None)["final"]
     assert final["test_accuracy"] > 0.5 and final["reg_projections"] == 1
     assert checkpoint.listing(tmp_path / "run")
 
 
 def _classifier_after_one_epoch(data, out, model, reg):
-    cfg = _cfg(data, out, f"model.name={model}", f"regularizer.name={reg}",
-               "regularizer.alpha=1.0", "train.checkpoint=true")  # fmt: skip
+    cfg = _cfg(
+        data,
+        out,
+        f"model.name={model}",
+        f"regularizer.name={reg}",
+        "regularizer.alpha=1.0",
+        "train.checkpoint=true",
+    )
     run(cfg, log=lambda *_: None)
     state = checkpoint.latest(out)[1]["model"]
     return state["classifier.weight"]
@@ -162,10 +226,22 @@ def test_atomic_checkpoint_keeps_the_previous_file_on_failure(tmp_path, monkeypa
 
 def test_cli_trains_the_demo(digits_smnist, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "train", "--config", "configs/demo.yaml", "--out", str(tmp_path / "r"),
-         f"data.path={digits_smnist}", "train.epochs=2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "--config",
+            "configs/demo.yaml",
+            "--out",
+            str(tmp_path / "r"),
+            f"data.path={digits_smnist}",
+            "train.epochs=2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "epoch   2" in proc.stdout
     history = json.loads((tmp_path / "r" / "metrics.json").read_text())["history"]
@@ -174,10 +250,21 @@ def test_cli_trains_the_demo(digits_smnist, tmp_path):
 
 def test_cli_error_is_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "train", "--config", "configs/demo.yaml",
-         f"data.path={tmp_path}", "--out", str(tmp_path / "r")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "--config",
+            "configs/demo.yaml",
+            f"data.path={tmp_path}",
+            "--out",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "data_prep.smnist" in proc.stderr
 
@@ -187,8 +274,12 @@ def test_sparse_tau_and_shared_gemm_train(digits_smnist, tmp_path):
     class outputs and the shape node. ``tau_lr: null`` takes the optimizer's lr for the
     regularizer (pinned in the saved config); the Adam state of ``tau`` is checkpointed (a
     resumed run is bitwise equal: tests/train/test_resume.py)."""
-    fast = ("regularizer.projection=epoch", "regularizer.fbeta.tau_update=sparse_adam",
-            "model.shared_gemm=true", "optim.regularizer_lr=0.02")  # fmt: skip
+    fast = (
+        "regularizer.projection=epoch",
+        "regularizer.fbeta.tau_update=sparse_adam",
+        "model.shared_gemm=true",
+        "optim.regularizer_lr=0.02",
+    )
     summary = run(_cfg(digits_smnist, tmp_path / "run", *fast), log=lambda *_: None)
     saved = C.load(tmp_path / "run" / "config.yaml")
     assert saved.regularizer.fbeta.tau_lr == 0.02 and saved.model.shared_gemm
@@ -201,8 +292,13 @@ def test_sparse_tau_and_shared_gemm_train(digits_smnist, tmp_path):
 
 def test_sparse_tau_is_refused_with_fp16_and_inline(digits_smnist, tmp_path):
     with pytest.raises(ValueError, match=r"does not support train\.precision=fp16"):
-        _cfg(digits_smnist, tmp_path, "regularizer.projection=epoch",
-             "regularizer.fbeta.tau_update=sparse_sgd", "train.precision=fp16")  # fmt: skip
+        _cfg(
+            digits_smnist,
+            tmp_path,
+            "regularizer.projection=epoch",
+            "regularizer.fbeta.tau_update=sparse_sgd",
+            "train.precision=fp16",
+        )
     cfg = _cfg(digits_smnist, tmp_path / "r", "regularizer.fbeta.tau_update=sparse_sgd")
     with pytest.raises(ValueError, match=r"regularizer \(fbeta\): tau_update='sparse_sgd'"):
         run(cfg, log=lambda *_: None)

@@ -26,9 +26,23 @@ TINY = ROOT / "configs" / "cocostuff_tiny.yaml"
 
 
 def _train_cli(cache: Path, out: Path, *extra: str) -> dict:
-    rc = main(["--config", str(TINY), "--regularizer", "fbeta", "--alpha", "0.1", "--out", str(out),
-               f"data.path={cache}", "train.epochs=1", "train.progress=false",
-               "regularizer.projection=epoch", *extra])  # fmt: skip
+    rc = main(
+        [
+            "--config",
+            str(TINY),
+            "--regularizer",
+            "fbeta",
+            "--alpha",
+            "0.1",
+            "--out",
+            str(out),
+            f"data.path={cache}",
+            "train.epochs=1",
+            "train.progress=false",
+            "regularizer.projection=epoch",
+            *extra,
+        ]
+    )
     assert rc == 0
     return json.loads((out / "metrics.json").read_text())
 
@@ -38,9 +52,18 @@ def test_deeplabv3plus_one_epoch_with_the_regularizer(coco_cache_stuff, tmp_path
     metrics = _train_cli(coco_cache_stuff, out)
     meta = json.loads((coco_cache_stuff / "meta.json").read_text())
     (row,) = metrics["history"]
-    for key in ("test_miou", "test_pixel_accuracy", "test_mean_class_accuracy", "test_fw_iou",
-                "test_miou_small", "test_miou_big", "test_shape_fbeta", "reg_eps",
-                "reg_projections", "train_seconds"):  # fmt: skip
+    for key in (
+        "test_miou",
+        "test_pixel_accuracy",
+        "test_mean_class_accuracy",
+        "test_fw_iou",
+        "test_miou_small",
+        "test_miou_big",
+        "test_shape_fbeta",
+        "reg_eps",
+        "reg_projections",
+        "train_seconds",
+    ):
         assert key in row, key
     assert len(row["test_iou"]) == meta["num_classes"] == 92
     assert row["reg_projections"] == 1 and 0 <= row["test_miou"] <= 1
@@ -69,8 +92,9 @@ def test_deeplabv3plus_one_epoch_with_the_regularizer(coco_cache_stuff, tmp_path
 
 
 def test_segnet_sky_one_epoch_with_the_regularizer(coco_cache_sky, tmp_path):
-    metrics = _train_cli(coco_cache_sky, tmp_path / "run", "model.name=segnet",
-                         "model.encoder=vgg16_bn")  # fmt: skip
+    metrics = _train_cli(
+        coco_cache_sky, tmp_path / "run", "model.name=segnet", "model.encoder=vgg16_bn"
+    )
     (row,) = metrics["history"]
     assert len(row["test_iou"]) == 2 and row["reg_projections"] == 1
     assert 0 <= row["test_pixel_accuracy"] <= 1
@@ -89,12 +113,16 @@ def test_loss_ignores_unlabelled_pixels():
 
 
 def test_augmentations_move_image_and_mask_together(coco_cache_stuff):
-    cfg = C.DataConfig(kind="cocostuff", path=str(coco_cache_stuff), hflip=True,
-                       scale_range=[1.5, 1.5])  # fmt: skip
+    cfg = C.DataConfig(
+        kind="cocostuff", path=str(coco_cache_stuff), hflip=True, scale_range=[1.5, 1.5]
+    )
     plain = SegmentationCacheDataset(coco_cache_stuff, "train")
     size = tuple(plain[[0]]["image"].shape[-2:])
-    flip = SegmentationCacheDataset(coco_cache_stuff, "train", augment=segmentation_augment(
-        C.DataConfig(kind="cocostuff", hflip=True), size))  # fmt: skip
+    flip = SegmentationCacheDataset(
+        coco_cache_stuff,
+        "train",
+        augment=segmentation_augment(C.DataConfig(kind="cocostuff", hflip=True), size),
+    )
     torch.manual_seed(0)
     a, b = plain[[0, 1, 2, 3]], flip[[0, 1, 2, 3]]
     flipped = [torch.equal(b["image"][i], a["image"][i].flip(-1)) for i in range(4)]
@@ -136,9 +164,12 @@ def test_three_shape_bins_train_one_vs_rest(coco_root, tmp_path):
     reported per bin."""
     from data_prep import cocostuff
 
-    cache = cocostuff.prepare(cocostuff.Options(out=tmp_path / "cache", root=coco_root,
-                                                size=(24, 32), workers=0, thresholds=(0.02, 0.2)),
-                              log=lambda *_: None)  # fmt: skip
+    cache = cocostuff.prepare(
+        cocostuff.Options(
+            out=tmp_path / "cache", root=coco_root, size=(24, 32), workers=0, thresholds=(0.02, 0.2)
+        ),
+        log=lambda *_: None,
+    )
     counts = json.loads((cache / "meta.json").read_text())["splits"]["train"]["shape_counts"]
     assert set(counts) == {"0", "1", "2"} and min(counts.values()) > 0
     out = tmp_path / "run"
