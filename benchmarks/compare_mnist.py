@@ -5,7 +5,8 @@ every AUC and F1 method of the project, each trained alone as the loss of one ML
     python -m benchmarks.compare mnist --mnist-dir data/mnist --table-only          # tables only
     python -m benchmarks.compare mnist --mnist-dir data/mnist --quick --out /tmp/c  # smoke test
 
-Data: the four official MNIST files (idx, ``.gz`` or raw) in ``--mnist-dir``, read with numpy.
+Data: the four official MNIST files (idx, ``.gz`` or raw) in ``--mnist-dir``, read by
+``data_prep.smnist.load_mnist`` (md5 not required: a test passes a stand-in).
 Digits 0-4 are the positive class (label 1), 5-9 the negative one. As in the paper, samples are
 dropped so that the positive ratio (positives / all) is 91 %, 83 %, 71 % or 50 %: negatives, in the
 order of a fixed permutation drawn from ``--data-seed`` (at 50 % MNIST has fewer negatives than
@@ -38,7 +39,6 @@ resumes). Writes ``compare_mnist.md`` and ``compare_mnist.png`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import statistics
 import sys
@@ -54,19 +54,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._timing import machine_line, markdown_table
+from data_prep.smnist import find_mnist_files, load_mnist
+
+from ._timing import machine_line
 
 BATCH, LR, HIDDEN = 128, 1e-3, 256
 RATIOS, SEEDS, ITERATIONS = (0.91, 0.83, 0.71, 0.5), (0, 1, 2), 2000
 QUICK_ITERATIONS, QUICK_TRAIN, QUICK_TEST = 100, 3000, 1000  # --quick: the first samples only
 PESG = {"lr": 0.1, "epoch_decay": 2e-3, "weight_decay": 1e-5}  # LibAUC's documented settings
 PESG_DECAYS = (0.5, 0.75)  # fractions of the run after which update_regularizer(decay_factor=10)
-IDX_FILES = {
-    ("train", "images"): "train-images-idx3-ubyte",
-    ("train", "labels"): "train-labels-idx1-ubyte",
-    ("test", "images"): "t10k-images-idx3-ubyte",
-    ("test", "labels"): "t10k-labels-idx1-ubyte",
-}
 
 # key -> (label in the tables, what it is trained for)
 METHODS: dict[str, tuple[str, str]] = {
@@ -86,48 +82,8 @@ PAPER_SECONDS = {"CE": 0.018, "LP layer": 0.069, "PPD-SG": 0.122}  # Meng et al.
 # --- data -------------------------------------------------------------------------------------------
 
 
-def read_idx(path: Path) -> np.ndarray:
-    """An idx file (``.gz`` or raw) as a uint8 array of the shape its header gives.
-
-    The header: two zero bytes, the type code 0x08 (unsigned byte), the number of dimensions, then
-    each dimension as a big-endian uint32. Raises ``ValueError`` on anything else.
-    """
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
-        data = f.read()
-    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
-        raise ValueError(f"{path}: not an unsigned-byte idx file (header {data[:4]!r})")
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    body = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != int(np.prod(shape)):
-        raise ValueError(f"{path}: header says {shape}, found {body.size} values")
-    return body.reshape(shape)
-
-
-def load_mnist_idx(mnist_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """``{split: (images uint8 (N, 28, 28), digit labels int64 (N,))}`` from the four files."""
-    found: dict[tuple[str, str], np.ndarray] = {}
-    for key, name in IDX_FILES.items():
-        path = next((p for p in (mnist_dir / f"{name}.gz", mnist_dir / name) if p.is_file()), None)
-        if path is None:
-            raise FileNotFoundError(
-                f"--mnist-dir {mnist_dir}: {name}[.gz] not found "
-                f"(expected the four official MNIST files)"
-            )
-        found[key] = read_idx(path)
-    out = {}
-    for split in ("train", "test"):
-        images, labels = found[(split, "images")], found[(split, "labels")].astype(np.int64)
-        if images.ndim != 3 or len(images) != len(labels):
-            raise ValueError(f"{split}: {images.shape} images for {labels.shape} labels")
-        out[split] = (images, labels)
-    return out
-
-
 def official_mnist(mnist_dir: Path) -> bool:
     """Whether the four files are the official MNIST ones (md5 of the ``.gz`` or raw file)."""
-    from data_prep.smnist import find_mnist_files
-
     try:
         find_mnist_files(mnist_dir)
     except (FileNotFoundError, ValueError):
@@ -166,7 +122,7 @@ def prepare(
     """
     key = (str(mnist_dir), quick)
     if key not in _RAW:
-        _RAW[key] = load_mnist_idx(Path(mnist_dir))
+        _RAW[key] = load_mnist(Path(mnist_dir), verify=False)[0]  # data_prep.smnist's reader
     out = {}
     for i, split in enumerate(("train", "test")):
         images, digits = _RAW[key][split]
@@ -390,197 +346,6 @@ def load_record(job: Job) -> dict[str, Any] | None:
     return record if record.get("settings") == job.settings() else None
 
 
-def _cell(xs: list[float | None], n_seeds: int, scale: float = 100.0, fmt: str = ".2f") -> str:
-    """``mean ± sd`` of the finite values (``n/a`` without any); ``(k/n)`` when seeds are missing."""
-    vals = [x * scale for x in xs if x is not None]
-    if not vals:
-        return "n/a"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    missing = f" ({len(vals)}/{n_seeds})" if len(vals) < n_seeds else ""
-    return f"{statistics.mean(vals):{fmt}} ± {sd:{fmt}}{missing}"
-
-
-Records = dict[tuple[float, str], list[dict[str, Any]]]
-
-
-def metric_rows(
-    records: Records, ratios: list[float], n_seeds: int, metrics: list[str]
-) -> list[list[str]]:
-    """One row per method (for the threshold-dependent metrics two for the F-beta regularizer:
-    ``u > 0`` and its learned threshold), per ratio one cell per metric of ``metrics`` (keys of a
-    record's ``test``)."""
-    rows = []
-    for key, (label, target) in METHODS.items():
-        variants = [("test", label)]
-        if key == "reparam_fbeta" and metrics != ["auc"]:  # AUC does not depend on a threshold
-            variants = [("test", f"{label}, u > 0"), ("test_at_threshold", f"{label}, u > t")]
-        for field, name in variants:
-            row = [name, target]
-            for ratio in ratios:
-                recs = records.get((ratio, key), [])
-                row += [_cell([r.get(field, {}).get(m) for r in recs], n_seeds) for m in metrics]
-            rows.append(row)
-    return rows
-
-
-def timing_rows(records: Records, ratios: list[float], n_seeds: int) -> list[list[str]]:
-    """Per method and ratio: median ms per iteration (mean ± sd over seeds) and the ratio to
-    cross-entropy's of the same seed."""
-    rows = []
-    for key, (label, _) in METHODS.items():
-        row = [label]
-        for ratio in ratios:
-            ce = {
-                r["settings"]["seed"]: r["seconds_per_iteration"]
-                for r in records.get((ratio, "ce"), [])
-            }
-            recs = records.get((ratio, key), [])
-            rel = [
-                r["seconds_per_iteration"] / ce[r["settings"]["seed"]]
-                for r in recs
-                if r["settings"]["seed"] in ce
-            ]
-            row.append(_cell([r["seconds_per_iteration"] for r in recs], n_seeds, 1e3, ".3g"))
-            row.append(_cell(rel, n_seeds, 1.0, ".2f"))
-        rows.append(row)
-    return rows
-
-
-def report(
-    records: Records, ratios: list[float], seeds: list[int], command: str, official: bool
-) -> str:
-    """The markdown of ``compare_mnist.md``."""
-    n = len(seeds)
-    pct = [f"{r:.0%}" for r in ratios]
-    auc = markdown_table(["method", "trained for", *pct], metric_rows(records, ratios, n, ["auc"]))
-    f1 = markdown_table(
-        ["method", "trained for", *[f"{p} {m}" for p in pct for m in ("F1", "acc")]],
-        metric_rows(records, ratios, n, ["f1", "accuracy"]),
-    )
-    share = markdown_table(
-        ["method", "trained for", *pct], metric_rows(records, ratios, n, ["predicted_positive"])
-    )
-    timing = markdown_table(
-        ["method", *[f"{p} {m}" for p in pct for m in ("ms / iter", "x CE")]],
-        timing_rows(records, ratios, n),
-    )
-    first = next((rs[0] for rs in records.values() if rs), None)
-    sizes = []
-    for r in ratios:
-        rec = next((rs[0] for (rr, _), rs in records.items() if rr == r and rs), None)
-        if rec is not None:
-            sizes.append(
-                f"{r:.0%}: {rec['n_train']} train ({rec['n_train_pos']} pos), "
-                f"{rec['n_test']} test ({rec['n_test_pos']} pos), "
-                f"{rec['epochs_completed']} full epochs"
-            )
-    paper = ", ".join(
-        f"{k} {v} s ({v / PAPER_SECONDS['CE']:.1f}x)" for k, v in PAPER_SECONDS.items()
-    )
-    diverged = sorted(
-        {
-            f"{METHODS[k][0]} at {r:.0%}"
-            for (r, k), rs in records.items()
-            for x in rs
-            if x["diverged"]
-        }
-    )
-    return "\n".join(
-        [
-            f"<!-- {command} -->",
-            "# Imbalanced binary MNIST (Meng et al., NeurIPS 2021, Table 1 protocol)",
-            "",
-            f"Digits 0-4 positive, 5-9 negative; samples dropped (a fixed permutation) so that positives "
-            f"/ all is the column's ratio, in the training and the test split alike: ROC-AUC is "
-            f"prior-free, F1 and accuracy are not, so they are measured at the training prior. "
-            f"{'Official MNIST files (md5 checked).' if official else 'NOT the official MNIST files.'} "
-            f"Sizes: {'; '.join(sizes) or 'n/a'}.",
-            "",
-            f"Every method alone trains an MLP 784-256-1 (its score `u`): Adam lr {LR:g}, batch {BATCH}, "
-            f"{first['settings']['iterations'] if first else 'n/a'} iterations, seeds "
-            f"{', '.join(map(str, seeds))} (initialization and batch order); mean ± sd over seeds. "
-            f"Exception: LibAUC's AUC-margin loss with its own optimizer PESG (lr {PESG['lr']}, "
-            f"epoch_decay {PESG['epoch_decay']:g}, weight_decay {PESG['weight_decay']:g}, "
-            f"`update_regularizer(decay_factor=10)` at the first epoch ends past 50 % and 75 % of the "
-            f"run, as LibAUC's examples do at epochs 50 and 75 of 100; its loss sees `sigmoid(u)`). "
-            f"The per-sample multipliers of the reparameterized objectives take one dual step per "
-            f"epoch (`end_epoch_()`), so the number of full epochs matters.",
-            "",
-            "## Test ROC-AUC (%) of `u`",
-            "",
-            auc,
-            "",
-            "## Test F1 (%) and accuracy (%) of `u > 0`",
-            "",
-            "`u > t`: the F-beta regularizer's learned F1-optimal threshold `reg.decision_threshold`.",
-            "",
-            f1,
-            "",
-            "## Share of the test set predicted positive (%); the true share is the column's ratio",
-            "",
-            share,
-            "",
-            "## Seconds per iteration",
-            "",
-            "Median over each run of forward + loss + backward + step (+ `after_step_()`), one thread "
-            "per run, two runs at a time (`--jobs 2`); `x CE`: per seed, relative to cross-entropy's "
-            f"run in the same sweep. Meng et al. (GPU): {paper}. "
-            f"Machine: {first['machine'] if first else 'n/a'}.",
-            "",
-            timing,
-            "",
-            f"Diverged (non-finite loss): {', '.join(diverged) if diverged else 'none'}.",
-            "",
-        ]
-    )
-
-
-def plot(records: Records, ratios: list[float], path: Path) -> None:
-    """Test AUC and F1 (mean ± sd over seeds) against the positive ratio, one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.8))
-    xs = sorted(ratios)
-    for ax, metric, title in ((axes[0], "auc", "test ROC-AUC (%)"), (axes[1], "f1", "test F1 (%)")):
-        for i, (key, (label, _)) in enumerate(METHODS.items()):
-            fields = [("test", label)]
-            if key == "reparam_fbeta" and metric == "f1":
-                fields.append(("test_at_threshold", f"{label}, u > t"))
-            for field, name in fields:
-                pts = []
-                for r in xs:
-                    vals = [
-                        v * 100
-                        for rec in records.get((r, key), [])
-                        if (v := rec.get(field, {}).get(metric)) is not None
-                    ]
-                    if vals:
-                        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-                        pts.append((r * 100, statistics.mean(vals), sd))
-                if pts:
-                    px, py, pe = zip(*pts, strict=True)
-                    ax.errorbar(
-                        px,
-                        py,
-                        yerr=pe,
-                        marker="o",
-                        capsize=3,
-                        label=name,
-                        color=f"C{i}",
-                        linestyle="--" if field == "test_at_threshold" else "-",
-                    )
-        ax.set(title=title, xlabel="positive ratio (%)", ylabel="%")
-        ax.grid(alpha=0.3)
-    handles, labels = axes[1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
-    fig.tight_layout(rect=(0, 0.16, 1, 1))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the missing runs of the grid (unless ``--table-only``) and write the tables and plot."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -618,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in a.methods
         for s in a.seeds
     ]
-    records: Records = {}
+    records: dict[tuple[float, str], list[dict[str, Any]]] = {}
     todo = []
     for job in jobs:
         rec = load_record(job)
@@ -649,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(f'{r:g}' for r in a.ratios)} --seeds {' '.join(map(str, a.seeds))} "
         f"--iterations {a.iterations} --data-seed {a.data_seed}" + (" --quick" if a.quick else "")
     )
+    from .compare_mnist_tables import plot, report
+
     text = report(records, a.ratios, a.seeds, command, official)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "compare_mnist.md").write_text(text)

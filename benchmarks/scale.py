@@ -32,8 +32,9 @@ def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
     import torch
 
     from reparam import FBetaRegularizer
+    from train.build import autocast_dtype
     from train.config import ModelConfig
-    from train.loop import autocast_dtype, task_loss
+    from train.loop import task_loss
     from train.models import build_model
 
     torch.set_num_threads(threads)

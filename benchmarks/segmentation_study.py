@@ -222,7 +222,8 @@ def _timing(steps: int, task: str, size: tuple[int, int], tmp: str) -> str:
 
     from train import config as config_mod
     from train import distributed
-    from train.loop import NonFiniteGuard, setup, train_step
+    from train.loop import setup, train_step
+    from train.nonfinite import NonFiniteGuard
 
     torch.set_num_threads(2)
     config = TASKS[task][0]

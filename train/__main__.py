@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
         return 0
-    from .loop import NonFiniteLossError, run  # heavy imports only when training
+    from .loop import run  # heavy imports only when training
+    from .nonfinite import NonFiniteLossError
 
     try:
         run(cfg, resume=a.resume)

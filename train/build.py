@@ -96,3 +96,8 @@ def build_scheduler(
         return None
     total = cfg.train.epochs * steps_per_epoch
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: max(0.0, 1.0 - t / total) ** 0.9)
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    """``None`` for ``fp32``, else the autocast dtype of ``bf16`` / ``fp16``."""
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -27,12 +27,10 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from reparam.functional import fbeta_from_counts, fbeta_of_decisions
-from reparam.rate_functional import recall_precision, roc_auc
-
 from . import checkpoint, distributed, reporting
 from . import config as config_mod
 from .build import (
+    autocast_dtype,
     build_optimizer,
     build_regularizer,
     build_scheduler,
@@ -43,15 +41,12 @@ from .build import (
 )
 from .config import Config
 from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
+from .evaluation import evaluate
 from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
-from .metrics import GroupedConfusion, GroupedSegmentationConfusion
 from .models import build_model
+from .nonfinite import NonFiniteGuard, zero_momentum_buffers_
 from .state import TrainState, check_format
-
-
-class NonFiniteLossError(FloatingPointError):
-    """A step produced a NaN / inf loss or shape score (``train.nonfinite: stop``)."""
 
 
 def task_loss(
@@ -67,11 +62,6 @@ def task_loss(
         return F.cross_entropy(logits, y)
     total = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum")
     return total / (y != IGNORE_INDEX).sum().clamp_min(1)
-
-
-def autocast_dtype(precision: str) -> torch.dtype | None:
-    """``None`` for ``fp32``, else the autocast dtype of ``bf16`` / ``fp16``."""
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def run(
@@ -151,7 +141,7 @@ def setup(
             f"would step its own rows of tau): under torchrun use tau_update=dense"
         )
     optimizer = build_optimizer(cfg, model, reg)
-    _zero_momentum_buffers_(optimizer)
+    zero_momentum_buffers_(optimizer)
     train_loader = make_loader(
         data.train,
         cfg.data.batch_size // ctx.world,
@@ -254,79 +244,6 @@ def compile_(model: nn.Module, reg: nn.Module | None) -> None:
     model.compile()
     if reg is not None and type(reg).compile is not nn.Module.compile:
         reg.compile()
-
-
-def _zero_momentum_buffers_(optimizer: torch.optim.Optimizer) -> None:
-    """Give fused SGD zero momentum buffers before its first step. A skipped step (``found_inf``,
-    :func:`train_step`) must leave the optimizer as it was, but fused SGD allocates its buffers
-    uninitialized on its first step and fills them only if the step runs, so a skipped first step
-    would leave garbage momentum (torch 2.13, CPU). With zeros, ``buf = momentum * 0 + grad`` is
-    what the first step sets anyway (dampening 0): bit for bit the same training."""
-    if not isinstance(optimizer, torch.optim.SGD):
-        return
-    for group in optimizer.param_groups:
-        if group["momentum"] != 0:
-            for p in group["params"]:
-                optimizer.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
-
-
-class NonFiniteGuard:
-    """``train.nonfinite`` without a host read per step (docs/robustness.md, "Non-finite steps").
-
-    :meth:`record` keeps a step's finiteness flag on the device (or-reduced over processes) and
-    counts a non-finite step there (``totals[3]``; ``stop``: also its step and task loss), and
-    :func:`train_step` makes such a step a no-op without reading the flag. :meth:`read` is the one
-    host read: every ``train.nonfinite_check_every`` steps, before every checkpoint and at the epoch
-    end. ``stop`` raises :class:`NonFiniteLossError` there, naming the first non-finite step;
-    ``skip`` takes the window's non-finite steps back out of ``state.global_step`` (which counts
-    the steps of a window as they are taken).
-    """
-
-    def __init__(self, mode: str, processes: bool, last_checkpoint: str) -> None:
-        self.skip = mode == "skip"
-        self.processes = processes  # several: every process must drop the same steps
-        self.last_checkpoint = last_checkpoint  # named by the error
-        self.unread = 0  # steps taken since the last read whose flag is not known on the host
-
-    def begin_epoch(self, epoch: int, totals: Tensor) -> None:
-        self.epoch, self.totals = epoch, totals
-        self.skipped_read = int(totals[3])  # resumed mid-epoch: the epoch's count so far
-        self.first_step = torch.full((), -1, dtype=torch.int64, device=totals.device)
-        self.first_loss = torch.zeros((), dtype=torch.float64, device=totals.device)
-
-    def record(self, k: int, task: Tensor, u: Tensor) -> Tensor:
-        """The flag of step ``k`` (0-d bool, on the device): task loss and shape scores finite."""
-        ok = torch.isfinite(task) & torch.isfinite(u).all()
-        if self.processes:  # a step is dropped everywhere if it is non-finite anywhere
-            ok = distributed.all_reduce_((~ok).float()) == 0
-        bad = ~ok
-        self.totals[3].add_(bad)
-        if not self.skip:  # the first non-finite step of the epoch, for the error
-            first = bad & (self.first_step < 0)
-            self.first_step.masked_fill_(first, k)
-            self.first_loss.copy_(torch.where(first, task.detach().double(), self.first_loss))
-        return ok
-
-    def read(self, state: TrainState, ok: Tensor | None = None) -> bool:
-        """The host read: raises for ``stop`` if a step since the epoch began was non-finite;
-        else corrects ``state.global_step``. ``ok``: the flag of the current step when it has not
-        been taken yet; returns whether it is finite (``True`` without one)."""
-        parts = [self.totals[3:], self.first_step.double().view(1), self.first_loss.view(1)]
-        if ok is not None:
-            parts.append(ok.double().view(1))
-        skipped, first_step, first_loss, *current = torch.cat(parts).tolist()
-        if first_step >= 0:
-            raise NonFiniteLossError(
-                f"non-finite loss or shape score at epoch {self.epoch} step {int(first_step)} "
-                f"(task loss {first_loss}); last good checkpoint: {self.last_checkpoint}. Lower "
-                f"the lr, check the data, or set train.nonfinite=skip to drop such steps"
-            )
-        finite = not current or current[0] == 1.0
-        new = round(skipped) - self.skipped_read
-        self.skipped_read = round(skipped)
-        state.global_step -= new - (not finite)  # the current step was not counted yet
-        self.unread = 0
-        return finite
 
 
 def _train(
@@ -577,91 +494,3 @@ def _learned_threshold(reg: nn.Module | None) -> float | None:
     the objectives that learn none)."""
     threshold = getattr(reg, "decision_threshold", None)
     return None if threshold is None else float(threshold[0])
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module,
-    loader: torch.utils.data.DataLoader,
-    device: torch.device,
-    num_classes: int,
-    beta: float = 1.0,
-    positive_class: int = 1,
-    num_groups: int = 2,
-    keep_images: int = 0,
-    segmentation: bool = False,
-    precision: str = "fp32",
-    threshold: float | None = None,
-) -> dict[str, Any]:
-    """Task metrics overall and per shape group, from confusion matrices accumulated over the
-    whole split and summed over processes (classification: accuracy; segmentation: mIoU, pixel
-    acc., mean class acc., fwIoU); the shape node's metrics for ``positive_class`` against the
-    rest: F-beta, precision and recall of its decisions ``u > 0`` (the learned threshold) and the
-    ROC-AUC of its scores; with a ``threshold`` (F-beta's learned ``decision_threshold``) also the
-    F-beta of ``u > threshold`` (``shape_fbeta_at_threshold``). With ``keep_images > 0`` (segmentation) the first images, predictions
-    and labels are returned under ``"_images"``."""
-    model.eval()
-    dtype = autocast_dtype(precision)
-    confusion = (
-        GroupedSegmentationConfusion(num_classes, num_groups)
-        if segmentation
-        else GroupedConfusion(num_classes, num_groups)
-    )
-    shape_scores, shape_positive = [], []
-    kept, per_image, indices = [], [], []
-    for batch in loader:
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits, u = model(batch["image"].to(device))
-        pred = logits.argmax(1)
-        if segmentation:
-            label = batch["label"].to(device)
-            confusion.update(label, pred, batch["shape"])
-            per_image.append(per_image_iou(label, pred, num_classes).cpu())
-            indices.append(batch["index"])
-            if sum(len(k[0]) for k in kept) < keep_images:
-                kept.append(
-                    (
-                        batch["image"][:keep_images],
-                        pred[:keep_images].cpu(),
-                        batch["label"][:keep_images],
-                    )
-                )
-        else:
-            confusion.update(batch["label"], pred.cpu(), batch["shape"])
-        shape_scores.append((u if u.dim() == 1 else u[:, positive_class]).float().cpu())
-        shape_positive.append(batch["shape"] == positive_class)
-    confusion.cm = distributed.all_reduce_(confusion.matrices().to(device)).cpu()
-    scores = distributed.all_gather_cat(torch.cat(shape_scores))  # every process's, for the AUC
-    positive = distributed.all_gather_cat(torch.cat(shape_positive))
-    u_pos, u_neg = scores[positive], scores[~positive]
-    tp, fn, fp = int((u_pos > 0).sum()), int((u_pos <= 0).sum()), int((u_neg > 0).sum())
-    out: dict[str, Any] = confusion.summary()
-    out["shape_fbeta"] = fbeta_from_counts(tp, fn, fp, beta)
-    recall, prec = recall_precision(u_pos, u_neg)
-    out |= {"shape_precision": prec, "shape_recall": recall, "shape_auc": roc_auc(u_pos, u_neg)}
-    out["shape_positive_rate"] = float((scores > 0).float().mean()) if len(scores) else None
-    if threshold is not None:
-        out["shape_fbeta_at_threshold"] = fbeta_of_decisions(
-            u_pos - threshold, u_neg - threshold, beta
-        )
-    if kept:
-        out["_images"] = tuple(torch.cat(parts)[:keep_images] for parts in zip(*kept, strict=True))
-    if per_image:  # in data-set order (the processes' shards interleave)
-        index = distributed.all_gather_cat(torch.cat(indices))
-        iou = distributed.all_gather_cat(torch.cat(per_image))
-        order = torch.argsort(index)
-        out["_per_image"] = {"index": index[order].numpy(), "iou": iou[order].numpy()}
-    return out
-
-
-def per_image_iou(label: Tensor, pred: Tensor, num_classes: int) -> Tensor:
-    """float64 ``(B, C)``: IoU of each class in each image over its labelled pixels (NaN where the
-    class is in neither the image's ground truth nor its prediction)."""
-    b, c = label.shape[0], num_classes
-    valid = label != IGNORE_INDEX
-    image = torch.arange(b, device=label.device).view(-1, 1, 1).expand_as(label)
-    flat = (image * c + label.long().clamp(0, c - 1)) * c + pred.long()
-    cm = torch.bincount(flat[valid], minlength=b * c * c).view(b, c, c).double()
-    tp = cm.diagonal(dim1=1, dim2=2)
-    union = cm.sum(2) + cm.sum(1) - tp
-    return torch.where(union > 0, tp / union.clamp_min(1), torch.nan)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reparam import FBetaRegularizer
-from train import checkpoint, distributed, loop
+from train import checkpoint, distributed, evaluation, loop
 from train import config as C
 from train.data import load_data, make_loader
 from train.metrics import GroupedConfusion
@@ -204,7 +204,7 @@ def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folde
                 totals.append(int(self.cm.sum()))
                 return super().summary()
 
-        loop.GroupedConfusion = Counting
+        evaluation.GroupedConfusion = Counting
         out["evaluate"], out["eval_total"] = _evaluate_fixed_model(data, rank, world), totals
     _record(folder, rank, out)
     distributed.shutdown()

@@ -18,7 +18,8 @@ import torch
 from train import checkpoint
 from train.__main__ import main
 from train.data import load_data, make_loader
-from train.loop import NonFiniteLossError, run
+from train.loop import run
+from train.nonfinite import NonFiniteLossError
 
 from .run_utils import (
     ROOT,

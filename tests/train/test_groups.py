@@ -16,8 +16,9 @@ from data_prep import camvid
 from tests.data_prep.test_camvid import write_layout
 from train import config as C
 from train.__main__ import main
+from train.evaluation import per_image_iou
 from train.groups import GroupWeighting
-from train.loop import per_image_iou, task_loss
+from train.loop import task_loss
 from train.reporting import selected_epoch
 
 ROOT = Path(__file__).resolve().parents[2]
