@@ -277,14 +277,15 @@ class ShapeObjective(nn.Module):
         seen = self.seen_ever
         return self.scores[pos & seen, j], self.scores[~pos & seen, j]
 
-    def _apply(self, fn, recurse=True):  # keep the regularizer's floating state in float32
+    def _apply(self, fn, recurse=True):  # keep the objective's floating state in float32
         super()._apply(fn, recurse)
-        for p in self._parameters.values():
-            if p is not None and p.is_floating_point() and p.dtype != torch.float32:
-                p.data = p.data.float()
-        for name, b in self._buffers.items():
-            if b is not None and b.is_floating_point() and b.dtype != torch.float32:
-                self._buffers[name] = b.float()
+        for module in self.modules() if recurse else (self,):  # with a peer's submodules
+            for p in module._parameters.values():
+                if p is not None and p.is_floating_point() and p.dtype != torch.float32:
+                    p.data = p.data.float()
+            for name, b in module._buffers.items():
+                if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+                    module._buffers[name] = b.float()
         return self
 
     def _warn_once(self, kind: str, message: str) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from projections import project_onto_c
 from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision, ShapeHead
+from tests.protocol import run_protocol
 
 LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1] * 4)  # N = 40
 MAKERS = {
@@ -22,16 +23,16 @@ MAKERS = {
 
 def _loop(reg, head, opt, epochs, *, end_epoch=True, after_step=True, batch=8):
     x = torch.linspace(-1, 1, 40)[:, None] + LABELS[:, None].float()
-    for _ in range(epochs):
-        for idx in torch.arange(40).split(batch):
-            loss = reg(head(x[idx]), idx)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if after_step:
-                reg.after_step_()
-        if end_epoch:
-            reg.end_epoch_()
+    run_protocol(
+        reg,
+        head,
+        x,
+        epochs=epochs,
+        batch=batch,
+        optimizer=opt,
+        end_epoch=end_epoch,
+        after_step=after_step,
+    )
 
 
 def _messages(record) -> str:
