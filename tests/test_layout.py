@@ -138,3 +138,9 @@ def test_no_module_outgrows_one_responsibility():
         and (n := len((ROOT / f).read_text().splitlines())) > 600
     ]
     assert not big, big
+
+
+def test_the_training_loop_reads_top_to_bottom_in_80_lines():
+    tree = ast.parse((ROOT / "train" / "loop.py").read_text())
+    (loop,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_train"]
+    assert loop.end_lineno - loop.lineno + 1 <= 80

@@ -259,13 +259,7 @@ def _train(
     every, limit = cfg.train.checkpoint_every, cfg.train.stop_after_steps
     check_every = cfg.train.nonfinite_check_every
     guard = NonFiniteGuard(cfg.train.nonfinite, ctx.enabled, s.last_checkpoint)
-    log(
-        f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
-        f"device {device}; {ctx.world} process(es); precision {cfg.train.precision}"
-        + ("; compiled" if cfg.train.compile else "")
-    )
-    if reg is not None:
-        log(f"regularizer: alpha={alpha:g} {reg.extra_repr()}")
+    _announce(s, cfg, ctx, log)
 
     def boundary() -> bool:  # a checkpoint or the stop is due at this global step
         g = state.global_step
@@ -280,14 +274,7 @@ def _train(
         s.net.train()
         k = skip = state.step_in_epoch  # resuming inside the epoch: the batches already taken
         train_loader.sampler.skip = skip
-        bar = tqdm(
-            train_loader,
-            desc=f"epoch {epoch}",
-            leave=False,
-            initial=skip,
-            total=len(train_loader),
-            disable=None if cfg.train.progress and ctx.is_main else True,
-        )
+        bar = _progress(train_loader, epoch, skip, cfg.train.progress and ctx.is_main)
         stop = interrupted = False
         start = time.perf_counter()
         for k, batch in enumerate(bar, start=skip + 1):
@@ -316,47 +303,17 @@ def _train(
             break
         guard.read(state)  # stop: raises before the epoch's dual step sees the scores
 
-        # -- end of epoch: the regularizer's projection and dual step on the remembered scores --
-        start = time.perf_counter()
-        if reg is not None:
-            if written is not None:
-                reg.merge_scores_(written, distributed.all_reduce_)
-                written.zero_()
-            reg.end_epoch_()
-        epoch_end_seconds = time.perf_counter() - start
+        epoch_end_seconds = _regularizer_epoch_end(s)
         sums = distributed.all_reduce_(state.totals[:3].clone())
 
         # -- evaluation and logging --
         start = time.perf_counter()
         evaluated, images, per_image = evaluate_splits(s, cfg)
-        eval_seconds = time.perf_counter() - start
-        total = max(float(sums[2]), 1.0)
-        row = {
-            "epoch": epoch,
-            "train_loss": float(sums[0]) / total,
-            "reg_loss": float(sums[1]) / total if reg is not None else None,
-            "train_seconds": train_seconds,
-            "epoch_end_seconds": epoch_end_seconds,
-            "steps": k,
-            "eval_seconds": eval_seconds,
-            "skipped_steps_total": state.skipped_steps + int(state.totals[3]),
-        }
-        row |= evaluated
-        if reg is not None:
-            row |= {f"reg_{name}": v for name, v in reg.stats().items() if not isinstance(v, list)}
-        if s.groups is not None:
-            row |= s.groups.stats()
+        seconds = (train_seconds, epoch_end_seconds, time.perf_counter() - start)
+        row = _epoch_row(s, epoch, k, sums, seconds) | evaluated
         state.end_epoch(row)
         if ctx.is_main:
-            if images is not None:
-                reporting.log_segmentation_images(writer, *images, s.data.num_classes, epoch)
-            if per_image is not None and reporting.selected_epoch(state.history) == epoch:
-                with atomic_path(s.out / "per_image_test.npz") as tmp:  # the selected epoch's
-                    write_npz(tmp, {**per_image, "epoch": torch.tensor([epoch]).numpy()})
-            reporting.log_scalars(writer, row, epoch)
-            writer.flush()
-            metrics = reporting.summary(state.history, cfg)
-            write_text_atomic(json.dumps(metrics, indent=2) + "\n", s.out / "metrics.json")
+            _write_epoch(s, cfg, writer, row, images, per_image)
         guard.last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
         log(reporting.epoch_line(row))
         for warning in reporting.warnings(row, cfg.regularizer.name if reg is not None else None):
@@ -367,6 +324,86 @@ def _train(
     if writer is not None:
         writer.close()
     return reporting.summary(state.history, cfg)
+
+
+def _progress(loader: DataLoader, epoch: int, skip: int, show: bool) -> tqdm:
+    """The epoch's batches behind a progress bar (from batch ``skip``; hidden unless ``show``)."""
+    return tqdm(
+        loader,
+        desc=f"epoch {epoch}",
+        leave=False,
+        initial=skip,
+        total=len(loader),
+        disable=None if show else True,
+    )
+
+
+def _regularizer_epoch_end(s: Setup) -> float:
+    """The regularizer's epoch end (its projection and dual step on the remembered scores, merged
+    over processes first); returns its seconds."""
+    start = time.perf_counter()
+    if s.reg is not None:
+        if s.written is not None:
+            s.reg.merge_scores_(s.written, distributed.all_reduce_)
+            s.written.zero_()
+        s.reg.end_epoch_()
+    return time.perf_counter() - start
+
+
+def _announce(s: Setup, cfg: Config, ctx: distributed.Context, log: Callable[..., object]) -> None:
+    log(
+        f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
+        f"device {s.device}; {ctx.world} process(es); precision {cfg.train.precision}"
+        + ("; compiled" if cfg.train.compile else "")
+    )
+    if s.reg is not None:
+        log(f"regularizer: alpha={cfg.regularizer.alpha:g} {s.reg.extra_repr()}")
+
+
+def _epoch_row(
+    s: Setup, epoch: int, steps: int, sums: Tensor, seconds: tuple[float, float, float]
+) -> dict[str, Any]:
+    """The epoch's figures but the evaluation's: mean losses (``sums``: task, regularizer, count,
+    over all processes), ``seconds`` (training, epoch end, evaluation), the regularizer's and the
+    group weighting's state."""
+    state, reg = s.state, s.reg
+    total = max(float(sums[2]), 1.0)
+    row = {
+        "epoch": epoch,
+        "train_loss": float(sums[0]) / total,
+        "reg_loss": float(sums[1]) / total if reg is not None else None,
+        "train_seconds": seconds[0],
+        "epoch_end_seconds": seconds[1],
+        "steps": steps,
+        "eval_seconds": seconds[2],
+        "skipped_steps_total": state.skipped_steps + int(state.totals[3]),
+    }
+    if reg is not None:
+        row |= {f"reg_{name}": v for name, v in reg.stats().items() if not isinstance(v, list)}
+    if s.groups is not None:
+        row |= s.groups.stats()
+    return row
+
+
+def _write_epoch(
+    s: Setup,
+    cfg: Config,
+    writer: Any,
+    row: dict[str, Any],
+    images: tuple | None,
+    per_image: dict | None,
+) -> None:
+    """Rank 0: TensorBoard (scalars, images), the selected epoch's per-image IoUs, metrics.json."""
+    epoch = row["epoch"]
+    if images is not None:
+        reporting.log_segmentation_images(writer, *images, s.data.num_classes, epoch)
+    if per_image is not None and reporting.selected_epoch(s.state.history) == epoch:
+        with atomic_path(s.out / "per_image_test.npz") as tmp:  # the selected epoch's
+            write_npz(tmp, {**per_image, "epoch": torch.tensor([epoch]).numpy()})
+    reporting.log_scalars(writer, row, epoch)
+    writer.flush()
+    metrics = reporting.summary(s.state.history, cfg)
+    write_text_atomic(json.dumps(metrics, indent=2) + "\n", s.out / "metrics.json")
 
 
 def train_step(
