@@ -185,6 +185,10 @@ def _plot(runs: dict, path: Path) -> None:
         for m in runs.get(("sky", method), []):
             per = np.load(Path(m["_dir"]) / "per_image_test.npz")
             cache = Path(m["config"]["data"]["path"]) / "test"
+            if not (
+                cache / "fractions.npy"
+            ).is_file():  # tabulating archived runs without the cache
+                continue
             fraction = np.load(cache / "fractions.npy")[per["index"], 1]
             xs.append(fraction)
             ys.append(per["iou"][:, 1])
