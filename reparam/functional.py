@@ -20,21 +20,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-NEGATIVE_LOSSES = ("hinge", "squared_hinge", "logistic")
+# phi and phi' of the negatives' term ``phi(eps + u_j)`` (paper, Remark 3), one row per loss: hinge
+# ``max(0, z)`` (the LP), squared hinge ``max(0, z)^2``, logistic ``log(1 + e^z)``
+PHI: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]] = {
+    "hinge": (torch.relu, lambda z: (z > 0).to(z.dtype)),
+    "squared_hinge": (lambda z: torch.relu(z).square(), lambda z: 2 * torch.relu(z)),
+    "logistic": (F.softplus, torch.sigmoid),
+}
+NEGATIVE_LOSSES = tuple(PHI)
+
+
+def _phi(kind: str) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    if kind not in PHI:
+        raise ValueError(f"negative_loss must be one of {NEGATIVE_LOSSES}, got {kind!r}")
+    return PHI[kind]
 
 
 def negative_loss(z: Tensor, kind: str = "hinge") -> Tensor:
-    """``phi(z)`` for the negatives' term ``phi(eps + u_j)`` (paper, Remark 3).
-
-    hinge ``max(0, z)`` (the LP); squared hinge ``max(0, z)^2``; logistic ``log(1 + e^z)``.
-    """
-    if kind == "hinge":
-        return torch.relu(z)
-    if kind == "squared_hinge":
-        return torch.relu(z) ** 2
-    if kind == "logistic":
-        return F.softplus(z)
-    raise ValueError(f"negative_loss must be one of {NEGATIVE_LOSSES}, got {kind!r}")
+    """``phi(z)`` for the negatives' term ``phi(eps + u_j)`` (paper, Remark 3; the table ``PHI``)."""
+    return _phi(kind)[0](z)
 
 
 def minibatch_lagrangian(
@@ -131,15 +135,8 @@ def batch_lagrangian_terms(
     derivatives per unit of incoming gradient."""
     t, lam_b = tau.index_select(0, slots), lam.index_select(0, slots)
     z = eps + u
-    if kind == "hinge":
-        phi, dphi = z.clamp_min(0), (z > 0).to(z.dtype)
-    elif kind == "squared_hinge":
-        r = z.clamp_min(0)
-        phi, dphi = r * r, 2 * r
-    elif kind == "logistic":
-        phi, dphi = F.softplus(z), torch.sigmoid(z)
-    else:
-        raise ValueError(f"negative_loss must be one of {NEGATIVE_LOSSES}, got {kind!r}")
+    phi_of, dphi_of = _phi(kind)
+    phi, dphi = phi_of(z), dphi_of(z)
     mu_lam = mu + lam_b
     terms = torch.where(is_pos, mu_lam * t - lam_b * u, phi)
     d_u = torch.where(is_pos, -lam_b, dphi) * scale
