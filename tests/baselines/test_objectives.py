@@ -23,6 +23,7 @@ from reparam.baselines import (
     pairwise_squared_hinge_auc_loss,
     soft_fbeta_loss,
 )
+from tests.protocol import run_protocol
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 0, 0])
@@ -137,15 +138,9 @@ def test_bad_arguments():
 def _loop(reg, epochs=20):
     x = torch.randn(12, 2, generator=torch.Generator().manual_seed(1)) + LABELS[:, None] * 1.5
     head = torch.nn.Linear(2, 1)
-    opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=0.05)
-    for _ in range(epochs):
-        for idx in torch.arange(12).split(6):
-            loss = reg(head(x[idx])[:, 0], idx)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            reg.after_step_()
-        reg.end_epoch_()
+    run_protocol(
+        reg, head, x, epochs=epochs, batch=6, optimizer=lambda p: torch.optim.Adam(p, 0.05)
+    )
     return head
 
 

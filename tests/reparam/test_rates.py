@@ -14,6 +14,7 @@ from hypothesis.extra.numpy import arrays
 
 from reparam import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
+from tests.protocol import run_protocol
 
 N = 60
 KINDS = {
@@ -197,14 +198,8 @@ def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
     reg, _, gen = _setup(kind, projection=mode)
     opt = torch.optim.SGD(reg.parameters(), lr=0.5)
     u = torch.randn(N, generator=gen)
-    for _epoch in range(2):
-        for idx in torch.arange(N).split(10):  # 6 steps
-            loss = reg(u[idx], idx)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            reg.after_step_()
-        reg.end_epoch_()
+    for _epoch in range(2):  # 6 steps each, the scores fixed
+        run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
     if mode in ("epoch", "step", "inline"):  # the tau the loss uses is in the box tau <= 1

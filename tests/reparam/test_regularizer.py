@@ -10,6 +10,7 @@ import torch
 from projections import project_onto_c
 from reparam import PAPER_PRESET, FBetaRegularizer, ShapeHead
 from reparam import functional as fn
+from tests.protocol import run_protocol
 
 
 def _setup(n=60, seed=0, p_pos=0.4, **kwargs):
@@ -127,14 +128,8 @@ def test_projection_count_per_epoch(mode, per_epoch):
     reg, _, gen = _setup(projection=mode)
     opt = torch.optim.SGD(reg.parameters(), lr=0.1)
     u = torch.randn(60, generator=gen)
-    for _epoch in range(2):
-        for idx in torch.arange(60).split(10):  # 6 steps
-            loss = reg(u[idx], idx)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            reg.after_step_()
-        reg.end_epoch_()
+    for _epoch in range(2):  # 6 steps each, the scores fixed
+        run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
     if mode in ("epoch", "step"):  # (eps, tau) in C right after the projection
