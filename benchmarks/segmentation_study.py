@@ -3,6 +3,7 @@
     python -m benchmarks.segmentation_study run --camvid <CamVid dir> --jobs 2      # resumable
     python -m benchmarks.segmentation_study table                                    # docs/figures/
     python -m benchmarks.segmentation_study timing --camvid <CamVid dir>             # cost per step
+    python -m benchmarks.segmentation_study archive   # finished runs' figures into docs/figures/
 
 ``run`` builds the two CamVid caches (``data_prep.camvid``: sky vs rest, the paper's experiment 2;
 the 11 classes with experiment 3's shape label) and trains every (task, method, seed) of the grid
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -213,6 +215,30 @@ def _plot(runs: dict, path: Path) -> None:
     plt.close(fig)
 
 
+ARCHIVED = ("metrics.json", "config.yaml", "per_image_test.npz")  # a finished run's figures
+
+
+def archive(runs: Path, to: Path, grid: list[Job]) -> int:
+    """Copy the figures (``ARCHIVED``, no checkpoints) of the finished runs of ``grid`` to ``to``;
+    returns how many runs ``to`` holds."""
+    for job in grid:
+        if metrics(runs / job.key) is not None:
+            (to / job.key).mkdir(parents=True, exist_ok=True)
+            for name in ARCHIVED:
+                if (runs / job.key / name).is_file():
+                    shutil.copy2(runs / job.key / name, to / job.key / name)
+    return sum(metrics(to / job.key) is not None for job in grid)
+
+
+def restore(archived: Path, runs: Path, grid: list[Job]) -> None:
+    """Runs finished in an earlier session and archived (``archive``) count as done: their figures
+    are copied into ``runs`` unless a finished run is there already."""
+    for job in grid:
+        if metrics(runs / job.key) is None and metrics(archived / job.key) is not None:
+            shutil.rmtree(runs / job.key, ignore_errors=True)
+            shutil.copytree(archived / job.key, runs / job.key)
+
+
 def timing(steps: int, task: str, size: tuple[int, int]) -> str:
     """Median step time of each method / the baseline's, steps interleaved, on CamVid batches."""
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -341,9 +367,15 @@ def _weighting_cost(s, batch: dict, step: float, reps: int = 200) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("run", "table", "timing"))
+    p.add_argument("what", choices=("run", "table", "timing", "archive"))
     p.add_argument("--camvid", type=Path, help="run: the CamVid folder (SegNet layout)")
     p.add_argument("--runs", type=Path, default=Path("runs/segmentation_study"))
+    p.add_argument(
+        "--archive",
+        type=Path,
+        default=Path("docs/figures/segmentation_study_runs"),
+        help="finished runs' figures, kept in the repository: run restores them, archive adds to it",
+    )
     p.add_argument("--out", type=Path, default=Path("docs/figures"))
     p.add_argument("--epochs", type=int, help="epochs of every run (default: the task's)")
     p.add_argument("--size", type=int, nargs=2, default=(60, 80), metavar=("H", "W"))
@@ -375,14 +407,16 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
         return 0
     if a.what == "run":
+        restore(a.archive, a.runs, [job for *_, job in grid])
         start = time.perf_counter()
         run_jobs([job for *_, job in grid], a.runs, a.jobs)
         print(f"sweep wall time {time.perf_counter() - start:.0f} s", flush=True)
-    print(
-        table(
-            a.runs, jobs(a.epochs, a.seeds, list(TASKS), list(METHODS), size), len(a.seeds), a.out
+    if a.what == "archive":
+        print(
+            f"{archive(a.runs, a.archive, [job for *_, job in grid])} runs archived in {a.archive}"
         )
-    )
+    full = jobs(a.epochs, a.seeds, list(TASKS), list(METHODS), size)
+    print(table(a.runs, full, len(a.seeds), a.out))
     return 0
 
 

@@ -4,6 +4,7 @@ the table and the figure."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,18 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     assert study.main(["run", *args]) == 0
     assert "2 of 2 runs to do" in capsys.readouterr().out
     assert study.main(["run", *args]) == 0  # finished runs are reused
+    assert "0 of 2 runs to do" in capsys.readouterr().out
+    assert study.main(["archive", *args, "--archive", "kept"]) == 0  # figures only, no checkpoints
+    kept = sorted(
+        p.relative_to(tmp_path / "kept").as_posix() for p in (tmp_path / "kept").rglob("*.*")
+    )
+    assert kept == [
+        f"{k}/{n}"
+        for k in ("sky-baseline-seed0", "sky-group_DRO-seed0")
+        for n in ("config.yaml", "metrics.json", "per_image_test.npz")
+    ]
+    shutil.rmtree(tmp_path / "runs")  # a later session: the archived runs count as done
+    assert study.main(["run", *args, "--archive", "kept"]) == 0
     assert "0 of 2 runs to do" in capsys.readouterr().out
     text = (tmp_path / "figs" / "segmentation_study.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith(("| baseline", "| group DRO"))]
