@@ -106,7 +106,7 @@ def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -
         lines += [
             f"\n### {task}: test at the best-val epoch (mean ± sd over seeds)\n",
             "| method | seeds | mIoU | sky IoU | pixel acc | class-avg acc | mIoU small | "
-            "mIoU big | gap | worst group | shape-node F1 | epoch | s / epoch |",
+            "mIoU big | gap | worst group | shape-node F1 | epoch | train s / epoch |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         per_class = []
@@ -151,8 +151,9 @@ def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "segmentation_study.md").write_text(
-        "<!-- python -m benchmarks.segmentation_study table (runs: python -m "
-        "benchmarks.segmentation_study run) -->\n" + text
+        "<!-- python -m benchmarks.segmentation_study table --runs "
+        "docs/figures/segmentation_study_runs (the runs: python -m "
+        "benchmarks.segmentation_study run --camvid <CamVid dir>) -->\n" + text
     )
     _plot(runs, out / "segmentation_study.png")
     return text
