@@ -63,7 +63,7 @@ def table(root: Path, grid: list[tuple[str, Job]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name, job in grid:
-        m = metrics(root / job.key)
+        m = metrics(root / job.key, job)
         if m is None:
             continue
         h, last = m["history"], m["history"][-1]

@@ -92,7 +92,7 @@ def _runs(root: Path, grid: list[tuple[str, str, Job]]) -> dict[tuple[str, str],
     """``{(task, method): [metrics of each finished seed]}``."""
     found: dict[tuple[str, str], list[dict]] = {}
     for task, method, job in grid:
-        m = metrics(root / job.key)
+        m = metrics(root / job.key, job)
         if m is not None:
             found.setdefault((task, method), []).append(m | {"_dir": str(root / job.key)})
     return found
@@ -223,19 +223,19 @@ def archive(runs: Path, to: Path, grid: list[Job]) -> int:
     """Copy the figures (``ARCHIVED``, no checkpoints) of the finished runs of ``grid`` to ``to``;
     returns how many runs ``to`` holds."""
     for job in grid:
-        if metrics(runs / job.key) is not None:
+        if metrics(runs / job.key, job) is not None:
             (to / job.key).mkdir(parents=True, exist_ok=True)
             for name in ARCHIVED:
                 if (runs / job.key / name).is_file():
                     shutil.copy2(runs / job.key / name, to / job.key / name)
-    return sum(metrics(to / job.key) is not None for job in grid)
+    return sum(metrics(to / job.key, job) is not None for job in grid)
 
 
 def restore(archived: Path, runs: Path, grid: list[Job]) -> None:
     """Runs finished in an earlier session and archived (``archive``) count as done: their figures
     are copied into ``runs`` unless a finished run is there already."""
     for job in grid:
-        if metrics(runs / job.key) is None and metrics(archived / job.key) is not None:
+        if metrics(runs / job.key, job) is None and metrics(archived / job.key, job) is not None:
             shutil.rmtree(runs / job.key, ignore_errors=True)
             shutil.copytree(archived / job.key, runs / job.key)
 

@@ -26,26 +26,45 @@ class Job:
     overrides: tuple[str, ...] = field(default_factory=tuple)
 
 
-def metrics(out: Path) -> dict[str, Any] | None:
-    """The run's ``metrics.json`` if the run finished (all its epochs), else ``None``."""
+def metrics(out: Path, job: Job | None = None) -> dict[str, Any] | None:
+    """The run's ``metrics.json`` if the run finished (all its epochs) and, given the ``job``, was
+    trained with the job's settings (every override agrees with the saved config: a run of an
+    earlier grid, e.g. with fewer epochs, is not taken for this one), else ``None``."""
     try:
         m = json.loads((out / "metrics.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    done = m.get("final", {}).get("epochs") == m.get("config", {}).get("train", {}).get("epochs")
-    return m if done else None
+    config = m.get("config", {})
+    done = m.get("final", {}).get("epochs") == config.get("train", {}).get("epochs")
+    return m if done and (job is None or agrees(config, job.overrides)) else None
+
+
+def agrees(config: dict[str, Any], overrides: Iterable[str]) -> bool:
+    """Whether the resolved ``config`` has the value of every ``key=value`` override (YAML-typed,
+    as ``python -m train`` reads them)."""
+    import yaml
+
+    for override in overrides:
+        key, _, value = override.partition("=")
+        node: Any = config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        if node != yaml.safe_load(value):
+            return False
+    return True
 
 
 def _train(job: Job, out: str) -> str:
     import torch
 
-    from train import checkpoint
     from train import config as config_mod
     from train.loop import run
 
     torch.set_num_threads(1)
     quiet = ["train.progress=false", "train.log_images=0", "train.keep_checkpoints=1"]
-    if checkpoint.latest(Path(out)) is not None:  # an interrupted run: go on from its checkpoint
+    if _resumable(Path(out), job):  # an interrupted run of this job: go on from its checkpoint
         cfg = config_mod.load(Path(out) / "config.yaml", ["train.stop_after_steps=null"])
         run(cfg, log=lambda *_: None, resume=out)
     else:
@@ -55,9 +74,22 @@ def _train(job: Job, out: str) -> str:
     return out
 
 
+def _resumable(out: Path, job: Job) -> bool:
+    """Whether ``out`` holds a checkpoint of a run with ``job``'s settings (else it starts anew)."""
+    import yaml
+
+    from train import checkpoint
+
+    try:
+        config = yaml.safe_load((out / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return checkpoint.latest(out) is not None and agrees(config, job.overrides)
+
+
 def run_jobs(jobs: Sequence[Job], root: Path, workers: int) -> None:
     """Train the unfinished ``jobs`` into ``root/<key>``, ``workers`` processes at a time."""
-    todo = [j for j in jobs if metrics(root / j.key) is None]
+    todo = [j for j in jobs if metrics(root / j.key, j) is None]
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
     if not todo:
         return

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from benchmarks import segmentation_study as study
 from tests.data_prep.test_camvid import write_layout
@@ -76,6 +77,9 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "figs" / "segmentation_study.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         study.main(["run", "--runs", "runs"])  # run without --camvid: a usage error
+    # a grid with other settings (2 epochs) does not take the 1-epoch runs for its own
+    assert study.main(["table", *args, "--epochs", "2"]) == 0
+    assert "| baseline |" not in (tmp_path / "figs" / "segmentation_study.md").read_text()
     timing = study.timing(2, "sky", (32, 48))
     rows = {line.split(" | ")[0].strip("| "): line for line in timing.splitlines()}
     assert set(study.METHODS) | {"none", "balanced", "dro"} <= set(rows)
@@ -97,10 +101,16 @@ def test_inert_table_reads_regularized_and_plain_runs(tmp_path):
         extra = reg if name == "library defaults" else {}
         history = [{**row, **extra, "test_miou": 0.8}, {**row, **extra}]
         (tmp_path / job.key).mkdir()
+        config: dict = {}
+        for override in job.overrides:  # the run's saved config agrees with its job
+            key, _, value = override.partition("=")
+            *parents, leaf = key.split(".")
+            node = config
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = yaml.safe_load(value)
         (tmp_path / job.key / "metrics.json").write_text(
-            json.dumps(
-                {"history": history, "final": {"epochs": 2}, "config": {"train": {"epochs": 2}}}
-            )
+            json.dumps({"history": history, "final": {"epochs": 2}, "config": config})
         )
     lines = inert.table(tmp_path, grid).splitlines()
     assert len(lines) == 2 + 3  # header, rule, the three finished runs
@@ -109,3 +119,13 @@ def test_inert_table_reads_regularized_and_plain_runs(tmp_path):
         == "| library defaults | 0.50 0.50 | 0.030 | 1.480 | -1.000 | 0.900; 0.800 | mu moved |"
     )
     assert lines[3] == "| no regularizer, Adam 1e-3 | n/a | n/a | n/a | n/a | 0.900; 0.800 | n/a |"
+
+
+def test_a_finished_run_counts_only_for_a_job_with_its_settings():
+    from benchmarks.sweep import Job, agrees
+
+    config = {"train": {"epochs": 15, "seed": 0}, "regularizer": {"fbeta": {"preset": None}}}
+    assert agrees(config, ["train.epochs=15", "train.seed=0", "regularizer.fbeta.preset=null"])
+    assert not agrees(config, ["train.epochs=25"])
+    assert not agrees(config, ["train.group_weighting=dro"])  # a key the run does not have
+    assert Job("k", "c", ("train.epochs=15",)).overrides == ("train.epochs=15",)
