@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from data_prep import camvid
+
 from .sweep import Job, mean_sd, metrics, run_jobs
 
 TASKS = {  # task -> (config, cache prefix, data_prep.camvid task, epochs)
@@ -138,7 +140,12 @@ def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -
             ious = np.array([[np.nan if v is None else v for v in s["test_iou"]] for s in sel])
             per_class.append((method, ious))
         if per_class and task == "all":
-            classes = json.loads((Path(names) / "meta.json").read_text())["class_names"]
+            meta = Path(names) / "meta.json"  # the cache's names; without it, the builder's
+            classes = (
+                json.loads(meta.read_text())["class_names"]
+                if meta.is_file()
+                else list(camvid.CLASS_NAMES)
+            )
             lines += [
                 f"\n### {task}: per-class test IoU (mean over seeds)\n",
                 "| method | " + " | ".join(classes) + " |",
@@ -389,8 +396,6 @@ def main(argv: list[str] | None = None) -> int:
     size = tuple(a.size)
     grid = jobs(a.epochs, a.seeds, a.tasks, a.methods, size)
     if a.what in ("run", "timing"):
-        from data_prep import camvid
-
         if a.camvid is None:
             p.error(f"{a.what} needs --camvid <the CamVid folder (SegNet layout)>")
         for task in a.tasks:
