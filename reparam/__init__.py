@@ -11,17 +11,15 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 """
 
 from . import functional, rate_functional
-from .base import DUAL_SCHEDULES, PROJECTION_MODES, ReparamRegularizer
+from .base import PROJECTION_MODES, ReparamRegularizer
 from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer, resolve_preset
-from .functional import NEGATIVE_LOSSES, certified_fbeta_bound, negative_loss
+from .functional import certified_fbeta_bound
 from .head import ShapeHead
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 
 __all__ = [
-    "DUAL_SCHEDULES",
     "FBETA_DEFAULTS",
     "FBETA_PRESETS",
-    "NEGATIVE_LOSSES",
     "PAPER_PRESET",
     "PROJECTION_MODES",
     "ROCAUC",
@@ -32,7 +30,6 @@ __all__ = [
     "ShapeHead",
     "certified_fbeta_bound",
     "functional",
-    "negative_loss",
     "rate_functional",
     "resolve_preset",
 ]

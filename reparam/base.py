@@ -6,12 +6,14 @@ ascent) and a few objective-level variables. On top of ``ShapeObjective`` (label
 epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, float32 state) this
 base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
 ``step`` (after every optimizer step), ``inline`` (the loss sees the projection of the raw
-parameters) or ``none``; the dual step sizes (``constant``, ``inverse_epoch`` or ``rho`` for the
-augmented Lagrangian); and the ``lambda`` step ``lambda <- max(0, lambda + eta (tau - u))``.
+parameters, exact or soft) or ``none`` (an ablation); and the ``lambda`` step
+``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant ``eta_lambda = dual_lr_lambda``
+(a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch`` in the user's loop).
 
 An objective subclass provides the raw parameters to project (``_constrained_names``), the
 projection (``_project``), the minibatch Lagrangian (``_loss``), ``lambda``'s targets
-(``_lambda_targets``), its other dual step (``_dual_step_``) and its figures (``_objective_stats``).
+(``_lambda_targets``), its other dual step (``_dual_step_``, with its own step size) and its
+figures (``_objective_stats``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from . import _checks
 from .objective import ShapeObjective
 
 PROJECTION_MODES = ("epoch", "step", "inline", "none")
-DUAL_SCHEDULES = ("constant", "inverse_epoch")
 
 
 class ReparamRegularizer(ShapeObjective):
@@ -41,18 +42,11 @@ class ReparamRegularizer(ShapeObjective):
         projection: str,
         inline_strength: float,
         dual_lr_lambda: float,
-        dual_lr_rate: float,
-        dual_lr_rate_name: str,
-        dual_schedule: str,
-        rho: float,
     ) -> None:
         super().__init__(shape_labels, positive_classes=positive_classes)
         self.projection = _checks.choice("projection", projection, PROJECTION_MODES)
-        self.dual_schedule = _checks.choice("dual_schedule", dual_schedule, DUAL_SCHEDULES)
         self.inline_strength = _checks.number("inline_strength", inline_strength, 0)
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
-        self._dual_lr_rate = _checks.number(dual_lr_rate_name, dual_lr_rate, 0)
-        self.rho = _checks.number("rho", rho, 0)
         self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
 
     # --- the loss -------------------------------------------------------------------------------
@@ -100,26 +94,18 @@ class ReparamRegularizer(ShapeObjective):
     def _end_epoch_body_(self) -> None:
         r"""End of epoch ``e`` (docs/method.md sec. 3b): projection (mode ``"epoch"``), then dual
         ascent on the remembered scores: ``lambda_i <- max(0, lambda_i + eta_l (tau_i - u_i))`` for
-        every positive whose score was ever recorded, then the objective's own multipliers.
-        ``eta = dual_lr`` (``"constant"``), ``dual_lr / e`` (``"inverse_epoch"``) or ``rho``."""
+        every positive whose score was ever recorded (``eta_l = dual_lr_lambda``), then the
+        objective's own multipliers."""
         if self.projection == "epoch":
             self.project_()
-        eta_l, eta_m = self.dual_step_sizes(int(self.epoch) + 1)
+        eta_l = self.dual_lr_lambda
         tau, target = self._lambda_targets()
         have = self.seen_ever[self.pos_index]
         have = have.view(-1, *([1] * (tau.dim() - 1)))
         self.lam.copy_(
             torch.where(have, (self.lam + eta_l * (tau - target)).clamp_min(0), self.lam)
         )
-        self._dual_step_(eta_m)
-
-    def dual_step_sizes(self, epoch: int) -> tuple[float, float]:
-        """``(eta_lambda, eta of the objective's multipliers)`` for epoch ``epoch`` (1-based)."""
-        if self.rho > 0:
-            return self.rho, self.rho
-        if self.dual_schedule == "inverse_epoch":
-            return self.dual_lr_lambda / epoch, self._dual_lr_rate / epoch
-        return self.dual_lr_lambda, self._dual_lr_rate
+        self._dual_step_()
 
     # --- reporting ------------------------------------------------------------------------------
 
@@ -150,7 +136,7 @@ class ReparamRegularizer(ShapeObjective):
         ``lam``, from the remembered scores."""
         raise NotImplementedError
 
-    def _dual_step_(self, eta: float) -> None:
+    def _dual_step_(self) -> None:
         raise NotImplementedError
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:

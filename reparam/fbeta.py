@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from projections import PROJECTION_METHODS, project_onto_c, soft_project_onto_c
+from projections import project_onto_c, soft_project_onto_c
 
 from . import _checks
 from . import functional as Fn
@@ -73,18 +73,16 @@ class FBetaRegularizer(ReparamRegularizer):
             samples of the other classes.
         projection: where ``Pi_C`` is applied: ``"inline"`` (inside the loss:
             ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
-            ``"step"`` (after every optimizer step), ``"none"``. ``None``: the preset's
-            (``"inline"``; paper: ``"epoch"``).
-        projection_method: ``"auto" | "sort" | "linear" | "tree"`` for the exact projection.
+            ``"step"`` (after every optimizer step), ``"none"`` (an ablation). ``None``: the
+            preset's (``"inline"``; paper: ``"epoch"``). The exact projection is
+            ``projections.project_onto_c`` with its fastest method (``method="auto"``).
         inline_strength: with ``projection="inline"``, ``0`` uses the exact projection (autograd
-            a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength.
-        negative_loss: ``"hinge"`` (the LP), ``"squared_hinge"`` or ``"logistic"`` (Remark 3).
-        dual_lr_lambda, dual_lr_mu: dual step sizes; ``None``: the preset's (0.1, 0.1; paper:
-            1e-3, 1e-5). docs/comparison.md has the evidence and the guidance.
-        dual_schedule: ``"constant"`` or ``"inverse_epoch"`` (``eta / e`` in epoch ``e = 1, 2, ..``).
-        rho: ``> 0`` switches to the augmented Lagrangian (method of multipliers) for the two
-            dualized constraints, with dual steps of size ``rho``; ``0`` (default) is the paper's.
-        eps_init, tau_init: initial values (1 is feasible for (3') and O(1), as (3') intends).
+            a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength (docs/method.md
+            sec. 5).
+        dual_lr_lambda, dual_lr_mu: constant dual step sizes; ``None``: the preset's (0.1, 0.1;
+            paper: 1e-3, 1e-5). docs/comparison.md has the evidence and the guidance. Both are
+            plain attributes: a decaying schedule is ``reg.dual_lr_lambda = c / epoch`` in your
+            loop.
         mu_init: initial ``mu``; default ``-beta^2`` (docs/method.md sec. 3b: the optimal ``mu`` on
             separable data; ``0`` starts where the paper's code does, and is slower).
         lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init`` makes every ``tau_i``
@@ -107,7 +105,7 @@ class FBetaRegularizer(ReparamRegularizer):
             ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
             ``after_step_()`` after every optimizer step (or :meth:`attach`) and projection
             ``"epoch"``, ``"step"`` or ``"none"`` (``"inline"`` differentiates through the
-            projection of every ``tau``: O(n) per step), ``rho = 0``.
+            projection of every ``tau``: O(n) per step).
         tau_lr: the sparse update's step size (``None``: 1e-3).
 
     After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
@@ -125,15 +123,9 @@ class FBetaRegularizer(ReparamRegularizer):
         beta: float = 1.0,
         positive_classes: Sequence[int] = (1,),
         projection: str | None = None,
-        projection_method: str = "auto",
         inline_strength: float = 0.0,
-        negative_loss: str = "hinge",
         dual_lr_lambda: float | None = None,
         dual_lr_mu: float | None = None,
-        dual_schedule: str = "constant",
-        rho: float = 0.0,
-        eps_init: float = 1.0,
-        tau_init: float = 1.0,
         mu_init: float | None = None,
         lambda_init: float = 0.0,
         cap_scores: bool | None = None,
@@ -154,37 +146,28 @@ class FBetaRegularizer(ReparamRegularizer):
             projection=projection,
             inline_strength=inline_strength,
             dual_lr_lambda=dual_lr_lambda,
-            dual_lr_rate=dual_lr_mu,
-            dual_lr_rate_name="dual_lr_mu",
-            dual_schedule=dual_schedule,
-            rho=rho,
         )
+        self.dual_lr_mu = _checks.number("dual_lr_mu", dual_lr_mu, 0)
         self.preset = preset
         self.beta = _checks.number("beta", beta, 0, strict=True)
-        self.projection_method = _checks.choice(
-            "projection_method", projection_method, PROJECTION_METHODS
-        )
-        self.negative_loss = _checks.choice("negative_loss", negative_loss, Fn.NEGATIVE_LOSSES)
-        eps_init = _checks.number("eps_init", eps_init, 0)
-        tau_init = _checks.number("tau_init", tau_init)
         mu_init = _checks.number("mu_init", -(self.beta**2) if mu_init is None else mu_init)
         p, n_pos = len(self.classes), self.pos_index.numel()
-        self.eps_param = nn.Parameter(torch.full((p,), eps_init))
+        # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
+        self.eps_param = nn.Parameter(torch.ones(p))
         self.tau_update = _checks.choice("tau_update", tau_update, TAU_UPDATES)
         self.tau_lr = _checks.number(
             "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True
         )
         if self.tau_update == "dense":
-            self.tau_param = nn.Parameter(torch.full((n_pos,), tau_init))
+            self.tau_param = nn.Parameter(torch.ones(n_pos))
         else:
-            if self.projection == "inline" or self.rho > 0:
+            if self.projection == "inline":
                 raise ValueError(
                     f"tau_update={tau_update!r} steps only the rows a batch touches, but "
-                    + ("projection='inline'" if self.projection == "inline" else f"rho={rho}")
-                    + " couples every tau in each step's loss (O(n) per step): use projection "
-                    "'epoch' (the paper's), 'step' or 'none', with rho=0, or tau_update='dense'"
+                    "projection='inline' couples every tau in each step's loss (O(n) per step): "
+                    "use projection 'epoch' (the paper's), 'step' or 'none', or tau_update='dense'"
                 )
-            self.register_buffer("tau_param", torch.full((n_pos,), tau_init))
+            self.register_buffer("tau_param", torch.ones(n_pos))
             if self.tau_update == "sparse_adam":  # lazy Adam's [m, v] per row, and its step count
                 self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
                 self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
@@ -203,10 +186,6 @@ class FBetaRegularizer(ReparamRegularizer):
         self.register_buffer("inert_ref", torch.zeros(2 * p + 3))
 
     @property
-    def dual_lr_mu(self) -> float:
-        return self._dual_lr_rate
-
-    @property
     def eps(self) -> Tensor:
         """``(P,)``: the ``eps`` the loss uses (in mode ``"inline"``, ``Pi_C`` of ``eps_param``)."""
         return self._effective(0)
@@ -219,72 +198,50 @@ class FBetaRegularizer(ReparamRegularizer):
     # --- the loss -------------------------------------------------------------------------------
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        """``L_B`` (docs/method.md sec. 3), the mean over positive classes."""
+        """``L_B`` (docs/method.md sec. 3), the mean over positive classes (one autograd node per
+        class, no batch split: ``Fn.batch_lagrangian``)."""
         eps, tau = self.constrained_parameters()
         batch, n_samples = idx.numel(), self.n_samples
-        if self.rho == 0 and len(self.classes) == 1:  # the hot path: one autograd node
-            slot = self.slot.index_select(0, idx)
-            is_pos, u = slot >= 0, u.view(-1)
+        slots = self.slot.index_select(0, idx)
+        if len(self.classes) == 1:  # the hot path
+            is_pos, u = slots >= 0, u.view(-1)
             if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
                 u = torch.where(is_pos, torch.minimum(u, eps.detach()), u)
-            return Fn.batch_lagrangian(
-                eps,
-                tau,
-                u,
-                self.lam,
-                self.mu,
-                is_pos,
-                slot.clamp_min_(0),
-                beta=self.beta,
-                scale=n_samples / (self._n_pos_list[0] * batch),
-                kind=self.negative_loss,
-                tau_grad_sink=self._tau_grad_sink,
-                terms_fn=self._terms_fn,
-            ).view(())
+            scale = n_samples / (self._n_pos_list[0] * batch)
+            return self._class_term(eps, tau, u, self.mu, is_pos, slots.clamp_min_(0), scale)
         cls = self.class_of.index_select(0, idx)
         if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
             own = cls.unsqueeze(1) == torch.arange(len(self.classes), device=cls.device)
             u = torch.where(own, torch.minimum(u, eps.detach().unsqueeze(0)), u)
-        if self.rho == 0:  # one autograd node per class, no batch split
-            slots = self.slot.index_select(0, idx).clamp_min_(0)
-            terms = [
-                Fn.batch_lagrangian(
-                    eps.select(0, j),
-                    tau,
-                    u.select(1, j),
-                    self.lam,
-                    self.mu.select(0, j),
-                    cls == j,
-                    slots,
-                    beta=self.beta,
-                    scale=n_samples / (n_pos * batch),
-                    kind=self.negative_loss,
-                    tau_grad_sink=self._tau_grad_sink,
-                    terms_fn=self._terms_fn,
-                )
-                for j, n_pos in enumerate(self._n_pos_list)
-            ]
-            return torch.stack(terms).mean()
-        terms = []
-        for j, n_pos in enumerate(self._n_pos_list):  # augmented Lagrangian (rho > 0)
-            pos = cls == j
-            slots = self.slot[idx[pos]]
-            terms.append(
-                Fn.augmented_minibatch_lagrangian(
-                    eps[j],
-                    tau[slots],
-                    self.lam[slots],
-                    u[pos, j],
-                    self.mu[j],
-                    u[~pos, j],
-                    tau[self.tau_group == j].mean(),
-                    beta=self.beta,
-                    kind=self.negative_loss,
-                    rho=self.rho,
-                    scale=n_samples / (n_pos * batch),
-                )
+        slots = slots.clamp_min_(0)
+        terms = [
+            self._class_term(
+                eps.select(0, j),
+                tau,
+                u.select(1, j),
+                self.mu.select(0, j),
+                cls == j,
+                slots,
+                n_samples / (n_pos * batch),
             )
+            for j, n_pos in enumerate(self._n_pos_list)
+        ]
         return torch.stack(terms).mean()
+
+    def _class_term(self, eps, tau, u, mu, is_pos, slots, scale) -> Tensor:
+        return Fn.batch_lagrangian(
+            eps,
+            tau,
+            u,
+            self.lam,
+            mu,
+            is_pos,
+            slots,
+            beta=self.beta,
+            scale=scale,
+            tau_grad_sink=self._tau_grad_sink,
+            terms_fn=self._terms_fn,
+        ).view(())
 
     def compile(self, **kwargs: object) -> None:
         """``torch.compile`` (with ``kwargs``) the regularizer's per-step math: the forward of
@@ -344,9 +301,9 @@ class FBetaRegularizer(ReparamRegularizer):
                 return e.reshape(1), t
             return soft_project_onto_c(eps, tau, strength=strength, groups=self.tau_group)
         if one:
-            e, t = project_onto_c(eps[0], tau, method=self.projection_method)
+            e, t = project_onto_c(eps[0], tau)
             return e.reshape(1), t
-        return project_onto_c(eps, tau, groups=self.tau_group, method=self.projection_method)
+        return project_onto_c(eps, tau, groups=self.tau_group)
 
     # --- the dual step --------------------------------------------------------------------------
 
@@ -356,10 +313,10 @@ class FBetaRegularizer(ReparamRegularizer):
             u = torch.minimum(u, self.eps.detach().float()[self.tau_group])
         return self.tau.detach().float(), u
 
-    def _dual_step_(self, eta: float) -> None:
-        """``mu_j <- mu_j + eta (mean_{S+_j} tau - 1)`` (free multiplier of ``mean tau = 1``); then
-        the F-beta-optimal threshold of the remembered scores (``decision_threshold``)."""
-        self.mu.add_(eta * (self._class_mean(self.tau.detach()) - 1))
+    def _dual_step_(self) -> None:
+        """``mu_j <- mu_j + dual_lr_mu (mean_{S+_j} tau - 1)`` (free multiplier of ``mean tau = 1``);
+        then the F-beta-optimal threshold of the remembered scores (``decision_threshold``)."""
+        self.mu.add_(self.dual_lr_mu * (self._class_mean(self.tau.detach()) - 1))
         for j in range(len(self.classes)):
             u_pos, u_neg = self._split_scores(j)
             self.decision_threshold[j] = Fn.best_fbeta_threshold(u_pos, u_neg, self.beta)[0]
@@ -470,7 +427,7 @@ class FBetaRegularizer(ReparamRegularizer):
         return (
             f"n={self.n_samples}, positives={self.n_pos.long().tolist()}, "
             f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
-            f"negative_loss={self.negative_loss!r}, rho={self.rho}, cap_scores={self.cap_scores}"
+            f"cap_scores={self.cap_scores}"
             + (f", preset={self.preset!r}" if self.preset else "")
             + (
                 f", tau_update={self.tau_update!r}, tau_lr={self.tau_lr:g}"

@@ -19,12 +19,12 @@ epoch on the remembered scores:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from . import _checks
-from . import functional as Fn
 from . import rate_functional as R
 from .base import ReparamRegularizer
 
@@ -39,7 +39,23 @@ INFEASIBLE_CHECK_EVERY = 5
 
 class _RateObjective(ReparamRegularizer):
     """Shared by the rate objectives: ``tau`` in the box ``tau <= 1``, multipliers ``nu >= 0``
-    with an optional cap, the per-batch gathers."""
+    with an optional cap, the per-batch gathers. Its keyword arguments are the options every rate
+    objective takes (each subclass adds its target and passes the rest through ``**options``).
+
+    Args:
+        shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
+        projection, inline_strength: as for ``FBetaRegularizer`` (the projection is onto
+            ``tau <= 1``: ``min(tau, 1)``, or with ``inline_strength = s > 0`` the smooth
+            ``tau - s softplus((tau - 1)/s)``).
+        dual_lr_lambda, dual_lr_nu: constant dual step sizes (defaults: what converges on the
+            fixed-feature problems of docs/rates.md with ``projection="inline"``); plain
+            attributes, so a schedule is set from the user's loop.
+        nu_max: cap on ``nu`` (``None``: no cap; with a cap the constraint becomes a penalty of
+            bounded weight, the remedy for an unreachable target); nu_init: the initial ``nu``.
+        lambda_init: initial ``lambda``; ``None``: the value that makes every ``tau_i`` stationary
+            inside the box (``dL/dtau_i = 0``; docs/method.md sec. 8). With 0, the head gets no
+            pull toward the positives until the dual steps have grown ``lambda``.
+    """
 
     _constrained_names = ("tau_param",)
 
@@ -47,18 +63,14 @@ class _RateObjective(ReparamRegularizer):
         self,
         shape_labels: object,
         *,
-        positive_class: int,
-        projection: str,
-        inline_strength: float,
-        dual_lr_lambda: float,
-        dual_lr_nu: float,
-        dual_schedule: str,
-        rho: float,
-        nu_max: float | None,
-        nu_init: float,
-        lambda_init: float,
-        tau_init: float,
-        columns: int,
+        positive_class: int = 1,
+        projection: str = "inline",
+        inline_strength: float = 0.0,
+        dual_lr_lambda: float = 0.1,
+        dual_lr_nu: float = 1.0,
+        nu_max: float | None = None,
+        nu_init: float = 1.0,
+        lambda_init: float | None = None,
     ) -> None:
         if isinstance(positive_class, bool) or not isinstance(positive_class, int):
             raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
@@ -68,25 +80,24 @@ class _RateObjective(ReparamRegularizer):
             projection=projection,
             inline_strength=inline_strength,
             dual_lr_lambda=dual_lr_lambda,
-            dual_lr_rate=dual_lr_nu,
-            dual_lr_rate_name="dual_lr_nu",
-            dual_schedule=dual_schedule,
-            rho=rho,
         )
         self.positive_class = positive_class
+        self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)
         self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
-        nu_init = _checks.number("nu_init", nu_init, 0, hi=self.nu_max)
-        tau_init = _checks.number("tau_init", tau_init, hi=1)
+        self._nu_init = _checks.number("nu_init", nu_init, 0, hi=self.nu_max)
+        self._lambda_init = (
+            None if lambda_init is None else _checks.number("lambda_init", lambda_init, 0)
+        )
+
+    def _init_rows(self, columns: int, stationary_lambda: float) -> None:
+        """``tau`` (parameter, 1), ``lambda`` (``lambda_init``, else ``stationary_lambda``) per
+        positive, ``(n,)`` or ``(n, columns)``; ``nu`` per constraint. Called by the subclass."""
         n_pos = self.pos_index.numel()
         shape = (n_pos,) if columns == 0 else (n_pos, columns)
-        self.tau_param = nn.Parameter(torch.full(shape, tau_init))
-        lambda_init = _checks.number("lambda_init", lambda_init, 0)
-        self.register_buffer("lam", torch.full(shape, lambda_init))
-        self.register_buffer("nu", torch.full((max(columns, 1),), nu_init))
-
-    @property
-    def dual_lr_nu(self) -> float:
-        return self._dual_lr_rate
+        lam = stationary_lambda if self._lambda_init is None else self._lambda_init
+        self.tau_param = nn.Parameter(torch.ones(shape))
+        self.register_buffer("lam", torch.full(shape, lam))
+        self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
 
     @property
     def tau(self) -> Tensor:
@@ -112,16 +123,28 @@ class _RateObjective(ReparamRegularizer):
         scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
         return is_pos, tau.index_select(0, slots), self.lam.index_select(0, slots), scale
 
-    def _step_nu_(self, eta: float, violation: Tensor) -> None:
-        """``nu <- min(nu_max, max(0, nu + eta violation))``."""
-        self.nu.copy_((self.nu + eta * violation).clamp(0, self.nu_max))
+    def _dual_step_(self) -> None:
+        """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""
+        self.nu.copy_((self.nu + self.dual_lr_nu * self._violation()).clamp(0, self.nu_max))
 
-    def _rate_stats(self, violation: Tensor) -> dict[str, float | int | list | bool | None]:
+    def _violation(self) -> Tensor:
+        raise NotImplementedError
+
+    def _rate_stats(self) -> dict[str, float | int | list | bool | None]:
         return {
             "nu": float(self.nu.mean()),
             "nu_capped": bool((self.nu >= self.nu_max).any()),
-            "rate_violation": float(violation.max()),
+            "rate_violation": float(self._violation().max()),
         }
+
+    def extra_repr(self) -> str:
+        return (
+            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, {self._target_repr()}, "
+            f"projection={self.projection!r}, nu_max={self.nu_max}"
+        )
+
+    def _target_repr(self) -> str:
+        raise NotImplementedError
 
 
 class PrecisionAtRecall(_RateObjective):
@@ -138,62 +161,22 @@ class PrecisionAtRecall(_RateObjective):
     Args:
         shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
         recall: the target ``r`` in (0, 1).
-        projection, inline_strength, dual_schedule, rho: as for ``FBetaRegularizer`` (the
-            projection is onto ``tau <= 1``; ``rho > 0``: augmented Lagrangian).
-        dual_lr_lambda, dual_lr_nu: dual step sizes (defaults: what converges on the fixed-feature
-            problems of docs/rates.md with ``projection="inline"``).
-        nu_max: cap on ``nu`` (``None``: no cap); nu_init, tau_init: initial values.
-        lambda_init: initial ``lambda``; default: the value that makes every ``tau_i`` stationary
-            inside the box (``dL/dtau_i = 0``), here ``nu_init`` (docs/method.md sec. 8). With 0,
-            the head gets no pull toward the positives until the dual steps have grown ``lambda``.
+        **options: the options every rate objective takes (``positive_class``, ``projection``,
+            ``inline_strength``, ``dual_lr_lambda``, ``dual_lr_nu``, ``nu_max``, ``nu_init``,
+            ``lambda_init``; see ``_RateObjective``). The stationary ``lambda_init`` is ``nu_init``.
     """
 
-    def __init__(
-        self,
-        shape_labels: object,
-        *,
-        recall: float,
-        positive_class: int = 1,
-        projection: str = "inline",
-        inline_strength: float = 0.0,
-        dual_lr_lambda: float = 0.1,
-        dual_lr_nu: float = 1.0,
-        dual_schedule: str = "constant",
-        rho: float = 0.0,
-        nu_max: float | None = None,
-        nu_init: float = 1.0,
-        lambda_init: float | None = None,
-        tau_init: float = 1.0,
-    ) -> None:
-        self_recall = _checks.number("recall", recall, 0, strict=True, hi=1, strict_hi=True)
-        super().__init__(
-            shape_labels,
-            positive_class=positive_class,
-            projection=projection,
-            inline_strength=inline_strength,
-            dual_lr_lambda=dual_lr_lambda,
-            dual_lr_nu=dual_lr_nu,
-            dual_schedule=dual_schedule,
-            rho=rho,
-            nu_max=nu_max,
-            nu_init=nu_init,
-            lambda_init=nu_init if lambda_init is None else lambda_init,
-            tau_init=tau_init,
-            columns=0,
-        )
-        self.recall = self_recall
+    def __init__(self, shape_labels: object, *, recall: float, **options: Any) -> None:
+        recall = _checks.number("recall", recall, 0, strict=True, hi=1, strict_hi=True)
+        super().__init__(shape_labels, **options)
+        self.recall = recall
+        self._init_rows(columns=0, stationary_lambda=self._nu_init)
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        u = u[:, 0]
         is_pos, t, lam, scale = self._gather(idx)
-        nu = self.nu[0]
-        if self.rho == 0:
-            return R.precision_at_recall_minibatch(t, lam, nu, u, is_pos, scale, self.recall)
-        psi = Fn.augmented_term(t - R.capped(u), lam, self.rho)
-        terms = torch.where(is_pos, psi, R.hinge_fp(u))
-        (tau,) = self.constrained_parameters()
-        c = self.recall - tau.mean()
-        return scale * terms.sum() + Fn.augmented_term(c, nu, self.rho)
+        return R.precision_at_recall_minibatch(
+            t, lam, self.nu[0], u[:, 0], is_pos, scale, self.recall
+        )
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
@@ -201,20 +184,14 @@ class PrecisionAtRecall(_RateObjective):
     def _violation(self) -> Tensor:
         return (self.recall - self.tau.detach().float().mean()).reshape(1)
 
-    def _dual_step_(self, eta: float) -> None:
-        self._step_nu_(eta, self._violation())
-
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         """``certified_recall`` / ``certified_precision``: bounds on the recall and precision of
         ``u > 0`` over the scored samples (sound: docs/method.md sec. 8); ``train_recall`` /
         ``train_precision``: their true values; ``nu``, the violation ``r - mean tau``."""
-        return _recall_precision_stats(self) | self._rate_stats(self._violation())
+        return _recall_precision_stats(self) | self._rate_stats()
 
-    def extra_repr(self) -> str:
-        return (
-            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, recall={self.recall}, "
-            f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}"
-        )
+    def _target_repr(self) -> str:
+        return f"recall={self.recall}"
 
 
 class RecallAtPrecision(_RateObjective):
@@ -236,65 +213,27 @@ class RecallAtPrecision(_RateObjective):
     when for ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps no rescaling
     ``c u + d`` of the remembered scores has certified the target (a warning is issued once). A
     head still turning toward a feasible direction can be flagged too (on separable toys the
-    scores certified the target after up to ~200 steps): the margin in ``stats()`` tells. Remedies: ``nu_max`` (caps ``nu``: the objective becomes a penalty), ``rho > 0``
-    (augmented Lagrangian; its constraint term uses the batch estimate of ``fp+``, biased under
-    the square), or a lower target. Same arguments as :class:`PrecisionAtRecall`, with
-    ``precision`` the target ``a`` in (0, 1) (the stationary ``lambda_init`` is
-    ``1 + nu_init (1 - a)``).
+    scores certified the target after up to ~200 steps): the margin in ``stats()`` tells. Remedies:
+    ``nu_max`` (caps ``nu``: the objective becomes a penalty) or a lower target. Same arguments as
+    :class:`PrecisionAtRecall`, with ``precision`` the target ``a`` in (0, 1) (the stationary
+    ``lambda_init`` is ``1 + nu_init (1 - a)``).
     """
 
-    def __init__(
-        self,
-        shape_labels: object,
-        *,
-        precision: float,
-        positive_class: int = 1,
-        projection: str = "inline",
-        inline_strength: float = 0.0,
-        dual_lr_lambda: float = 0.1,
-        dual_lr_nu: float = 1.0,
-        dual_schedule: str = "constant",
-        rho: float = 0.0,
-        nu_max: float | None = None,
-        nu_init: float = 1.0,
-        lambda_init: float | None = None,
-        tau_init: float = 1.0,
-    ) -> None:
+    def __init__(self, shape_labels: object, *, precision: float, **options: Any) -> None:
         target = _checks.number("precision", precision, 0, strict=True, hi=1, strict_hi=True)
-        stationary = 1 + _checks.number("nu_init", nu_init, 0) * (1 - target)
-        super().__init__(
-            shape_labels,
-            positive_class=positive_class,
-            projection=projection,
-            inline_strength=inline_strength,
-            dual_lr_lambda=dual_lr_lambda,
-            dual_lr_nu=dual_lr_nu,
-            dual_schedule=dual_schedule,
-            rho=rho,
-            nu_max=nu_max,
-            nu_init=nu_init,
-            lambda_init=stationary if lambda_init is None else lambda_init,
-            tau_init=tau_init,
-            columns=0,
-        )
+        super().__init__(shape_labels, **options)
         self.precision = target
+        self._init_rows(columns=0, stationary_lambda=1 + self._nu_init * (1 - target))
         # (epochs, batches) when the checks started to fail (-1: the last check passed)
         self.register_buffer("uncertifiable_since", torch.full((2,), -1, dtype=torch.int64))
         # the last check's margin; -inf: not checked yet
         self.register_buffer("certifiable_margin", torch.full((), float("-inf")))
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        u = u[:, 0]
         is_pos, t, lam, scale = self._gather(idx)
-        nu, a = self.nu[0], self.precision
-        if self.rho == 0:
-            return R.recall_at_precision_minibatch(t, lam, nu, u, is_pos, scale, a)
-        psi = Fn.augmented_term(t - R.capped(u), lam, self.rho)
-        pos = scale * torch.where(is_pos, psi - t, torch.zeros_like(t)).sum()
-        (tau,) = self.constrained_parameters()
-        fp_over_n = scale * torch.where(is_pos, torch.zeros_like(u), R.hinge_fp(u)).sum()
-        c = a * fp_over_n - (1 - a) * tau.mean()
-        return pos + Fn.augmented_term(c, nu, self.rho)
+        return R.recall_at_precision_minibatch(
+            t, lam, self.nu[0], u[:, 0], is_pos, scale, self.precision
+        )
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
@@ -306,13 +245,13 @@ class RecallAtPrecision(_RateObjective):
         a, n = self.precision, self._n_pos_list[0]
         return (a * fp / n - (1 - a) * self.tau.detach().float().mean()).reshape(1)
 
-    def _dual_step_(self, eta: float) -> None:
+    def _dual_step_(self) -> None:
         """The ``nu`` step, then (after epoch 1, then every ``INFEASIBLE_CHECK_EVERY`` epochs) the
         infeasibility watch:
         can any rescaling ``c u + d`` of the remembered scores certify the precision
         (``rate_functional.best_rescaled_precision_margin >= 0``)? When not for
         ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps, say so (once)."""
-        self._step_nu_(eta, self._violation())
+        super()._dual_step_()
         done = int(self.epoch) + 1  # epochs completed, this one included
         if done > 1 and done % INFEASIBLE_CHECK_EVERY:
             return
@@ -335,8 +274,8 @@ class RecallAtPrecision(_RateObjective):
                 f"RecallAtPrecision: for {done - int(self.uncertifiable_since[0])} epochs no "
                 f"rescaling of the head's scores certifies precision {self.precision} under the "
                 f"hinge bounds (best margin {margin:.4g} < 0): the target may be out of reach for "
-                f"this model, and nu then grows without limit. Lower the target, cap nu (nu_max) "
-                f"or use rho > 0 (docs/method.md sec. 8).",
+                f"this model, and nu then grows without limit. Lower the target or cap nu (nu_max; "
+                f"docs/method.md sec. 8).",
             )
 
     def _suspected(self, epochs: int, batches: int) -> bool:
@@ -360,19 +299,15 @@ class RecallAtPrecision(_RateObjective):
         margin = float(self.certifiable_margin)
         return (
             _recall_precision_stats(self)
-            | self._rate_stats(self._violation())
+            | self._rate_stats()
             | {
                 "certifiable_margin": None if margin == float("-inf") else margin,
                 "infeasible_suspected": self.infeasible_suspected,
             }
         )
 
-    def extra_repr(self) -> str:
-        return (
-            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, "
-            f"precision={self.precision}, projection={self.projection!r}, rho={self.rho}, "
-            f"nu_max={self.nu_max}"
-        )
+    def _target_repr(self) -> str:
+        return f"precision={self.precision}"
 
 
 class ROCAUC(_RateObjective):
@@ -397,41 +332,13 @@ class ROCAUC(_RateObjective):
     """
 
     def __init__(
-        self,
-        shape_labels: object,
-        *,
-        grid: int = 10,
-        positive_class: int = 1,
-        projection: str = "inline",
-        inline_strength: float = 0.0,
-        dual_lr_lambda: float = 0.1,
-        dual_lr_nu: float = 1.0,
-        dual_schedule: str = "constant",
-        rho: float = 0.0,
-        nu_max: float | None = None,
-        nu_init: float = 1.0,
-        lambda_init: float | None = None,
-        tau_init: float = 1.0,
-        offset_init: float = 0.0,
+        self, shape_labels: object, *, grid: int = 10, offset_init: float = 0.0, **options: Any
     ) -> None:
         if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
             raise ValueError(f"grid must be an integer >= 1 (grid points K), got {grid!r}")
-        super().__init__(
-            shape_labels,
-            positive_class=positive_class,
-            projection=projection,
-            inline_strength=inline_strength,
-            dual_lr_lambda=dual_lr_lambda,
-            dual_lr_nu=dual_lr_nu,
-            dual_schedule=dual_schedule,
-            rho=rho,
-            nu_max=nu_max,
-            nu_init=nu_init,
-            lambda_init=1.0 if lambda_init is None else lambda_init,
-            tau_init=tau_init,
-            columns=grid,
-        )
         offset_init = _checks.number("offset_init", offset_init)
+        super().__init__(shape_labels, **options)
+        self._init_rows(columns=grid, stationary_lambda=1.0)
         self.grid = grid
         self.offsets = nn.Parameter(torch.full((grid,), offset_init))
         self.register_buffer("fpr_targets", R.fpr_grid(grid).float())
@@ -440,15 +347,7 @@ class ROCAUC(_RateObjective):
         is_pos, t, lam, s_pos = self._gather(idx)
         z = u[:, :1] + self.offsets[None, :]  # (B, K): the score at every grid threshold
         s_neg = self.n_samples / (self.n_negatives * idx.numel())
-        pos_mask = is_pos[:, None]
-        if self.rho == 0:
-            return R.roc_auc_minibatch(t, lam, self.nu, z, is_pos, s_pos, s_neg, self.fpr_targets)
-        psi = Fn.augmented_term(t - R.capped(z), lam, self.rho)
-        pos = s_pos * torch.where(pos_mask, psi - t, torch.zeros_like(t)).sum(0)
-        fpr = s_neg * torch.where(pos_mask, torch.zeros_like(z), R.hinge_fp(z)).sum(0)
-        return (
-            pos + Fn.augmented_term(fpr - self.fpr_targets, self.nu, self.rho)
-        ).sum() / self.grid
+        return R.roc_auc_minibatch(t, lam, self.nu, z, is_pos, s_pos, s_neg, self.fpr_targets)
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         u_pos = self.scores[self.pos_index, 0]
@@ -465,9 +364,6 @@ class ROCAUC(_RateObjective):
 
     def _violation(self) -> Tensor:
         return self._fpr_bounds() - self.fpr_targets
-
-    def _dual_step_(self, eta: float) -> None:
-        self._step_nu_(eta, self._violation())
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         """``train_auc``: the exact AUC of the scored samples' ``u``; ``certified_auc``: a lower
@@ -490,17 +386,10 @@ class ROCAUC(_RateObjective):
             out["grid_tpr_mean"] = float((z_pos > 0).float().mean())
             fpr = (z_neg > 0).float().mean(0)
             out["fpr_excess_max"] = float((fpr - self.fpr_targets).max())
-        return (
-            out
-            | self._rate_stats(self._violation())
-            | {"offsets": b.tolist(), "nu_per_point": self.nu.tolist()}
-        )
+        return out | self._rate_stats() | {"offsets": b.tolist(), "nu_per_point": self.nu.tolist()}
 
-    def extra_repr(self) -> str:
-        return (
-            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, grid={self.grid}, "
-            f"projection={self.projection!r}, rho={self.rho}, nu_max={self.nu_max}"
-        )
+    def _target_repr(self) -> str:
+        return f"grid={self.grid}"
 
 
 def _recall_precision_stats(reg: _RateObjective) -> dict[str, float | None]:

@@ -22,12 +22,9 @@ from typing import Any, Literal
 
 import yaml
 
-from projections import PROJECTION_METHODS
 from reparam import (
-    DUAL_SCHEDULES,
     FBETA_DEFAULTS,
     FBETA_PRESETS,
-    NEGATIVE_LOSSES,
     PROJECTION_MODES,
     ROCAUC,
     FBetaRegularizer,
@@ -58,9 +55,27 @@ REGULARIZERS: dict[str, type] = {
 SMNIST_MODELS = ("linear", "mlp")
 
 
+def options(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
+    """``name -> (parameter, type hint)`` of the keyword options of ``cls``'s constructor, a
+    ``**options`` it passes to its base expanded into the base's (the rate objectives declare
+    their shared options once, in their base): the signature the config sections are built from."""
+    out: dict[str, tuple[inspect.Parameter, Any]] = {}
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        hints = typing.get_type_hints(klass.__init__)
+        params = list(inspect.signature(klass.__init__).parameters.values())[1:]
+        for p in params:
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD:
+                out.setdefault(p.name, (p, hints.get(p.name, Any)))
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return out
+    return out
+
+
 def _default(cls: type, name: str) -> Any:
     """The default of keyword argument ``name`` of ``cls`` (``None`` for a required one)."""
-    value = inspect.signature(cls).parameters[name].default
+    value = options(cls)[name][0].default
     return None if value is inspect.Parameter.empty else value
 
 
@@ -113,13 +128,10 @@ class OptimConfig:
 
 
 # options the reparameterized objectives share (the alternatives take none of them)
-COMMON = ("projection", "inline_strength", "dual_schedule", "rho")
+COMMON = ("projection", "inline_strength")
 # the library's choices for options its signatures type as ``str``
 CHOICES: dict[str, tuple[str, ...]] = {
     "projection": PROJECTION_MODES,
-    "projection_method": PROJECTION_METHODS,
-    "negative_loss": NEGATIVE_LOSSES,
-    "dual_schedule": DUAL_SCHEDULES,
     "newton": NEWTON,
     "preset": FBETA_PRESETS,
     "tau_update": TAU_UPDATES,
@@ -132,12 +144,11 @@ def options_section(cls: type) -> type:
     ``Literal`` of the library's choices where it has some; ``list[int]`` for a sequence) and its
     default; a required argument (a target) becomes ``None`` until set. So the config cannot drift
     from the library, and the regularizer is built from the section as it is."""
-    hints = typing.get_type_hints(cls.__init__)
     fields = []
-    for p in inspect.signature(cls).parameters.values():
+    for p, hint in options(cls).values():
         if p.name == "shape_labels" or p.name in COMMON:
             continue
-        hint = Literal[CHOICES[p.name]] if p.name in CHOICES else hints[p.name]
+        hint = Literal[CHOICES[p.name]] if p.name in CHOICES else hint
         if typing.get_origin(hint) is collections.abc.Sequence:
             hint = list[typing.get_args(hint)[0]]
         if p.default is inspect.Parameter.empty:
@@ -168,15 +179,13 @@ class _RegularizerBase:
     # null: each objective's own default (F-beta: its preset's, ``regularizer.fbeta.preset``)
     projection: Literal[PROJECTION_MODES] | None = _default(FBetaRegularizer, "projection")
     inline_strength: float = _default(FBetaRegularizer, "inline_strength")
-    dual_schedule: Literal[DUAL_SCHEDULES] = _default(FBetaRegularizer, "dual_schedule")
-    rho: float = _default(FBetaRegularizer, "rho")
     # then one sub-section per regularizer, ``SECTIONS[name]`` (added below the class)
 
     def kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``REGULARIZERS[name]``: the shared options it takes and the
         sub-section ``name``'s. A shared option set away from its default for an objective that
         does not take it is a ``ValueError`` (it would be silently ignored)."""
-        takes = inspect.signature(REGULARIZERS[self.name]).parameters
+        takes = options(REGULARIZERS[self.name])
         shared = {}
         for key in COMMON:
             if key in takes:
@@ -261,7 +270,6 @@ NON_NEGATIVE = {
     "data.num_workers",
     "regularizer.alpha",
     "optim.weight_decay",
-    "regularizer.rho",
     "train.log_images",
 }
 
@@ -305,9 +313,7 @@ def _resolve_defaults(r: _RegularizerBase) -> None:
         given = {key: getattr(owner, key) for key, owner in owners.items()}
         for key, value in resolve_preset(r.fbeta.preset, **given).items():
             setattr(owners[key], key, value)
-    elif (
-        r.projection is None and "projection" in inspect.signature(REGULARIZERS[r.name]).parameters
-    ):
+    elif r.projection is None and "projection" in options(REGULARIZERS[r.name]):
         r.projection = _default(REGULARIZERS[r.name], "projection")
 
 

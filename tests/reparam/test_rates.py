@@ -182,14 +182,17 @@ def test_dual_step_uses_remembered_scores(kind):
     assert bool((reg.lam >= 0).all()) and bool((reg.nu >= 0).all())
 
 
-def test_nu_cap_and_inverse_epoch_schedule():
-    reg, _, gen = _setup("par", dual_lr_nu=50.0, nu_max=2.0, dual_schedule="inverse_epoch")
+def test_nu_cap_and_a_step_size_set_from_the_loop():
+    reg, _, gen = _setup("par", dual_lr_nu=50.0, nu_max=2.0)
     with torch.no_grad():
         reg.tau_param.fill_(-1.0)  # recall constraint badly violated: nu would jump by ~85
     reg(torch.randn(N, generator=gen), torch.arange(N))
     reg.end_epoch_()
     assert float(reg.nu) == 2.0 and reg.stats()["nu_capped"]
-    assert reg.dual_step_sizes(4) == (pytest.approx(0.1 / 4), pytest.approx(50.0 / 4))
+    reg.dual_lr_nu = 0.5  # a schedule is an assignment between epochs: the next step uses it
+    violation = float(reg.recall - reg.tau.detach().mean())
+    reg.end_epoch_()
+    assert float(reg.nu) == pytest.approx(min(2.0, 2.0 + 0.5 * violation))
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -206,20 +209,6 @@ def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
         assert float(reg.tau.detach().max()) <= 1.0
     if mode == "inline":
         torch.testing.assert_close(reg.tau, reg.tau_param.detach().clamp(max=1))
-
-
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_augmented_lagrangian_is_finite_and_steps_with_rho(kind):
-    reg, _, gen = _setup(kind, rho=0.6, projection="none")
-    assert reg.dual_step_sizes(1) == (0.6, 0.6)
-    u = torch.randn(N, generator=gen, requires_grad=True)
-    loss = reg(u, torch.arange(N))
-    loss.backward()
-    assert torch.isfinite(loss) and torch.isfinite(u.grad).all()
-    lam0, tau = reg.lam.clone(), reg.tau.detach().clone()
-    reg.end_epoch_()
-    target = reg._lambda_targets()[1]
-    torch.testing.assert_close(reg.lam, (lam0 + 0.6 * (tau - target)).clamp_min(0))
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -276,11 +265,8 @@ def test_numpy_and_int32_labels_are_accepted():
         (ROCAUC, {"grid": 2.5}, "grid must be an integer"),
         (PrecisionAtRecall, {"recall": 0.5, "nu_max": -1.0}, "nu_max must be a finite number >= 0"),
         (PrecisionAtRecall, {"recall": 0.5, "dual_lr_nu": -1.0}, "dual_lr_nu must be"),
-        (
-            PrecisionAtRecall,
-            {"recall": 0.5, "tau_init": 2.0},
-            "tau_init must be a finite number <= 1",
-        ),
+        (PrecisionAtRecall, {"recall": 0.5, "nu_init": 3.0, "nu_max": 2.0}, "nu_init must be"),
+        (RecallAtPrecision, {"precision": 0.5, "lambda_init": -1.0}, "lambda_init must be"),
         (
             PrecisionAtRecall,
             {"recall": 0.5, "positive_class": "1"},

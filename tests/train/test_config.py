@@ -119,12 +119,13 @@ def test_regularizer_section_is_the_constructor_signature():
     import inspect
     import typing
 
-    import projections
     import reparam
 
     section = C.RegularizerConfig()
     for name, cls in C.REGULARIZERS.items():
-        params = {k: v for k, v in inspect.signature(cls).parameters.items() if k != "shape_labels"}
+        # the constructor's options, a **options forwarded to the base expanded (rate objectives)
+        params = {k: p for k, (p, _) in C.options(cls).items() if k != "shape_labels"}
+        assert all(p.kind is p.KEYWORD_ONLY for p in params.values()), name
         kwargs = dataclasses.replace(section, name=name).kwargs()
         unset = {k for k in C.COMMON if getattr(section, k) is None}  # the objective's default
         assert set(kwargs) == set(params) - unset, name
@@ -135,18 +136,19 @@ def test_regularizer_section_is_the_constructor_signature():
             else:
                 assert value == (list(default) if isinstance(default, tuple) else default), key
     hints = typing.get_type_hints(C.RegularizerConfig)
-    for key, choices in (
-        ("projection", reparam.PROJECTION_MODES),
-        ("dual_schedule", reparam.DUAL_SCHEDULES),
-    ):
+    for key, choices in (("projection", reparam.PROJECTION_MODES),):
         hint = hints[key]
         if type(None) in typing.get_args(hint):  # Optional: null is the objective's own default
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
         assert typing.get_args(hint) == choices, key
     assert typing.get_args(hints["name"]) == ("none", *C.REGULARIZERS)
     fbeta = typing.get_type_hints(C.SECTIONS["fbeta"])
-    assert typing.get_args(fbeta["negative_loss"]) == reparam.NEGATIVE_LOSSES
-    assert typing.get_args(fbeta["projection_method"]) == projections.PROJECTION_METHODS
+    assert typing.get_args(fbeta["preset"]) == reparam.FBETA_PRESETS
+    # the rate objectives' shared options, declared once in their base, reach every section
+    for name in ("precision_at_recall", "recall_at_precision", "roc_auc"):
+        assert {"nu_max", "dual_lr_nu", "lambda_init"} <= set(
+            typing.get_type_hints(C.SECTIONS[name])
+        )
 
 
 def test_build_regularizer_passes_every_option():
@@ -156,26 +158,21 @@ def test_build_regularizer_passes_every_option():
         ROOT / "configs" / "demo.yaml",
         [
             "regularizer.fbeta.beta=0.5",
-            "regularizer.projection=step",
-            "regularizer.fbeta.negative_loss=logistic",
+            "regularizer.projection=inline",
+            "regularizer.inline_strength=0.05",
             "regularizer.fbeta.dual_lr_lambda=0.3",
             "regularizer.fbeta.dual_lr_mu=0.2",
-            "regularizer.rho=0.1",
             "regularizer.fbeta.mu_init=-3",
-            "regularizer.dual_schedule=inverse_epoch",
-            "regularizer.fbeta.projection_method=sort",
+            "regularizer.fbeta.lambda_init=0.5",
+            "regularizer.fbeta.cap_scores=false",
             "regularizer.fbeta.positive_classes=[1, 2]",
         ],
     )
     reg = build_regularizer(cfg.regularizer, torch.tensor([0, 1, 2, 1, 0, 2]))
-    assert (reg.beta, reg.projection, reg.negative_loss) == (0.5, "step", "logistic")
-    assert (reg.dual_lr_lambda, reg.dual_lr_mu, reg.rho) == (0.3, 0.2, 0.1)
-    assert (reg.dual_schedule, reg.projection_method, reg.classes) == (
-        "inverse_epoch",
-        "sort",
-        (1, 2),
-    )
-    assert reg.mu.tolist() == [-3.0, -3.0]
+    assert (reg.beta, reg.projection, reg.inline_strength) == (0.5, "inline", 0.05)
+    assert (reg.dual_lr_lambda, reg.dual_lr_mu, reg.cap_scores) == (0.3, 0.2, False)
+    assert reg.classes == (1, 2)
+    assert reg.mu.tolist() == [-3.0, -3.0] and set(reg.lam.tolist()) == {0.5}
     assert build_regularizer(C.RegularizerConfig(), torch.tensor([0, 1])) is None
     labels = torch.tensor([0, 1, 1, 0, 1, 0])
     rate = C.load(
