@@ -85,7 +85,7 @@ class ShapeObjective(nn.Module):
 
     # --- the loss -------------------------------------------------------------------------------
 
-    def forward(self, scores: Tensor, idx: Tensor, *, valid: Tensor | None = None) -> Tensor:
+    def forward(self, scores: Tensor, idx: Tensor) -> Tensor:
         """The objective's loss on the batch (for the reparameterized objectives the minibatch
         Lagrangian ``L_B``, docs/method.md sec. 3 and 8); remembers the batch's scores.
 
@@ -93,10 +93,6 @@ class ShapeObjective(nn.Module):
             scores: shape-head outputs, ``(B,)`` (one positive class) or ``(B, K)``: column ``c``
                 is the score of shape class ``c`` (``K = 1`` also for one class).
             idx: int64 ``(B,)`` dataset indices of the batch's samples.
-            valid: optional 0-d bool tensor (on any device): when it is false the call leaves the
-                score memory and the batch count as they were, decided on the device without a
-                host read (a trainer that drops non-finite steps between reads of its flag passes
-                it, with finite placeholder scores).
         """
         u, idx = _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
         batch = idx.numel()
@@ -110,30 +106,18 @@ class ShapeObjective(nn.Module):
         )
         if batch == 0:  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
-        self._remember_(u, idx, valid)
+        self._remember_(u, idx)
         return self._loss(u, idx)
 
     @torch.no_grad()
-    def _remember_(self, u: Tensor, idx: Tensor, valid: Tensor | None = None) -> None:
+    def _remember_(self, u: Tensor, idx: Tensor) -> None:
         """Record the batch's scores and their epoch, and count the batch (explicit index ops:
-        ~3x cheaper than Python indexing per call); with ``valid`` false, keep everything as it
-        was."""
-        fresh = self.epoch.expand(idx.numel())  # index_fill_ with a tensor value would read it
-        if valid is None:
-            self.scores.index_copy_(0, idx, u.detach())
-            self.seen_ever.index_fill_(0, idx, True)
-            self.score_epoch.index_copy_(0, idx, fresh)
-            self.batches += 1
-            return
-        if not isinstance(valid, Tensor) or valid.dtype != torch.bool or valid.numel() != 1:
-            raise ValueError(
-                f"valid must be a one-element bool tensor, got {_checks.describe(valid)}"
-            )
-        valid = valid.reshape(()).to(self.scores.device)
-        for memory, new in ((self.scores, u.detach()), (self.score_epoch, fresh)):
-            memory.index_copy_(0, idx, torch.where(valid, new, memory.index_select(0, idx)))
-        self.seen_ever.index_copy_(0, idx, self.seen_ever.index_select(0, idx) | valid)
-        self.batches += valid
+        ~3x cheaper than Python indexing per call)."""
+        self.scores.index_copy_(0, idx, u.detach())
+        self.seen_ever.index_fill_(0, idx, True)
+        # index_fill_ with a tensor value would read it on the host
+        self.score_epoch.index_copy_(0, idx, self.epoch.expand(idx.numel()))
+        self.batches += 1
 
     @property
     def n_samples(self) -> int:

@@ -231,8 +231,8 @@ class TrainConfig:
         "fp32"  # network arithmetic (autocast; fp16 scaled)
     )
     nonfinite: Literal["stop", "skip"] = "stop"  # NaN/inf loss: error naming the step | count it
-    # steps between host reads of the device-side non-finite flag (also read before every
-    # checkpoint and at the epoch end); 1: every step, no sync saved (docs/robustness.md)
+    # stop: steps between host reads of the device-side non-finite flag (also read before every
+    # checkpoint and at the epoch end); 1: every step. skip reads it every step (docs/robustness.md)
     nonfinite_check_every: int = 100
     # torch.compile the network (nn.Module.compile: checkpoints unchanged) and the regularizer's
     # per-step math where it has its own compile() (F-beta)

@@ -4,9 +4,10 @@ Per step (docs/method.md sec. 3b): ``loss = CE(logits, y) + alpha * L_B(u, idx)`
 steps the network and the regularizer's ``(eps, tau)``; ``reg.after_step_()`` projects in mode
 ``step``. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
 remembered scores), evaluation on the test split, logging (console, TensorBoard, ``metrics.json``)
-and an atomic checkpoint of the ``TrainState``. A step reads nothing back from the device: whether
-it was finite stays there and is read every ``train.nonfinite_check_every`` steps, before every
-checkpoint and at the epoch end (:class:`NonFiniteGuard`). The same loop trains S-MNIST
+and an atomic checkpoint of the ``TrainState``. Whether a step was finite is read on the host every
+step under ``train.nonfinite=skip``; under ``stop`` (the default) it stays on the device and is read
+every ``train.nonfinite_check_every`` steps, before every checkpoint and at the epoch end
+(:class:`NonFiniteGuard`). The same loop trains S-MNIST
 classification (logits ``(B, 10)``) and COCO-Stuff segmentation (logits ``(B, C, H, W)``, pixel
 labels with ignore index 255): only the metrics differ. Under ``torchrun`` every process runs it;
 rank 0 logs and writes.
@@ -45,7 +46,7 @@ from .evaluation import evaluate
 from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
 from .models import build_model
-from .nonfinite import NonFiniteGuard, zero_momentum_buffers_
+from .nonfinite import NonFiniteGuard
 from .state import TrainState, check_format
 
 
@@ -141,7 +142,6 @@ def setup(
             f"would step its own rows of tau): under torchrun use tau_update=dense"
         )
     optimizer = build_optimizer(cfg, model, reg)
-    zero_momentum_buffers_(optimizer)
     train_loader = make_loader(
         data.train,
         cfg.data.batch_size // ctx.world,
@@ -279,13 +279,14 @@ def _train(
         start = time.perf_counter()
         for k, batch in enumerate(bar, start=skip + 1):
             state.step_in_epoch = k
-            if not train_step(s, batch, k, guard, alpha, autocast, check=k % check_every == 0):
+            check = guard.skip or k % check_every == 0  # skip: every step is read
+            if not train_step(s, batch, k, guard, alpha, autocast, check=check):
                 continue  # found non-finite by this step's own check (skip): dropped
-            state.global_step += 1  # until a read says the window held non-finite steps
+            state.global_step += 1
 
             # -- mid-epoch checkpoint (every N steps, or where train.stop_after_steps stops) --
             if boundary() and guard.unread:  # no state after a non-finite step is ever saved
-                guard.read(state)  # and the boundary is one of exact (finite) global steps
+                guard.read()
             stop = limit is not None and state.global_step >= limit
             # stopping after the last batch lets the epoch run out instead: the sampler's generator
             # then advances exactly as in an uninterrupted epoch, whatever the stopping point
@@ -301,7 +302,7 @@ def _train(
                 f"checkpoint {guard.last_checkpoint}"
             )
             break
-        guard.read(state)  # stop: raises before the epoch's dual step sees the scores
+        guard.read()  # stop: raises before the epoch's dual step sees the scores
 
         epoch_end_seconds = _regularizer_epoch_end(s)
         sums = distributed.all_reduce_(state.totals[:3].clone())
@@ -416,16 +417,11 @@ def train_step(
     check: bool,
 ) -> bool:
     """Step ``k`` of the epoch: forward, the finiteness flag, the regularized loss, backward, the
-    optimizer, the lr schedule and ``reg.after_step_()``, with no host read of a device value
-    unless ``check`` (then the flag is read before anything is updated: ``stop`` raises, and a
-    non-finite step under ``skip`` is dropped: ``False`` is returned and nothing is updated).
-
-    An unread non-finite step is a no-op on the device instead: its loss sums are not counted, the
-    optimizer skips it (``found_inf``, as ``torch.amp.GradScaler`` skips a step of a fused
-    optimizer; with fp16 the loss is made NaN so the scaler's own check skips it), the regularizer
-    sees finite placeholder scores and, under ``skip``, leaves its score memory and batch count as
-    they were (its ``valid`` argument). The lr schedule and ``reg.after_step_()`` still run (they
-    cannot wait for the flag); docs/robustness.md says what that changes."""
+    optimizer, the lr schedule and ``reg.after_step_()``. ``check``: the flag is read first
+    (``stop`` raises; under ``skip``, which checks every step, a non-finite step is dropped:
+    ``False`` is returned and nothing is updated). Unchecked (``stop`` between its periodic reads)
+    the step runs with no host read; a non-finite one corrupts the state, which the next read,
+    before any checkpoint, turns into the error (docs/robustness.md)."""
     state, reg, optimizer, scaler, device = s.state, s.reg, s.optimizer, s.scaler, s.device
     # host -> device copies need no synchronization; non_blocking: the blocking form waits for the
     # stream (torch.cuda.set_sync_debug_mode flags it)
@@ -435,22 +431,18 @@ def train_step(
         task = task_loss(logits, y.long(), s.groups, batch["shape"])
     u = u.float()
     ok = guard.record(k, task, u)
-    if check and not guard.read(state, ok):
+    if check and not guard.read(ok):
         optimizer.zero_grad(set_to_none=True)
         return False
     guard.unread += not check
     loss, reg_loss = task, None
     if reg is not None:
-        # skip: a non-finite step leaves the regularizer's score memory as it was (on the device)
-        reg_loss = reg(torch.where(ok, u, 0.0), idx, valid=ok if guard.skip else None)
+        # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
+        reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
         loss = task + alpha * reg_loss
         if s.written is not None:
-            s.written.index_copy_(0, idx, s.written.index_select(0, idx) | ok)
+            s.written.index_fill_(0, idx, True)
     optimizer.zero_grad(set_to_none=True)
-    if scaler is not None or getattr(reg, "tau_update", "dense") != "dense":
-        # NaN gradients: the scaler skips the step, and so does a sparse tau update (its own
-        # finiteness check); the fused optimizer skips it through found_inf below
-        loss = loss * torch.where(ok, 1.0, float("nan"))
     if scaler is not None:
         scaler.scale(loss).backward()
     else:
@@ -460,17 +452,14 @@ def train_step(
         scaler.step(optimizer)
         scaler.update()
     else:
-        optimizer.found_inf = (~ok).float()  # fused Adam / SGD skip the update on the device
         optimizer.step()
-        del optimizer.found_inf
     if s.scheduler is not None:
         s.scheduler.step()
     if reg is not None:
         reg.after_step_()
     n = len(y)
     losses = torch.stack((task, reg_loss if reg is not None else torch.zeros_like(task))).detach()
-    state.totals[:2].add_(torch.where(ok, losses * n, 0.0))  # where: NaN * 0 would be NaN
-    state.totals[2].add_(ok, alpha=n)
+    state.totals[:3].add_(torch.cat((losses * n, losses.new_ones(1) * n)))
     return True
 
 

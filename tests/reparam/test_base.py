@@ -166,24 +166,6 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
         MAKERS[kind]().load_state_dict(old)
 
 
-@pytest.mark.parametrize("kind", list(MAKERS))
-def test_valid_false_leaves_the_score_memory_as_it_was(kind):
-    """``reg(u, idx, valid=flag)``: a device flag decides, without a host read, whether the call
-    remembers the batch (a trainer dropping non-finite steps between reads passes it)."""
-    reg, plain = MAKERS[kind](), MAKERS[kind]()
-    u, idx = torch.randn(8), torch.arange(3, 11)
-    before = {k: v.clone() for k, v in reg.state_dict().items()}
-    reg(u, idx, valid=torch.tensor(False))
-    for name, value in reg.state_dict().items():
-        assert torch.equal(value, before[name]), name
-    reg(u, idx, valid=torch.tensor(True))
-    plain(u, idx)
-    for name, value in plain.state_dict().items():
-        assert torch.equal(reg.state_dict()[name], value), name
-    with pytest.raises(ValueError, match="valid must be a one-element bool tensor"):
-        reg(u, idx, valid=torch.tensor([True, False]))
-
-
 def test_building_and_dropping_objectives_leaves_no_global_hook():
     import gc
 

@@ -1,4 +1,5 @@
-"""No host read of a device value per training step (``train.nonfinite_check_every`` > 1).
+"""No host read of a device value per training step under ``train.nonfinite=stop`` with
+``train.nonfinite_check_every`` > 1 (``skip`` reads the flag every step, by design).
 
 On CUDA every read of a device tensor's value on the host (``.item()``, ``bool(t)``, ``float(t)``,
 ``.tolist()``, a boolean mask, ``nonzero`` ...) waits for the GPU. On the CPU nothing waits, so
@@ -196,20 +197,15 @@ INLINE_PROJECTION = pytest.mark.xfail(
     strict=False,
 )
 PAPER = "regularizer.fbeta.preset=paper"  # projection once per epoch: nothing in the step
-SKIP_SGD_BF16 = [PAPER, "train.nonfinite=skip", "optim.name=sgd", "train.precision=bf16"]
+SGD_BF16 = [PAPER, "optim.name=sgd", "train.precision=bf16"]
 SETTINGS = [
     pytest.param(["regularizer.name=none"], id="baseline"),
     pytest.param([PAPER], id="fbeta-epoch-projection"),
-    pytest.param(SKIP_SGD_BF16, id="fbeta-skip-sgd-bf16"),
+    pytest.param(SGD_BF16, id="fbeta-sgd-bf16"),
     pytest.param([PAPER, "train.precision=fp16"], id="fbeta-fp16"),
     pytest.param(
-        [
-            PAPER,
-            "regularizer.fbeta.tau_update=sparse_adam",
-            "model.shared_gemm=true",
-            "train.nonfinite=skip",
-        ],
-        id="fbeta-sparse-adam-skip",
+        [PAPER, "regularizer.fbeta.tau_update=sparse_adam", "model.shared_gemm=true"],
+        id="fbeta-sparse-adam",
     ),
     pytest.param([], id="fbeta-inline-projection", marks=INLINE_PROJECTION),
 ]
@@ -218,8 +214,8 @@ SETTINGS = [
 @pytest.mark.parametrize("extra", SETTINGS)
 def test_no_device_read_between_checks(digits_smnist, tmp_path, monkeypatch, extra):
     """k = 4: a step that is no check step reads nothing back from the device; a check step reads
-    once (the guard's flag), with and without the regularizer, under skip, fused SGD, bf16 and
-    fp16's gradient scaler."""
+    once (the guard's flag), with and without the regularizer, fused SGD, bf16, fp16's gradient
+    scaler and the sparse tau update."""
     cfg = smnist_cfg(
         digits_smnist,
         tmp_path / "run",
@@ -239,14 +235,20 @@ def test_no_device_read_between_checks(digits_smnist, tmp_path, monkeypatch, ext
     assert not between, f"device reads on steps that are no check: {dict(between)}"
 
 
-def test_nonfinite_check_every_1_reads_every_step(digits_smnist, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "extra",
+    [["train.nonfinite_check_every=1"], ["train.nonfinite=skip", "train.nonfinite_check_every=4"]],
+    ids=["stop-every-1", "skip"],
+)
+def test_per_step_reads_read_once(digits_smnist, tmp_path, monkeypatch, extra):
+    """``nonfinite_check_every=1``, and ``skip`` whatever it says: every step reads the flag once."""
     cfg = smnist_cfg(
         digits_smnist,
         tmp_path / "run",
         "train.epochs=1",
         "train.checkpoint=false",
         "regularizer.name=none",
-        "train.nonfinite_check_every=1",
+        *extra,
     )
     steps = _steps(monkeypatch, cfg)
     assert all(check and len(reads) == 1 for check, reads in steps)
