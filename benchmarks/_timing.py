@@ -59,7 +59,34 @@ def fmt_ms(seconds: float | None) -> str:
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+def alternating_runs(
+    config: str, arms: dict[str, list[str]], epochs: int, repeats: int
+) -> tuple[dict[str, list[dict]], int]:
+    """Train ``config`` with each arm's overrides, ``repeats`` times, alternating (a, b, a, b, ...)
+    so drift of the machine hits every arm alike; ``epochs + 1`` epochs a run, no checkpoints.
+    Returns every arm's history rows without each run's first (warm-up) epoch, and the steps of
+    an epoch."""
+    import tempfile
+
+    from train import config as config_mod
+    from train.loop import run
+
+    rows: dict[str, list[dict]] = {name: [] for name in arms}
+    steps = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            for a, (name, overrides) in enumerate(arms.items()):
+                cfg = config_mod.load(
+                    config,
+                    [
+                        *overrides,
+                        f"train.epochs={epochs + 1}",
+                        "train.checkpoint=false",
+                        "train.progress=false",
+                        f"train.out={tmp}/arm{a}-run{r}",
+                    ],
+                )
+                history = run(cfg, log=lambda *_: None)["history"]
+                steps = history[-1]["steps"]
+                rows[name] += history[1:]
+    return rows, steps

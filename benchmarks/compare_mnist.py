@@ -39,14 +39,10 @@ resumes). Writes ``compare_mnist.md`` and ``compare_mnist.png`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
-import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +51,10 @@ import torch
 from torch import Tensor
 
 from data_prep.smnist import find_mnist_files, load_mnist
+from reparam import ROCAUC, FBetaRegularizer
+from reparam.baselines import LPAUC, LPFBeta, PairwiseAUC, SoftFBeta, libauc_aucm_pesg
 
-from ._timing import machine_line
+from .sweep import run_pool
 
 BATCH, LR, HIDDEN = 128, 1e-3, 256
 RATIOS, SEEDS, ITERATIONS = (0.91, 0.83, 0.71, 0.5), (0, 1, 2), 2000
@@ -77,6 +75,7 @@ METHODS: dict[str, tuple[str, str]] = {
     "soft_f1": ("soft-F1 (T=1)", "F1"),
 }
 PAPER_SECONDS = {"CE": 0.018, "LP layer": 0.069, "PPD-SG": 0.122}  # Meng et al., GPU, per iteration
+Records = dict[tuple[float, str], list[dict[str, Any]]]  # (ratio, method) -> records by seed
 
 
 # --- data -------------------------------------------------------------------------------------------
@@ -151,55 +150,74 @@ class Method:
     objective: torch.nn.Module | None = None
 
 
-def make_method(key: str, model: torch.nn.Module, labels: Tensor) -> Method:
-    """The method ``key`` of ``METHODS`` for ``model``'s score on a training set with ``labels``."""
-    from reparam import ROCAUC, FBetaRegularizer
-    from reparam.baselines import LPAUC, LPFBeta, PairwiseAUC, SoftFBeta, libauc_aucm_pesg
-
+def _cross_entropy(model: torch.nn.Module, labels: Tensor) -> Method:
     y = labels.float()
-    if key == "ce":
-        return Method(
-            lambda u, idx: torch.nn.functional.binary_cross_entropy_with_logits(u, y[idx]),
-            torch.optim.Adam(model.parameters(), lr=LR),
-            lambda: None,
-            lambda done, total: None,
-        )
-    if key == "libauc_pesg":
-        aucm, pesg = libauc_aucm_pesg(
-            model.parameters(), **PESG, imratio=float(y.mean()), device="cpu"
-        )
-        pesg.verbose = False  # update_regularizer would print
-        pending = list(PESG_DECAYS)
+    return Method(
+        lambda u, idx: torch.nn.functional.binary_cross_entropy_with_logits(u, y[idx]),
+        torch.optim.Adam(model.parameters(), lr=LR),
+        lambda: None,
+        lambda done, total: None,
+    )
+
+
+def _libauc_pesg(model: torch.nn.Module, labels: Tensor) -> Method:
+    y = labels.float()
+    aucm, pesg = libauc_aucm_pesg(model.parameters(), **PESG, imratio=float(y.mean()), device="cpu")
+    pesg.verbose = False  # update_regularizer would print
+    pending = list(PESG_DECAYS)
+
+    def end_epoch(done: int, total: int) -> None:
+        # At most one call per epoch end: a second one with no step in between divides the
+        # (reset) running average by T = 0 and makes the reference point NaN. Decay points
+        # passed in the same epoch combine into one factor.
+        passed = sum(1 for f in pending if done >= f * total)
+        if passed:
+            del pending[:passed]
+            pesg.update_regularizer(decay_factor=10**passed)
+
+    return Method(
+        lambda u, idx: aucm(torch.sigmoid(u), y[idx], auto=False), pesg, lambda: None, end_epoch
+    )
+
+
+def _objective(make: Callable[[Tensor], torch.nn.Module]) -> Callable[..., Method]:
+    """A method whose loss is an objective module of the training labels, stepped by Adam with
+    the network and following the protocol (``after_step_``, ``end_epoch_``)."""
+
+    def method(model: torch.nn.Module, labels: Tensor) -> Method:
+        objective = make(labels)
+        opt = torch.optim.Adam([*model.parameters(), *objective.parameters()], lr=LR)
 
         def end_epoch(done: int, total: int) -> None:
-            # At most one call per epoch end: a second one with no step in between divides the
-            # (reset) running average by T = 0 and makes the reference point NaN. Decay points
-            # passed in the same epoch combine into one factor.
-            passed = sum(1 for f in pending if done >= f * total)
-            if passed:
-                del pending[:passed]
-                pesg.update_regularizer(decay_factor=10**passed)
+            objective.end_epoch_()
 
-        return Method(
-            lambda u, idx: aucm(torch.sigmoid(u), y[idx], auto=False), pesg, lambda: None, end_epoch
-        )
-    objective = {
-        "reparam_auc": lambda: ROCAUC(labels, grid=10, projection="inline"),
-        "lp_auc": lambda: LPAUC(labels),
-        "pairwise_auc": lambda: PairwiseAUC(labels),
-        "reparam_fbeta": lambda: FBetaRegularizer(
-            labels, projection="inline", dual_lr_lambda=0.1, dual_lr_mu=0.1, cap_scores=True
-        ),
-        "reparam_fbeta_fast": lambda: FBetaRegularizer(
-            labels, projection="inline", dual_lr_lambda=1.0, dual_lr_mu=1.0, cap_scores=True
-        ),
-        "lp_fbeta": lambda: LPFBeta(labels, infeasibility_cost=100.0),
-        "soft_f1": lambda: SoftFBeta(labels, temperature=1.0),
-    }[key]()
-    opt = torch.optim.Adam([*model.parameters(), *objective.parameters()], lr=LR)
-    return Method(
-        objective, opt, objective.after_step_, lambda done, total: objective.end_epoch_(), objective
+        return Method(objective, opt, objective.after_step_, end_epoch, objective)
+
+    return method
+
+
+def _fbeta(step: float) -> Callable[[Tensor], FBetaRegularizer]:
+    return lambda labels: FBetaRegularizer(
+        labels, projection="inline", dual_lr_lambda=step, dual_lr_mu=step, cap_scores=True
     )
+
+
+BUILDERS: dict[str, Callable[[torch.nn.Module, Tensor], Method]] = {  # key of METHODS -> method
+    "ce": _cross_entropy,
+    "reparam_auc": _objective(lambda labels: ROCAUC(labels, grid=10, projection="inline")),
+    "lp_auc": _objective(LPAUC),
+    "pairwise_auc": _objective(PairwiseAUC),
+    "libauc_pesg": _libauc_pesg,
+    "reparam_fbeta": _objective(_fbeta(0.1)),
+    "reparam_fbeta_fast": _objective(_fbeta(1.0)),
+    "lp_fbeta": _objective(lambda labels: LPFBeta(labels, infeasibility_cost=100.0)),
+    "soft_f1": _objective(lambda labels: SoftFBeta(labels, temperature=1.0)),
+}
+
+
+def make_method(key: str, model: torch.nn.Module, labels: Tensor) -> Method:
+    """The method ``key`` of ``METHODS`` for ``model``'s score on a training set with ``labels``."""
+    return BUILDERS[key](model, labels)
 
 
 def mlp(seed: int) -> torch.nn.Module:
@@ -210,144 +228,7 @@ def mlp(seed: int) -> torch.nn.Module:
     )
 
 
-# --- one run ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Job:
-    """One (ratio, method, seed) run and where its record goes."""
-
-    mnist_dir: str
-    ratio: float
-    method: str
-    seed: int
-    iterations: int
-    quick: bool
-    data_seed: int
-    path: str
-
-    def settings(self) -> dict[str, Any]:
-        """What a saved record must match to be reused."""
-        return {
-            "ratio": self.ratio,
-            "method": self.method,
-            "seed": self.seed,
-            "iterations": self.iterations,
-            "quick": self.quick,
-            "data_seed": self.data_seed,
-            "batch": BATCH,
-            "lr": LR,
-            "hidden": HIDDEN,
-        }
-
-
-def evaluate(u: Tensor, y: Tensor, threshold: float = 0.0) -> dict[str, float | None]:
-    """ROC-AUC of ``u``; F1, accuracy and the share predicted positive of ``u > threshold``."""
-    from reparam import functional as Fn
-    from reparam import rate_functional as R
-
-    u, pos = u.detach().double(), y == 1
-    if not torch.isfinite(u).all():
-        return {"auc": None, "f1": None, "accuracy": None, "predicted_positive": None}
-    decided = u > threshold
-    return {
-        "auc": R.roc_auc(u[pos], u[~pos]),
-        "f1": Fn.fbeta_of_decisions(u[pos] - threshold, u[~pos] - threshold, 1.0),
-        "accuracy": float((decided == pos).double().mean()),
-        "predicted_positive": float(decided.double().mean()),
-    }
-
-
-def run_one(job: Job) -> dict[str, Any]:
-    """Train one (ratio, method, seed), write its JSON record atomically and return it."""
-    from train.files import write_text_atomic
-
-    torch.set_num_threads(1)
-    data = prepare(Path(job.mnist_dir), job.ratio, job.data_seed, job.quick)
-    (x, y), (x_test, y_test) = data["train"], data["test"]
-    model = mlp(job.seed)
-    method = make_method(job.method, model, y)
-    gen = torch.Generator().manual_seed(job.seed)
-    seconds: list[float] = []
-    curve: list[tuple[int, float]] = []
-    every, done, epochs, nonfinite = max(1, job.iterations // 40), 0, 0, 0
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
-        while done < job.iterations and not nonfinite:
-            batches = torch.randperm(len(x), generator=gen).split(BATCH)
-            for i, idx in enumerate(batches):
-                xb = x[idx]
-                t0 = time.perf_counter()
-                loss = method.loss(model(xb)[:, 0], idx)
-                method.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                method.opt.step()
-                method.after_step()
-                seconds.append(time.perf_counter() - t0)
-                done += 1
-                if not torch.isfinite(loss):
-                    nonfinite += 1
-                    break
-                if done % every == 0 or done == 1:
-                    curve.append((done, float(loss)))
-                if done == job.iterations and i < len(batches) - 1:
-                    break  # mid-epoch: no epoch end
-            else:
-                epochs += 1
-                method.end_epoch(done, job.iterations)
-    train_seconds = time.perf_counter() - start
-    with torch.no_grad():
-        u_test = model(x_test)[:, 0]
-    record: dict[str, Any] = {
-        "settings": job.settings(),
-        "n_train": len(y),
-        "n_train_pos": int(y.sum()),
-        "n_test": len(y_test),
-        "n_test_pos": int(y_test.sum()),
-        "epochs_completed": epochs,
-        "iterations_done": done,
-        "diverged": bool(nonfinite),
-        "test": evaluate(u_test, y_test),
-        "seconds_per_iteration": statistics.median(seconds),
-        "train_seconds": train_seconds,
-        "loss_curve": curve,
-        "warnings": sorted({str(w.message)[:200] for w in caught}),
-        "machine": machine_line(),
-    }
-    if method.objective is not None and hasattr(method.objective, "decision_threshold"):
-        t = float(method.objective.decision_threshold[0])
-        record["threshold"] = t
-        record["test_at_threshold"] = evaluate(u_test, y_test, t)
-    if method.objective is not None:
-        record["objective_stats"] = {
-            k: v
-            for k, v in method.objective.stats().items()
-            if isinstance(v, int | float | bool) or v is None
-        }
-    write_text_atomic(json.dumps(record, indent=1) + "\n", job.path)
-    return record
-
-
-# --- the sweep and its tables -------------------------------------------------------------------------
-
-
-def run_path(runs: Path, ratio: float, method: str, seed: int) -> Path:
-    """Where the record of one run lives."""
-    return runs / f"ratio{ratio:g}-{method}-seed{seed}.json"
-
-
-def load_record(job: Job) -> dict[str, Any] | None:
-    """The saved record of ``job`` if it is complete and has ``job``'s settings, else ``None``."""
-    try:
-        record = json.loads(Path(job.path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return record if record.get("settings") == job.settings() else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the missing runs of the grid (unless ``--table-only``) and write the tables and plot."""
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
     p.add_argument("--ratios", type=float, nargs="+", default=list(RATIOS))
@@ -368,43 +249,28 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.quick:
         a.ratios, a.seeds, a.iterations = a.ratios[:1], a.seeds[:1], QUICK_ITERATIONS
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the missing runs of the grid (unless ``--table-only``) and write the tables and plot."""
+    from .compare_mnist_run import Job, finished, run_one, run_path, saved
+    from .compare_mnist_tables import plot, report
+
+    a = _arguments(argv)
+    settings = (a.iterations, a.quick, a.data_seed)
     jobs = [
-        Job(
-            str(a.mnist_dir),
-            r,
-            m,
-            s,
-            a.iterations,
-            a.quick,
-            a.data_seed,
-            str(run_path(a.runs, r, m, s)),
-        )
+        Job(str(a.mnist_dir), r, m, s, *settings, str(run_path(a.runs, r, m, s)))
         for r in a.ratios
         for m in a.methods
         for s in a.seeds
     ]
-    records: dict[tuple[float, str], list[dict[str, Any]]] = {}
-    todo = []
-    for job in jobs:
-        rec = load_record(job)
-        if rec is not None:
-            records.setdefault((job.ratio, job.method), []).append(rec)
-        elif not a.table_only:
-            todo.append(job)
+    records, todo = saved(jobs)
+    todo = [] if a.table_only else todo
     print(f"{len(todo)} runs to do ({len(jobs)} in the grid)", flush=True)
     if todo:
         a.runs.mkdir(parents=True, exist_ok=True)
-        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-            futures = {pool.submit(run_one, job): job for job in todo}
-            for fut in as_completed(futures):
-                job, rec = futures[fut], fut.result()
-                records.setdefault((job.ratio, job.method), []).append(rec)
-                print(
-                    f"done ratio {job.ratio:g} {job.method} seed {job.seed}: "
-                    f"AUC {rec['test']['auc']}, F1 {rec['test']['f1']}, "
-                    f"{rec['seconds_per_iteration'] * 1e3:.2f} ms/iter",
-                    flush=True,
-                )
+    run_pool(run_one, todo, a.jobs, partial(finished, records))
     for recs in records.values():
         recs.sort(key=lambda r: r["settings"]["seed"])
     official = official_mnist(a.mnist_dir)
@@ -414,8 +280,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{' '.join(f'{r:g}' for r in a.ratios)} --seeds {' '.join(map(str, a.seeds))} "
         f"--iterations {a.iterations} --data-seed {a.data_seed}" + (" --quick" if a.quick else "")
     )
-    from .compare_mnist_tables import plot, report
-
     text = report(records, a.ratios, a.seeds, command, official)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "compare_mnist.md").write_text(text)

@@ -3,25 +3,16 @@ method; seconds per iteration against cross-entropy; AUC and F1 against the rati
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
-from typing import Any
 
-from ._timing import markdown_table
-from .compare_mnist import BATCH, LR, METHODS, PAPER_SECONDS, PESG
+from ._report import markdown_table, mean_and_sd, mean_sd, save_figure, subplots
+from .compare_mnist import BATCH, LR, METHODS, PAPER_SECONDS, PESG, Records
 
 
 def _cell(xs: list[float | None], n_seeds: int, scale: float = 100.0, fmt: str = ".2f") -> str:
     """``mean ± sd`` of the finite values (``n/a`` without any); ``(k/n)`` when seeds are missing."""
-    vals = [x * scale for x in xs if x is not None]
-    if not vals:
-        return "n/a"
-    sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    missing = f" ({len(vals)}/{n_seeds})" if len(vals) < n_seeds else ""
-    return f"{statistics.mean(vals):{fmt}} ± {sd:{fmt}}{missing}"
-
-
-Records = dict[tuple[float, str], list[dict[str, Any]]]
+    n = sum(x is not None for x in xs)
+    return mean_sd(xs, fmt, scale) + (f" ({n}/{n_seeds})" if 0 < n < n_seeds else "")
 
 
 def metric_rows(
@@ -67,25 +58,8 @@ def timing_rows(records: Records, ratios: list[float], n_seeds: int) -> list[lis
     return rows
 
 
-def report(
-    records: Records, ratios: list[float], seeds: list[int], command: str, official: bool
-) -> str:
-    """The markdown of ``compare_mnist.md``."""
-    n = len(seeds)
-    pct = [f"{r:.0%}" for r in ratios]
-    auc = markdown_table(["method", "trained for", *pct], metric_rows(records, ratios, n, ["auc"]))
-    f1 = markdown_table(
-        ["method", "trained for", *[f"{p} {m}" for p in pct for m in ("F1", "acc")]],
-        metric_rows(records, ratios, n, ["f1", "accuracy"]),
-    )
-    share = markdown_table(
-        ["method", "trained for", *pct], metric_rows(records, ratios, n, ["predicted_positive"])
-    )
-    timing = markdown_table(
-        ["method", *[f"{p} {m}" for p in pct for m in ("ms / iter", "x CE")]],
-        timing_rows(records, ratios, n),
-    )
-    first = next((rs[0] for rs in records.values() if rs), None)
+def _sizes(records: Records, ratios: list[float]) -> str:
+    """Per ratio the sizes of the splits and the number of full epochs (of its first record)."""
     sizes = []
     for r in ratios:
         rec = next((rs[0] for (rr, _), rs in records.items() if rr == r and rs), None)
@@ -95,6 +69,59 @@ def report(
                 f"{rec['n_test']} test ({rec['n_test_pos']} pos), "
                 f"{rec['epochs_completed']} full epochs"
             )
+    return "; ".join(sizes) or "n/a"
+
+
+def _tables(records: Records, ratios: list[float], n: int) -> dict[str, str]:
+    """The AUC, F1 / accuracy, share predicted positive and timing tables."""
+    pct = [f"{r:.0%}" for r in ratios]
+    return {
+        "auc": markdown_table(
+            ["method", "trained for", *pct], metric_rows(records, ratios, n, ["auc"])
+        ),
+        "f1": markdown_table(
+            ["method", "trained for", *[f"{p} {m}" for p in pct for m in ("F1", "acc")]],
+            metric_rows(records, ratios, n, ["f1", "accuracy"]),
+        ),
+        "share": markdown_table(
+            ["method", "trained for", *pct], metric_rows(records, ratios, n, ["predicted_positive"])
+        ),
+        "timing": markdown_table(
+            ["method", *[f"{p} {m}" for p in pct for m in ("ms / iter", "x CE")]],
+            timing_rows(records, ratios, n),
+        ),
+    }
+
+
+def _protocol(
+    records: Records, ratios: list[float], seeds: list[int], official: bool, first: dict | None
+) -> list[str]:
+    """The report's paragraphs on the data and on the training."""
+    return [
+        f"Digits 0-4 positive, 5-9 negative; samples dropped (a fixed permutation) so that positives "
+        f"/ all is the column's ratio, in the training and the test split alike: ROC-AUC is "
+        f"prior-free, F1 and accuracy are not, so they are measured at the training prior. "
+        f"{'Official MNIST files (md5 checked).' if official else 'NOT the official MNIST files.'} "
+        f"Sizes: {_sizes(records, ratios)}.",
+        "",
+        f"Every method alone trains an MLP 784-256-1 (its score `u`): Adam lr {LR:g}, batch {BATCH}, "
+        f"{first['settings']['iterations'] if first else 'n/a'} iterations, seeds "
+        f"{', '.join(map(str, seeds))} (initialization and batch order); mean ± sd over seeds. "
+        f"Exception: LibAUC's AUC-margin loss with its own optimizer PESG (lr {PESG['lr']}, "
+        f"epoch_decay {PESG['epoch_decay']:g}, weight_decay {PESG['weight_decay']:g}, "
+        f"`update_regularizer(decay_factor=10)` at the first epoch ends past 50 % and 75 % of the "
+        f"run, as LibAUC's examples do at epochs 50 and 75 of 100; its loss sees `sigmoid(u)`). "
+        f"The per-sample multipliers of the reparameterized objectives take one dual step per "
+        f"epoch (`end_epoch_()`), so the number of full epochs matters.",
+    ]
+
+
+def report(
+    records: Records, ratios: list[float], seeds: list[int], command: str, official: bool
+) -> str:
+    """The markdown of ``compare_mnist.md``."""
+    tables = _tables(records, ratios, len(seeds))
+    first = next((rs[0] for rs in records.values() if rs), None)
     paper = ", ".join(
         f"{k} {v} s ({v / PAPER_SECONDS['CE']:.1f}x)" for k, v in PAPER_SECONDS.items()
     )
@@ -111,35 +138,21 @@ def report(
             f"<!-- {command} -->",
             "# Imbalanced binary MNIST (Meng et al., NeurIPS 2021, Table 1 protocol)",
             "",
-            f"Digits 0-4 positive, 5-9 negative; samples dropped (a fixed permutation) so that positives "
-            f"/ all is the column's ratio, in the training and the test split alike: ROC-AUC is "
-            f"prior-free, F1 and accuracy are not, so they are measured at the training prior. "
-            f"{'Official MNIST files (md5 checked).' if official else 'NOT the official MNIST files.'} "
-            f"Sizes: {'; '.join(sizes) or 'n/a'}.",
-            "",
-            f"Every method alone trains an MLP 784-256-1 (its score `u`): Adam lr {LR:g}, batch {BATCH}, "
-            f"{first['settings']['iterations'] if first else 'n/a'} iterations, seeds "
-            f"{', '.join(map(str, seeds))} (initialization and batch order); mean ± sd over seeds. "
-            f"Exception: LibAUC's AUC-margin loss with its own optimizer PESG (lr {PESG['lr']}, "
-            f"epoch_decay {PESG['epoch_decay']:g}, weight_decay {PESG['weight_decay']:g}, "
-            f"`update_regularizer(decay_factor=10)` at the first epoch ends past 50 % and 75 % of the "
-            f"run, as LibAUC's examples do at epochs 50 and 75 of 100; its loss sees `sigmoid(u)`). "
-            f"The per-sample multipliers of the reparameterized objectives take one dual step per "
-            f"epoch (`end_epoch_()`), so the number of full epochs matters.",
+            *_protocol(records, ratios, seeds, official, first),
             "",
             "## Test ROC-AUC (%) of `u`",
             "",
-            auc,
+            tables["auc"],
             "",
             "## Test F1 (%) and accuracy (%) of `u > 0`",
             "",
             "`u > t`: the F-beta regularizer's learned F1-optimal threshold `reg.decision_threshold`.",
             "",
-            f1,
+            tables["f1"],
             "",
             "## Share of the test set predicted positive (%); the true share is the column's ratio",
             "",
-            share,
+            tables["share"],
             "",
             "## Seconds per iteration",
             "",
@@ -148,7 +161,7 @@ def report(
             f"run in the same sweep. Meng et al. (GPU): {paper}. "
             f"Machine: {first['machine'] if first else 'n/a'}.",
             "",
-            timing,
+            tables["timing"],
             "",
             f"Diverged (non-finite loss): {', '.join(diverged) if diverged else 'none'}.",
             "",
@@ -158,12 +171,7 @@ def report(
 
 def plot(records: Records, ratios: list[float], path: Path) -> None:
     """Test AUC and F1 (mean ± sd over seeds) against the positive ratio, one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.8))
+    fig, axes = subplots(1, 2, figsize=(13, 5.8))
     xs = sorted(ratios)
     for ax, metric, title in ((axes[0], "auc", "test ROC-AUC (%)"), (axes[1], "f1", "test F1 (%)")):
         for i, (key, (label, _)) in enumerate(METHODS.items()):
@@ -173,14 +181,11 @@ def plot(records: Records, ratios: list[float], path: Path) -> None:
             for field, name in fields:
                 pts = []
                 for r in xs:
-                    vals = [
-                        v * 100
-                        for rec in records.get((r, key), [])
-                        if (v := rec.get(field, {}).get(metric)) is not None
-                    ]
-                    if vals:
-                        sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
-                        pts.append((r * 100, statistics.mean(vals), sd))
+                    stats = mean_and_sd(
+                        (rec.get(field, {}).get(metric) for rec in records.get((r, key), [])), 100
+                    )
+                    if stats is not None:
+                        pts.append((r * 100, *stats))
                 if pts:
                     px, py, pe = zip(*pts, strict=True)
                     ax.errorbar(
@@ -197,6 +202,4 @@ def plot(records: Records, ratios: list[float], path: Path) -> None:
         ax.grid(alpha=0.3)
     handles, labels = axes[1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
-    fig.tight_layout(rect=(0, 0.16, 1, 1))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, rect=(0, 0.16, 1, 1))

@@ -19,20 +19,21 @@ run, one thread each; finished runs reused):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from data_prep import smnist
 from train.files import write_text_atomic
 
+from ._report import markdown_table, mean_sd
 from ._timing import machine_line
 from .rates_smnist import _per_epoch
-from .smnist_results import _complete, _ms, _run_one
+from .smnist_results import _run_one, finished, percent
+from .sweep import metrics, run_pool
 
 ALPHA = "regularizer.alpha=1e-3"
+REFERENCE = "reparam F-beta, defaults (inline, 0.1/0.1, capped)"  # time per epoch relative to it
 METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of each)
     "baseline (no shape term)": ["regularizer.name=none"],
     "reparam F-beta, paper preset": ["regularizer.name=fbeta"],  # the configs pin the paper's
@@ -43,7 +44,7 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
         "regularizer.fbeta.dual_lr_mu=0.1",
         "regularizer.fbeta.cap_scores=false",
     ],
-    "reparam F-beta, defaults (inline, 0.1/0.1, capped)": [
+    REFERENCE: [
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
     ],
@@ -81,7 +82,7 @@ def _folder(runs: Path, setting: str, method: str, seed: int) -> Path:
     return runs / f"{safe}-seed{seed}"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
     p.add_argument("--data", type=Path, default=Path("data/smnist"))
@@ -104,8 +105,67 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="smoke test: 'linear, logits', seed 0, 1 epoch, on the prepared --data",
     )
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _todo(a: argparse.Namespace, epochs: list[str]) -> list[tuple[str, list[str], str]]:
+    """``(config, overrides, run folder)`` of every unfinished run of the chosen grid."""
     data = {"full": a.data, "few-big": a.data_few_big}
+    todo = []
+    for setting in a.settings:
+        config, extra, key = SETTINGS[setting]
+        for method in [m for m in METHODS if m in a.methods]:
+            for seed in a.seeds:
+                out = _folder(a.runs, setting, method, seed)
+                if metrics(out) is None:
+                    run = [f"train.seed={seed}", f"data.path={data[key]}"]
+                    todo.append(
+                        (config, [*extra, *epochs, ALPHA, *METHODS[method], *run], str(out))
+                    )
+    return todo
+
+
+HEADER = [
+    "shape term",
+    "task acc %",
+    "small %",
+    "big %",
+    "gap (pp)",
+    "shape F1 (test)",
+    "shape F1 at learned threshold (test)",
+    "shape AUC (test)",
+    "time / epoch vs reparam F-beta defaults",
+]
+
+
+def _table(runs: Path, setting: str, seeds: list[int]) -> str:
+    """One setting's table: every method with finished runs (in ``METHODS``' order)."""
+    found = {m: finished([_folder(runs, setting, m, s) for s in seeds]) for m in METHODS}
+    found = {m: ms for m, ms in found.items() if ms}
+    ref = statistics.mean(_per_epoch(m) for m in found[REFERENCE]) if REFERENCE in found else None
+    rows = []
+    for method, ms in found.items():
+        f = [m["final"] for m in ms]
+        rel = [_per_epoch(m) / ref for m in ms] if ref else []
+        rows.append(
+            [
+                method,
+                percent([x["test_accuracy"] for x in f]),
+                percent([x["test_accuracy_small"] for x in f]),
+                percent([x["test_accuracy_big"] for x in f]),
+                percent([x["test_accuracy_gap"] for x in f]),
+                mean_sd([x["test_shape_fbeta"] for x in f]),
+                mean_sd([x.get("test_shape_fbeta_at_threshold") for x in f]),
+                mean_sd([x["test_shape_auc"] for x in f], ".4f"),
+                mean_sd(rel, ".2f"),
+            ]
+        )
+    return f"### {setting}\n\n{markdown_table(HEADER, rows)}\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train the unfinished runs (unless ``--table-only``), then write the tables."""
+    a = _arguments(argv)
     epochs = []
     if a.quick:
         a.settings, a.seeds, epochs = ["linear, logits"], [0], ["train.epochs=1"]
@@ -113,69 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
         if "mlp, few big" in a.settings:
             smnist.prepare(a.data_few_big, smnist.Options(fraction=0.1), mnist_dir=a.mnist_dir)
-    todo = []
-    for setting in a.settings:
-        config, extra, key = SETTINGS[setting]
-        for method, overrides in METHODS.items():
-            if method not in a.methods:
-                continue
-            for seed in a.seeds:
-                out = _folder(a.runs, setting, method, seed)
-                if not _complete(out) and not a.table_only:
-                    todo.append(
-                        (
-                            config,
-                            [
-                                *extra,
-                                *epochs,
-                                ALPHA,
-                                *overrides,
-                                f"train.seed={seed}",
-                                f"data.path={data[key]}",
-                            ],
-                            str(out),
-                        )
-                    )
+    todo = [] if a.table_only else _todo(a, epochs)
     print(f"{len(todo)} runs to do", flush=True)
-    if todo:
-        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-            for done in pool.map(_run_one, todo):
-                print("done", done, flush=True)
-    lines = []
-    for setting in a.settings:
-        ref = None
-        rows = []
-        for method in METHODS:
-            ms = [
-                json.loads((_folder(a.runs, setting, method, s) / "metrics.json").read_text())
-                for s in a.seeds
-                if _complete(_folder(a.runs, setting, method, s))
-            ]
-            if not ms:
-                continue
-            f = [m["final"] for m in ms]
-            if method.startswith("reparam F-beta, defaults"):
-                ref = statistics.mean(_per_epoch(m) for m in ms)
-            rows.append((method, f, [_per_epoch(m) for m in ms]))
-        lines += [
-            f"### {setting}",
-            "",
-            "| shape term | task acc % | small % | big % | gap (pp) | shape F1 (test) "
-            "| shape F1 at learned threshold (test) "
-            "| shape AUC (test) | time / epoch vs reparam F-beta defaults |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for method, f, secs in rows:
-            rel = [x / ref for x in secs] if ref else []
-            lines.append(
-                f"| {method} | {_ms([x['test_accuracy'] for x in f])} "
-                f"| {_ms([x['test_accuracy_small'] for x in f])} | {_ms([x['test_accuracy_big'] for x in f])} "
-                f"| {_ms([x['test_accuracy_gap'] for x in f])} | {_ms([x['test_shape_fbeta'] for x in f], '.3f', 1.0)} "
-                f"| {_ms([x.get('test_shape_fbeta_at_threshold') for x in f], '.3f', 1.0)} "
-                f"| {_ms([x['test_shape_auc'] for x in f], '.4f', 1.0)} | {_ms(rel, '.2f', 1.0)} |"
-            )
-        lines.append("")
-    text = "\n".join(lines)
+    run_pool(_run_one, todo, a.jobs, lambda _, done: print("done", done, flush=True))
+    text = "\n".join(_table(a.runs, setting, a.seeds) for setting in a.settings)
     a.out.mkdir(parents=True, exist_ok=True)
     settings = " ".join(f'"{x}"' for x in a.settings)
     write_text_atomic(

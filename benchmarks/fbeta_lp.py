@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linprog
 
+from ._report import markdown_row, markdown_table
+
 
 def solve_fbeta_lp(
     a: np.ndarray, s: np.ndarray, beta: float = 1.0, form: str = "scale_free"
@@ -155,7 +157,21 @@ SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 throughout)
 CASES = {"2-D, means +-1": (2, 1.0, 200), "20-D, means +-0.2": (20, 0.2, 400)}
 
 
+HEADER = [
+    "case",
+    "seed",
+    "LP (3') optimum",
+    "LP head F1",
+    "setting",
+    "head F1 (diff)",
+    "LP gap",
+    "certified F1",
+    "time [s]",
+]
+
+
 def main() -> None:
+    """Every setting against the exact LP optimum; writes ``--out`` (docs/figures/fbeta_lp.md)."""
     import argparse
     import time
 
@@ -168,11 +184,7 @@ def main() -> None:
     ap.add_argument("--out", default="docs/figures/fbeta_lp.md")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lines = [
-        "| case | seed | LP (3') optimum | LP head F1 | setting | head F1 (diff) | LP gap | "
-        "certified F1 | time [s] |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for case, (dim, mean, epochs) in CASES.items():
         for seed in range(args.seeds):
             a, s = gaussian_toy(40, 60, dim, seed=seed, mean=mean)
@@ -186,16 +198,24 @@ def main() -> None:
                 f1, obj = head_quality(u, s)
                 gap = "no feasible eps" if obj is None else f"{100 * (obj - opt) / opt:.1f} %"
                 cert = reg.stats()["certified_fbeta"]
-                lines.append(
-                    f"| {case} | {seed} | {opt:.3f} | {f1_opt:.3f} | {name} | {f1:.3f} "
-                    f"({f1 - f1_opt:+.3f}) | {gap} | {'-' if cert is None else f'{cert:.3f}'} "
-                    f"| {dt:.1f} |"
+                rows.append(
+                    [
+                        case,
+                        str(seed),
+                        f"{opt:.3f}",
+                        f"{f1_opt:.3f}",
+                        name,
+                        f"{f1:.3f} ({f1 - f1_opt:+.3f})",
+                        gap,
+                        "-" if cert is None else f"{cert:.3f}",
+                        f"{dt:.1f}",
+                    ]
                 )
-                print(lines[-1], flush=True)
+                print(markdown_row(rows[-1]), flush=True)
     from pathlib import Path
 
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    Path(args.out).write_text(markdown_table(HEADER, rows) + "\n")
     print(f"wrote {args.out}")
 
 

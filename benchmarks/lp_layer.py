@@ -24,7 +24,8 @@ import numpy as np
 import torch
 from scipy.optimize import linprog
 
-from benchmarks._timing import fmt_ms, machine_line, markdown_table, median_seconds
+from benchmarks._report import markdown_table, save_figure, subplots
+from benchmarks._timing import fmt_ms, machine_line, median_seconds
 from reparam import FBetaRegularizer
 from reparam.baselines import (
     auc_lp_loss,
@@ -211,12 +212,7 @@ def time_one(B: int, repeats: int) -> dict:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Two panels: the AUC LP against its number of constraints, the F-score LP against B."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax_auc, ax_f) = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, (ax_auc, ax_f) = subplots(1, 2, figsize=(11, 4.5))
     panels = {
         ax_auc: ("pairs", ["AUC LP diagonal", "AUC LP dense", "AUC HiGHS (fwd)", "reparam L_B"]),
         ax_f: (
@@ -235,11 +231,44 @@ def plot(rows: list[dict], path: Path) -> None:
     ax_auc.set_ylabel("median forward + backward time [s]")
     ax_auc.set_title("AUC LP (1)")
     ax_f.set_title("F-score LP (3')")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_figure(fig, path, dpi=120, crop=True)
+
+
+CONVERGENCE = [
+    "problem (float64)",
+    "ours: converged",
+    "ours: median / max steps",
+    "paper's code: converged",
+    "paper's code: median / max steps",
+]
+NOTE = (
+    f" Newton settings: ours eps={OURS['eps']:g}, rho={OURS['rho']:g}; paper's code "
+    f"eps={PAPER_CODE['eps']:g}, rho={PAPER_CODE['rho']:g}; full steps, 60 at most; n/a = not "
+    "run at that size (dense AUC: |B+||B-| > 1200; cvxpylayers: B > 128) or not installed."
+)
+
+
+def timing_table(rows: list[dict]) -> str:
+    """Per batch size the times of every loss and solver, and two ratios to the regularizer's."""
+    keys = [k for k in rows[0] if k not in ("B", "pairs")]
+    header = ["B", "pairs B+ x B-", *[f"{k} [ms]" for k in keys]]
+    return markdown_table(
+        [*header, "F LP unroll / reparam", "AUC diag / reparam"],
+        [
+            [
+                str(r["B"]),
+                str(r["pairs"]),
+                *[fmt_ms(r[k]) for k in keys],
+                f"{r['F LP unroll'] / r['reparam L_B']:.0f}x",
+                f"{r['AUC LP diagonal'] / r['reparam L_B']:.1f}x",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> str:
+    """Measure, print and write ``lp_layer.md`` and ``lp_layer.png``; returns the markdown."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out"), help="where to write")
     ap.add_argument("--quick", action="store_true", help="B = 32, 64 and fewer LPs (smoke test)")
@@ -255,54 +284,16 @@ def main(argv: list[str] | None = None) -> str:
     torch.manual_seed(0)
     head = f"# LP layer benchmark\n\n{machine_line()}; median of {repeats} runs; float32 timings."
     print(head + "\n", flush=True)
-
-    conv = convergence(args.quick)
-    t1 = markdown_table(
-        [
-            "problem (float64)",
-            "ours: converged",
-            "ours: median / max steps",
-            "paper's code: converged",
-            "paper's code: median / max steps",
-        ],
-        conv,
-    )
+    conv = markdown_table(CONVERGENCE, convergence(args.quick))
     rows = time_sizes(sizes, repeats)
-    keys = [k for k in rows[0] if k not in ("B", "pairs")]
-    t2 = markdown_table(
-        [
-            "B",
-            "pairs B+ x B-",
-            *[f"{k} [ms]" for k in keys],
-            "F LP unroll / reparam",
-            "AUC diag / reparam",
-        ],
-        [
-            [
-                str(r["B"]),
-                str(r["pairs"]),
-                *[fmt_ms(r[k]) for k in keys],
-                f"{r['F LP unroll'] / r['reparam L_B']:.0f}x",
-                f"{r['AUC LP diagonal'] / r['reparam L_B']:.1f}x",
-            ]
-            for r in rows
-        ],
-    )
-    note = (
-        f" Newton settings: ours eps={OURS['eps']:g}, rho={OURS['rho']:g}; paper's code "
-        f"eps={PAPER_CODE['eps']:g}, rho={PAPER_CODE['rho']:g}; full steps, 60 at most; n/a = not "
-        "run at that size (dense AUC: |B+||B-| > 1200; cvxpylayers: B > 128) or not installed."
-    )
-    sections = {
-        "Newton steps to a relative gap <= 1e-6 (vs HiGHS)": t1,
-        "Forward + backward time vs B": t2,
-    }
+    sections = {"Newton steps to a relative gap <= 1e-6 (vs HiGHS)": conv}
+    sections["Forward + backward time vs B"] = timing_table(rows)
     body = "\n\n".join(f"## {title}\n\n{table}" for title, table in sections.items())
     md, png = args.out / "lp_layer.md", args.out / "lp_layer.png"
-    md.write_text(f"{head}{note}\n\n{body}\n")
+    md.write_text(f"{head}{NOTE}\n\n{body}\n")
     plot(rows, png)
     print(f"\n{body}\n\nwrote {md} and {png}")
-    return f"{head}{note}\n\n{body}"
+    return f"{head}{NOTE}\n\n{body}"
 
 
 if __name__ == "__main__":

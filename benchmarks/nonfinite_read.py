@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from ._report import markdown_table, save_figure, subplots
-from ._timing import machine_line
+from ._timing import alternating_runs, machine_line
 
 SETTINGS = (  # name, config, overrides
     ("S-MNIST linear, batch 100", "configs/smnist_linear.yaml", ["data.path=data/smnist"]),
@@ -37,30 +36,17 @@ ARMS = (("read every step", 1), ("read every 100 steps", 100))
 
 def measure(config: str, overrides: list[str], epochs: int, repeats: int) -> dict[str, float]:
     """Median training seconds per epoch of the two arms (``ARMS``), alternating runs."""
-    from train import config as config_mod
-    from train.loop import run
-
-    times: dict[int, list[float]] = {every: [] for _, every in ARMS}
-    steps = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeats):
-            for _, every in ARMS:
-                cfg = config_mod.load(
-                    config,
-                    [
-                        *overrides,
-                        "regularizer.name=fbeta",
-                        "train.nonfinite=stop",
-                        f"train.nonfinite_check_every={every}",
-                        f"train.epochs={epochs + 1}",
-                        "train.checkpoint=false",
-                        "train.progress=false",
-                        f"train.out={tmp}/{every}-{r}",
-                    ],
-                )
-                history = run(cfg, log=lambda *_: None)["history"]
-                steps = history[-1]["steps"]
-                times[every] += [row["train_seconds"] for row in history[1:]]
+    arms = {
+        str(every): [
+            *overrides,
+            "regularizer.name=fbeta",
+            "train.nonfinite=stop",
+            f"train.nonfinite_check_every={every}",
+        ]
+        for _, every in ARMS
+    }
+    rows, steps = alternating_runs(config, arms, epochs, repeats)
+    times = {int(every): [r["train_seconds"] for r in rows[every]] for every in arms}
     each, hundred = (statistics.median(times[every]) for _, every in ARMS)
     return {
         "every_s": each,

@@ -23,7 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from ._timing import machine_line, markdown_table
+from ._report import markdown_table, save_figure, subplots
+from ._timing import alternating_runs, machine_line
 
 SETTINGS = (  # name, config, overrides
     ("linear, batch 100 (paper)", "configs/smnist_linear.yaml", []),
@@ -55,34 +56,15 @@ def measure(
     both alike; per run the first epoch is warm-up. An epoch's time is its training pass plus the
     epoch end (projection + dual step); evaluation and checkpoints are not counted.
     """
-    import tempfile
-
-    from train import config as config_mod
-    from train.loop import run
-
-    times: dict[str, list[float]] = {"base": [], "reg": [], "end": []}
-    steps = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(repeats):
-            for name in ("base", "reg"):
-                cfg = config_mod.load(
-                    config_path,
-                    [
-                        *overrides,
-                        f"regularizer.name={'none' if name == 'base' else 'fbeta'}",
-                        "regularizer.projection=epoch",
-                        f"train.epochs={epochs + 1}",
-                        "train.checkpoint=false",
-                        "train.progress=false",
-                        f"train.out={tmp}/{name}{r}",
-                    ],
-                )
-                history = run(cfg, log=lambda *_: None)["history"]
-                steps = history[-1]["steps"]
-                for row in history[1:]:  # the first epoch is warm-up
-                    times[name].append(row["train_seconds"] + row["epoch_end_seconds"])
-                    if name == "reg":
-                        times["end"].append(row["epoch_end_seconds"])
+    arms = {
+        name: [*overrides, f"regularizer.name={reg}", "regularizer.projection=epoch"]
+        for name, reg in (("base", "none"), ("reg", "fbeta"))
+    }
+    rows, steps = alternating_runs(config_path, arms, epochs, repeats)
+    times = {
+        name: [r["train_seconds"] + r["epoch_end_seconds"] for r in rows[name]] for name in arms
+    }
+    times["end"] = [r["epoch_end_seconds"] for r in rows["reg"]]
     base, reg, end = (statistics.median(times[k]) for k in ("base", "reg", "end"))
     return {
         "base_s": base,
@@ -95,7 +77,34 @@ def measure(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+HEADER = [
+    "setting",
+    "variant",
+    "steps/epoch",
+    "baseline epoch (s)",
+    "regularized epoch (s)",
+    "ratio (target <= 1.03)",
+    "extra per step (us)",
+    "epoch end (ms)",
+    "epoch end / epoch",
+]
+
+
+def _row(name: str, variant: str, r: dict[str, float]) -> list[str]:
+    return [
+        name,
+        variant,
+        str(r["steps"]),
+        f"{r['base_s']:.3f}",
+        f"{r['reg_s']:.3f}",
+        f"**{r['ratio']:.3f}**",
+        f"{r['per_step_us']:.0f}",
+        f"{r['end_s'] * 1e3:.2f}",
+        f"{100 * r['end_fraction']:.3f} %",
+    ]
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data/smnist", help="S-MNIST folder (data_prep.smnist)")
     p.add_argument("--epochs", type=int, default=5, help="timed epochs per setting (>= 5)")
@@ -105,12 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action="store_true", help="add the train.compile=true variant")
     p.add_argument("--variants", default=None, help="substring: only the matching variants")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure every (setting, variant); write ``overhead.md`` and ``overhead.png``."""
+    a = _arguments(argv)
     settings = SETTINGS[:1] if a.quick else SETTINGS
     settings = [s for s in settings if a.only is None or a.only in s[0]]
     variants = [*VARIANTS, *([COMPILED] if a.compile else [])]
     variants = [v for v in variants if a.variants is None or a.variants in v[0]]
-    rows, results = [], []
+    results = []
     for name, config_path, overrides in settings:
         for variant, changes in variants:
             extra = [f"data.path={a.data}", *overrides, *changes]
@@ -118,35 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                 extra.append("data.train_subset=10000")
             r = measure(config_path, extra, a.epochs, a.repeats)
             results.append((name, variant, r))
-            rows.append(
-                [
-                    name,
-                    variant,
-                    str(r["steps"]),
-                    f"{r['base_s']:.3f}",
-                    f"{r['reg_s']:.3f}",
-                    f"**{r['ratio']:.3f}**",
-                    f"{r['per_step_us']:.0f}",
-                    f"{r['end_s'] * 1e3:.2f}",
-                    f"{100 * r['end_fraction']:.3f} %",
-                ]
-            )
             print(
                 f"{name} / {variant}: ratio {r['ratio']:.3f}, extra {r['per_step_us']:.0f} us/step",
                 flush=True,
             )
-    header = [
-        "setting",
-        "variant",
-        "steps/epoch",
-        "baseline epoch (s)",
-        "regularized epoch (s)",
-        "ratio (target <= 1.03)",
-        "extra per step (us)",
-        "epoch end (ms)",
-        "epoch end / epoch",
-    ]
-    table = markdown_table(header, rows)
+    table = markdown_table(HEADER, [_row(*result) for result in results])
     a.out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.overhead" + (" --quick" if a.quick else "")
     cmd += " --compile" if a.compile else ""
@@ -163,14 +153,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(results: list[tuple[str, str, dict[str, float]]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     settings = list(dict.fromkeys(n for n, _, _ in results))
     variants = list(dict.fromkeys(v for _, v, _ in results))
-    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * len(settings) * len(variants)))
+    fig, ax = subplots(figsize=(8, 1.2 + 0.5 * len(settings) * len(variants)))
     height = 0.8 / len(variants)
     for j, variant in enumerate(variants):
         ratios = {n: r["ratio"] for n, v, r in results if v == variant}
@@ -182,9 +167,7 @@ def _plot(results: list[tuple[str, str, dict[str, float]]], path: Path) -> None:
     ax.set_xlim(left=0.9)
     ax.set_xlabel("epoch time, regularized / baseline")
     ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

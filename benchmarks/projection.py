@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks._timing import fmt_ms, machine_line, markdown_table, median_seconds
+from benchmarks._timing import machine_line, median_seconds
+from benchmarks.projection_tables import batched_table, memory_table, plot, qp_table, sizes_table
 from projections import project_onto_c, soft_project_onto_c
 from projections.soft import DIFFSORT_MAX_N
 
@@ -177,34 +177,8 @@ def time_batched(rows: int, n: int, repeats: int) -> dict | None:
     return out
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = [k for k in rows[0] if k != "n"]
-    for k in keys:
-        pts = [(r["n"], r[k]) for r in rows if r[k] is not None]
-        if pts:
-            ax.loglog(
-                *zip(*pts, strict=True),
-                marker="o",
-                label=k,
-                linestyle="--" if k.startswith("torch.") else "-",
-            )
-    ax.set_xlabel("n (coordinates of tau)")
-    ax.set_ylabel("median time [s]")
-    ax.set_title("Projection onto C (one vector)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> str:
+    """Measure, print and write ``projection.md`` and ``projection.png``; returns the markdown."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     ap.add_argument("--sizes", type=str, default=None, help="comma list, e.g. 1e3,1e4")
@@ -227,118 +201,20 @@ def main(argv: list[str] | None = None) -> str:
         flush=True,
     )
     rows = time_sizes(sizes, repeats, args.device)
-    keys = [k for k in rows[0] if k != "n"]
-    t1 = markdown_table(
-        [
-            "n",
-            *[f"{k} [ms]" for k in keys],
-            "linear / torch.sort",
-            "sort / torch.sort",
-            "tree / torch.minimum",
-        ],
-        [
-            [
-                f"1e{round(math.log10(r['n']))}" if r["n"] > 0 else "0",
-                *[fmt_ms(r[k]) for k in keys],
-                f"{r['linear'] / r['torch.sort']:.3f}",
-                f"{r['sort'] / r['torch.sort']:.2f}",
-                f"{r['tree'] / r['torch.minimum']:.2f}",
-            ]
-            for r in rows
-        ],
-    )
     mem_sizes = [10_000, 100_000] if args.quick else [1_000_000, 10_000_000]
     mem = time_memory_limit(mem_sizes, 3 if args.quick else 31, args.device)
-    t_mem = markdown_table(
-        [
-            "n (float32)",
-            "torch.minimum(tau, e) [ms]",
-            "linear [ms]",
-            "tree [ms]",
-            "tree / minimum (target <= 3)",
-            "linear / minimum",
-        ],
-        [
-            [
-                f"1e{round(math.log10(r['n']))}",
-                fmt_ms(r["torch.minimum"]),
-                fmt_ms(r["linear"]),
-                fmt_ms(r["tree"]),
-                f"{r['tree'] / r['torch.minimum (tree)']:.2f}",
-                f"{r['linear'] / r['torch.minimum (linear)']:.1f}",
-            ]
-            for r in mem
-        ],
-    )
     qp = time_qp_solver(qp_n, 3 if args.quick else 5)
-    t2 = markdown_table(
-        [
-            "n (float64)",
-            "cvxpy+Clarabel solve() [ms]",
-            "Clarabel solver-only [ms]",
-            "cvxpy+OSQP solve() [ms]",
-            "ours auto [ms]",
-            "ours sort [ms]",
-            "speed-up vs Clarabel (solve / ours auto)",
-            "vs solver-only",
-            "abs diff eps",
-        ],
-        [
-            [
-                f"{qp['n']}",
-                fmt_ms(qp["cvxpy CLARABEL"]),
-                fmt_ms(qp["CLARABEL solver-only"]),
-                fmt_ms(qp["cvxpy OSQP"]),
-                fmt_ms(qp["ours (auto)"]),
-                fmt_ms(qp["ours (sort)"]),
-                f"{qp['cvxpy CLARABEL'] / qp['ours (auto)']:.0f}x",
-                f"{qp['CLARABEL solver-only'] / qp['ours (auto)']:.0f}x",
-                f"{qp['abs diff of eps']:.1e}",
-            ]
-        ],
-    )
     b = time_batched(*batch, repeats=3 if args.quick else 5)
-    if b is None:
-        t3 = "qpth is not installed: batched comparison skipped."
-    else:
-        t3 = markdown_table(
-            [
-                "batch",
-                "qpth fwd [ms]",
-                "qpth fwd+bwd [ms]",
-                "ours sort fwd [ms]",
-                "ours linear fwd [ms]",
-                "ours auto fwd [ms]",
-                "ours sort fwd+bwd [ms]",
-                "speed-up fwd (qpth / ours auto)",
-                "speed-up fwd+bwd",
-                "max abs diff",
-            ],
-            [
-                [
-                    b["shape"],
-                    fmt_ms(b["qpth fwd"]),
-                    fmt_ms(b["qpth fwd+bwd"]),
-                    fmt_ms(b["ours sort fwd"]),
-                    fmt_ms(b["ours linear fwd"]),
-                    fmt_ms(b["ours auto fwd"]),
-                    fmt_ms(b["ours sort fwd+bwd"]),
-                    f"{b['qpth fwd'] / b['ours auto fwd']:.0f}x",
-                    f"{b['qpth fwd+bwd'] / b['ours sort fwd+bwd']:.0f}x",
-                    f"{b['max abs diff']:.1e}",
-                ]
-            ],
-        )
     report = "\n\n".join(
         [
             f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs; "
             f"soft strength {SOFT_STRENGTH}; n/a = backend not installed or above its size limit.",
-            "## One vector of n coordinates\n\n" + t1,
+            "## One vector of n coordinates\n\n" + sizes_table(rows),
             "## Near the memory limit\n\nOne vector, float32, eps = 0; each method timed in turn "
             "with one torch.minimum pass (interleaved), medians; ratios within each pairing.\n\n"
-            + t_mem,
-            "## Generic QP solver\n\n" + t2,
-            "## Batched\n\n" + t3,
+            + memory_table(mem),
+            "## Generic QP solver\n\n" + qp_table(qp),
+            "## Batched\n\n" + batched_table(b),
         ]
     )
     print("\n" + report.split("\n\n", 2)[2])

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from reparam import ROCAUC, PrecisionAtRecall, RecallAtPrecision
+from reparam import rate_functional as R
+
+from ._report import markdown_row, markdown_table
 from .fbeta_lp import gaussian_toy, train_head
 
 
@@ -148,64 +154,91 @@ SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 on (w, b, tau))
         projection="epoch", dual_lr_lambda=1e-3, dual_lr_nu=1e-5, batch_size=20, epochs=40
     ),
 }
-PROBLEMS = {  # objective -> (cases (dim, mean), target, solver)
-    "P@R r=0.8": ([(2, 1.0), (20, 0.2)], dict(recall=0.8), solve_precision_at_recall),
-    "R@P a=0.8": ([(2, 1.0), (10, 0.4)], dict(precision=0.8), solve_recall_at_precision),
-    "ROC-AUC K=10": ([(2, 1.0), (20, 0.2)], dict(grid=10), solve_roc_auc),
+PROBLEMS = {  # objective -> (its class, cases (dim, mean), target, the exact solver)
+    "P@R r=0.8": (
+        PrecisionAtRecall,
+        [(2, 1.0), (20, 0.2)],
+        dict(recall=0.8),
+        solve_precision_at_recall,
+    ),
+    "R@P a=0.8": (
+        RecallAtPrecision,
+        [(2, 1.0), (10, 0.4)],
+        dict(precision=0.8),
+        solve_recall_at_precision,
+    ),
+    "ROC-AUC K=10": (ROCAUC, [(2, 1.0), (20, 0.2)], dict(grid=10), solve_roc_auc),
 }
+HEADER = [
+    "objective",
+    "data",
+    "seed",
+    "setting",
+    "LP head recall / precision / AUC",
+    "trained head recall / precision / AUC",
+    "logistic AUC",
+    "time (s)",
+]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _rates(u: Any, s: np.ndarray) -> tuple[float | None, float | None, float]:
+    """Recall and precision of ``u > 0``, and the ROC-AUC of ``u``."""
+    import torch
+
+    s = torch.as_tensor(s)
+    recall, precision = R.recall_precision(u[s == 1], u[s == 0])
+    return recall, precision, R.roc_auc(u[s == 1], u[s == 0])
+
+
+def _rows(objective: str, seeds: int) -> Iterator[list[str]]:
+    """Per case, seed and setting: the LP head's rates, the trained head's, logistic regression's
+    AUC and the training time (each row printed as it is done)."""
     import torch
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
-    from reparam import ROCAUC, PrecisionAtRecall, RecallAtPrecision
-    from reparam import rate_functional as R
+    cls, cases, target, solve = PROBLEMS[objective]
+    for dim, mean in cases:
+        for seed in range(seeds):
+            a, s = gaussian_toy(40, 60, dim, seed=seed, mean=mean)
+            lp = solve(a, s, *target.values())
+            ref = _rates(torch.tensor(a @ lp.w + lp.b[0]), s)
+            logistic = roc_auc_score(
+                s, LogisticRegression(C=1e4, max_iter=5000).fit(a, s).decision_function(a)
+            )
+            for name, cfg in SETTINGS.items():
+                t0 = time.perf_counter()
+                _, _, u = train_head(a, s, regularizer=cls, seed=seed, **target, **cfg)
+                dt = time.perf_counter() - t0
+                row = [
+                    objective,
+                    f"{dim}-D, +-{mean}",
+                    str(seed),
+                    name,
+                    " / ".join(f"{v:.3f}" for v in ref),
+                    " / ".join("-" if v is None else f"{v:.3f}" for v in _rates(u, s)),
+                    f"{logistic:.3f}",
+                    f"{dt:.1f}",
+                ]
+                print(markdown_row(row), flush=True)
+                yield row
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every objective against its exact LP optimum; writes ``--out`` (docs/figures/rate_lp.md)."""
+    import torch
 
     ap = argparse.ArgumentParser(description="Rate objectives vs their exact LP optimum")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("docs/figures/rate_lp.md"))
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    classes = {"P@R": PrecisionAtRecall, "R@P": RecallAtPrecision, "ROC": ROCAUC}
-
-    def metrics(u, s):
-        s = torch.as_tensor(s)
-        recall, precision = R.recall_precision(u[s == 1], u[s == 0])
-        return recall, precision, R.roc_auc(u[s == 1], u[s == 0])
-
-    lines = [
-        "| objective | data | seed | setting | LP head recall / precision / AUC | trained head "
-        "recall / precision / AUC | logistic AUC | time (s) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for objective, (cases, target, solve) in PROBLEMS.items():
-        cls = classes[objective.split()[0].replace("ROC-AUC", "ROC")]
-        for dim, mean in cases:
-            for seed in range(args.seeds):
-                a, s = gaussian_toy(40, 60, dim, seed=seed, mean=mean)
-                lp = solve(a, s, *target.values())
-                ref = metrics(torch.tensor(a @ lp.w + lp.b[0]), s)
-                logistic = roc_auc_score(
-                    s, LogisticRegression(C=1e4, max_iter=5000).fit(a, s).decision_function(a)
-                )
-                for name, cfg in SETTINGS.items():
-                    t0 = time.perf_counter()
-                    _, _, u = train_head(a, s, regularizer=cls, seed=seed, **target, **cfg)
-                    dt = time.perf_counter() - t0
-                    got = metrics(u, s)
-                    fmt = " / ".join
-                    lines.append(
-                        f"| {objective} | {dim}-D, +-{mean} | {seed} | {name} "
-                        f"| {fmt(f'{v:.3f}' for v in ref)} "
-                        f"| {fmt('-' if v is None else f'{v:.3f}' for v in got)} "
-                        f"| {logistic:.3f} | {dt:.1f} |"
-                    )
-                    print(lines[-1], flush=True)
+    rows = [row for objective in PROBLEMS for row in _rows(objective, args.seeds)]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
-        f"<!-- python -m benchmarks.rate_lp --seeds {args.seeds} -->\n" + "\n".join(lines) + "\n"
+        f"<!-- python -m benchmarks.rate_lp --seeds {args.seeds} -->\n"
+        + markdown_table(HEADER, rows)
+        + "\n"
     )
     print(f"wrote {args.out}")
     return 0

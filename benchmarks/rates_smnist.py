@@ -13,15 +13,16 @@ shape group, and the training time per epoch relative to F-beta's (mean +- sd ov
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from data_prep import smnist
 
-from .smnist_results import TUNED, _complete, _ms, _run_one
+from ._report import markdown_table, mean_sd
+from .smnist_results import TUNED, _run_one, finished, percent
+from .sweep import metrics, run_pool
 
 CONFIG = "configs/smnist_mlp.yaml"
 COMMON = ["regularizer.alpha=1e-3", "regularizer.projection=inline"]
@@ -76,7 +77,38 @@ def _folder(runs: Path, name: str, seed: int) -> Path:
     return runs / f"{safe.replace('(', '').replace(')', '').replace(',', '')}-seed{seed}"
 
 
+HEADER = [
+    "shape objective",
+    "shape precision (test, u > 0)",
+    "shape recall",
+    "shape ROC-AUC",
+    "task acc %",
+    "small %",
+    "big %",
+    "gap (pp)",
+    "time / epoch vs F-beta",
+]
+REFERENCE = "F-beta (inline, 0.1/0.1)"  # the time per epoch is relative to this variant's
+
+
+def _row(name: str, ms: list[dict[str, Any]], ref_epoch: float | None) -> list[str]:
+    f = [m["final"] for m in ms]
+    rel = [_per_epoch(m) / ref_epoch for m in ms] if ref_epoch else []
+    return [
+        name,
+        mean_sd([x["test_shape_precision"] for x in f]),
+        mean_sd([x["test_shape_recall"] for x in f]),
+        mean_sd([x["test_shape_auc"] for x in f], ".4f"),
+        percent([x["test_accuracy"] for x in f]),
+        percent([x["test_accuracy_small"] for x in f]),
+        percent([x["test_accuracy_big"] for x in f]),
+        percent([x["test_accuracy_gap"] for x in f]),
+        mean_sd(rel, ".2f"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Train the unfinished runs of the grid (unless ``--table-only``), then write the table."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
     p.add_argument("--data", type=Path, default=Path("data/smnist"))
@@ -90,49 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     if not a.table_only:
         smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
     variants = grid(a.epochs)
-    todo = []
-    for name, overrides in variants:
-        for seed in a.seeds:
-            out = _folder(a.runs, name, seed)
-            if not _complete(out) and not a.table_only:
-                todo.append(
-                    (CONFIG, [*overrides, f"train.seed={seed}", f"data.path={a.data}"], str(out))
-                )
+    todo = [
+        (CONFIG, [*overrides, f"train.seed={seed}", f"data.path={a.data}"], str(out))
+        for name, overrides in variants
+        for seed in a.seeds
+        if metrics(out := _folder(a.runs, name, seed)) is None and not a.table_only
+    ]
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
-    if todo:
-        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-            for done in pool.map(_run_one, todo):
-                print("done", done, flush=True)
-
-    finals: dict[str, list[dict]] = {}
-    for name, _ in variants:
-        ms = [
-            json.loads((_folder(a.runs, name, s) / "metrics.json").read_text())
-            for s in a.seeds
-            if _complete(_folder(a.runs, name, s))
-        ]
-        if ms:
-            finals[name] = ms
-    ref = finals.get("F-beta (inline, 0.1/0.1)")
+    run_pool(_run_one, todo, a.jobs, lambda _, done: print("done", done, flush=True))
+    finals = {name: finished([_folder(a.runs, name, s) for s in a.seeds]) for name, _ in variants}
+    finals = {name: ms for name, ms in finals.items() if ms}
+    ref = finals.get(REFERENCE)
     ref_epoch = statistics.mean(_per_epoch(m) for m in ref) if ref else None
-    rows = []
-    for name, ms in finals.items():
-        f = [m["final"] for m in ms]
-        rel = [_per_epoch(m) / ref_epoch for m in ms] if ref_epoch else []
-        rows.append(
-            f"| {name} | {_ms([x['test_shape_precision'] for x in f], '.3f', 1.0)} "
-            f"| {_ms([x['test_shape_recall'] for x in f], '.3f', 1.0)} "
-            f"| {_ms([x['test_shape_auc'] for x in f], '.4f', 1.0)} "
-            f"| {_ms([x['test_accuracy'] for x in f])} | {_ms([x['test_accuracy_small'] for x in f])} "
-            f"| {_ms([x['test_accuracy_big'] for x in f])} | {_ms([x['test_accuracy_gap'] for x in f])} "
-            f"| {_ms(rel, '.2f', 1.0)} |"
-        )
-    header = (
-        "| shape objective | shape precision (test, u > 0) | shape recall | shape ROC-AUC "
-        "| task acc % | small % | big % | gap (pp) | time / epoch vs F-beta |\n"
-        "|---|---|---|---|---|---|---|---|---|"
-    )
-    table = header + "\n" + "\n".join(rows)
+    table = markdown_table(HEADER, [_row(name, ms, ref_epoch) for name, ms in finals.items()])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "rates_smnist.md").write_text(
         f"<!-- python -m benchmarks.rates_smnist --seeds {' '.join(map(str, a.seeds))} "

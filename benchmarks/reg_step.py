@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks._timing import machine_line, markdown_table
+from benchmarks._report import markdown_table, save_figure, subplots
+from benchmarks._timing import machine_line
 from reparam import FBetaRegularizer
 
 MODES = {  # name -> FBetaRegularizer options
@@ -156,33 +157,8 @@ def segment_times(
     return {name: (statistics.median(times[name]) * 1e6, ops[name]) for name in SEGMENTS}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch", type=int, default=100)
-    p.add_argument("--sizes", default="1e3,1e4,1e5,1e6", help="numbers of positives")
-    p.add_argument("--steps", type=int, default=300, help="timed steps per size and mode")
-    p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--compile", action="store_true", help="also the sparse modes with reg.compile()"
-    )
-    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
-    a = p.parse_args(argv)
-    sizes = [int(float(s)) for s in a.sizes.split(",")]
-    modes = MODES | (
-        {f"{m} + compile": {**o, "compile": True} for m, o in MODES.items() if "sparse" in m}
-        if a.compile
-        else {}
-    )
-    results = {m: {} for m in modes}
-    step_times(sizes[0], a.batch, modes, a.device, 50)  # warm the machine and the compiler up
-    for n in sizes:
-        for mode, r in step_times(n, a.batch, modes, a.device, a.steps).items():
-            results[mode][n] = r
-        print(
-            f"n = {n:.0e}: "
-            + ", ".join(f"{m} {results[m][n]['step'] * 1e6:.0f} us" for m in modes),
-            flush=True,
-        )
+def step_table(results: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> str:
+    """Per mode the step time at every ``n``, the ratio of the last to the first and the epoch end."""
     first, last = sizes[0], sizes[-1]
     header = [
         "mode",
@@ -199,31 +175,64 @@ def main(argv: list[str] | None = None) -> int:
         ]
         for mode, r in results.items()
     ]
-    table = markdown_table(header, rows)
-    if a.device == "cpu":  # where a step's time goes, at S-MNIST's size (55930 positives)
-        split = {
-            m: segment_times(55930, a.batch, MODES[m], a.steps)
-            for m in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
+    return markdown_table(header, rows)
+
+
+def segment_table(batch: int, steps: int) -> str:
+    """Where a step's time goes at S-MNIST's size (55930 positives), for the three step rules."""
+    split = {
+        m: segment_times(55930, batch, MODES[m], steps)
+        for m in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
+    }
+    rows = [
+        [name, *[f"{split[m][name][0]:.0f} ({split[m][name][1]})" for m in split]]
+        for name in SEGMENTS
+    ]
+    total = [
+        f"{sum(t for t, _ in split[m].values()):.0f} ({sum(o for _, o in split[m].values())})"
+        for m in split
+    ]
+    return (
+        f"One step at n = 55930 positives (S-MNIST), B = {batch}: median us (dispatched tensor "
+        f"operations)\n\n" + markdown_table(["part", *split], [*rows, ["total", *total]])
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Time every mode at every size; write ``reg_step.md`` (``reg_step_<device>.md``) and the plot."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--sizes", default="1e3,1e4,1e5,1e6", help="numbers of positives")
+    p.add_argument("--steps", type=int, default=300, help="timed steps per size and mode")
+    p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--compile", action="store_true", help="also the sparse modes with reg.compile()"
+    )
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    a = p.parse_args(argv)
+    sizes = [int(float(s)) for s in a.sizes.split(",")]
+    modes = MODES | (
+        {
+            f"{m} + compile": {**o, "compile": True}
+            for m, o in MODES.items()
+            if o["tau_update"] != "dense"
         }
-        seg_rows = [
-            [name, *[f"{split[m][name][0]:.0f} ({split[m][name][1]})" for m in split]]
-            for name in SEGMENTS
-        ]
-        seg_rows.append(
-            [
-                "total",
-                *[
-                    f"{sum(t for t, _ in split[m].values()):.0f} "
-                    f"({sum(o for _, o in split[m].values())})"
-                    for m in split
-                ],
-            ]
+        if a.compile
+        else {}
+    )
+    results = {m: {} for m in modes}
+    step_times(sizes[0], a.batch, modes, a.device, 50)  # warm the machine and the compiler up
+    for n in sizes:
+        for mode, r in step_times(n, a.batch, modes, a.device, a.steps).items():
+            results[mode][n] = r
+        print(
+            f"n = {n:.0e}: "
+            + ", ".join(f"{m} {results[m][n]['step'] * 1e6:.0f} us" for m in modes),
+            flush=True,
         )
-        table += (
-            "\n\nOne step at n = 55930 positives (S-MNIST), B = "
-            f"{a.batch}: median us (dispatched tensor operations)\n\n"
-            + markdown_table(["part", *split], seg_rows)
-        )
+    table = step_table(results, sizes)
+    if a.device == "cpu":  # where a step's time goes, at S-MNIST's size (55930 positives)
+        table += "\n\n" + segment_table(a.batch, a.steps)
     cmd = f"python -m benchmarks.reg_step --batch {a.batch} --steps {a.steps} --device {a.device}"
     cmd += " --compile" if a.compile else ""
     a.out.mkdir(parents=True, exist_ok=True)
@@ -239,21 +248,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(results, sizes, batch, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = subplots(figsize=(6.5, 4))
     for mode, r in results.items():
         ax.loglog(sizes, [r[n]["step"] * 1e6 for n in sizes], marker="o", label=mode)
     ax.set_xlabel("positives n")
     ax.set_ylabel(f"regularizer step (us), B = {batch}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

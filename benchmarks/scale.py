@@ -23,7 +23,8 @@ from pathlib import Path
 
 from train.torchvision_compat import ensure_torchvision_importable
 
-from ._timing import machine_line, markdown_table
+from ._report import markdown_table, save_figure, subplots
+from ._timing import machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,21 +170,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(pr: dict[str, float], rates: dict[str, float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3))
+    fig, (ax1, ax2) = subplots(1, 2, figsize=(9, 3))
     ax1.bar(list(pr), list(pr.values()), color=["gray", "tab:blue"])
     ax1.set_ylabel("s / step")
     ax1.set_title("precision (CPU)")
     ax2.bar(["1 process", "2 processes"], list(rates.values()), color=["gray", "tab:blue"])
     ax2.set_ylabel("images / s")
     ax2.set_title("processes (CPU, 2 cores)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

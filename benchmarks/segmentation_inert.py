@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ._report import markdown_table
 from .sweep import Job, metrics, run_jobs
 
 CONFIG, CACHE = "configs/camvid_sky.yaml", "data/camvid-sky-60x80"  # the study's cache
@@ -56,29 +57,38 @@ def jobs(epochs: int, seed: int) -> list[tuple[str, Job]]:
     return out
 
 
-def table(root: Path, grid: list[tuple[str, Job]]) -> str:
-    lines = [
-        "| variant | shape-node test F1, epoch 1..E | lambda mean (end) | eps (end) | mu (end) "
-        "| test mIoU (end; min over epochs) | the trainer's warning at the end |",
-        "|---|---|---|---|---|---|---|",
+HEADER = [
+    "variant",
+    "shape-node test F1, epoch 1..E",
+    "lambda mean (end)",
+    "eps (end)",
+    "mu (end)",
+    "test mIoU (end; min over epochs)",
+    "the trainer's warning at the end",
+]
+
+
+def _row(name: str, history: list[dict]) -> list[str]:
+    last = history[-1]
+    miou = f"{last['test_miou']:.3f}; {min(r['test_miou'] for r in history):.3f}"
+    if "reg_eps" not in last:  # no regularizer: the task's figures only
+        return [name, "n/a", "n/a", "n/a", "n/a", miou, "n/a"]
+    reasons = (last.get("reg_inert") or "").split("; ")
+    return [
+        name,
+        " ".join(f"{r['test_shape_fbeta']:.2f}" for r in history),
+        f"{last['reg_lambda_mean']:.3f}",
+        f"{last['reg_eps']:.3f}",
+        f"{last['reg_mu']:.3f}",
+        miou,
+        ", ".join(r.split(" (")[0].split(":")[0] for r in reasons if r) or "none",
     ]
-    for name, job in grid:
-        m = metrics(root / job.key, job)
-        if m is None:
-            continue
-        h, last = m["history"], m["history"][-1]
-        miou = f"{last['test_miou']:.3f}; {min(r['test_miou'] for r in h):.3f}"
-        if "reg_eps" not in last:  # no regularizer: the task's figures only
-            lines.append(f"| {name} | n/a | n/a | n/a | n/a | {miou} | n/a |")
-            continue
-        f1 = " ".join(f"{r['test_shape_fbeta']:.2f}" for r in h)
-        reasons = (last.get("reg_inert") or "").split("; ")
-        warning = ", ".join(r.split(" (")[0].split(":")[0] for r in reasons if r) or "none"
-        lines.append(
-            f"| {name} | {f1} | {last['reg_lambda_mean']:.3f} | {last['reg_eps']:.3f} "
-            f"| {last['reg_mu']:.3f} | {miou} | {warning} |"
-        )
-    return "\n".join(lines) + "\n"
+
+
+def table(root: Path, grid: list[tuple[str, Job]]) -> str:
+    """One row per finished run of ``grid``."""
+    runs = [(name, metrics(root / job.key, job)) for name, job in grid]
+    return markdown_table(HEADER, [_row(n, m["history"]) for n, m in runs if m is not None]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

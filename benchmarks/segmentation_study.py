@@ -23,8 +23,6 @@ step of each method against the baseline's, interleaved, on CamVid batches.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -32,11 +30,10 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-
 from data_prep import camvid
 
-from .sweep import Job, mean_sd, metrics, run_jobs
+from ._report import markdown_table
+from .sweep import Job, archive, restore, run_jobs
 
 TASKS = {  # task -> (config, cache prefix, data_prep.camvid task, epochs)
     # epochs: where the baseline's val mIoU has levelled off at 60x80 (the figure's left panels)
@@ -90,161 +87,7 @@ def jobs(
     return out
 
 
-def _runs(root: Path, grid: list[tuple[str, str, Job]]) -> dict[tuple[str, str], list[dict]]:
-    """``{(task, method): [metrics of each finished seed]}``."""
-    found: dict[tuple[str, str], list[dict]] = {}
-    for task, method, job in grid:
-        m = metrics(root / job.key, job)
-        if m is not None:
-            found.setdefault((task, method), []).append(m | {"_dir": str(root / job.key)})
-    return found
-
-
-def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -> str:
-    runs = _runs(root, grid)
-    lines = []
-    for task in TASKS:
-        names = None
-        lines += [
-            f"\n### {task}: test at the best-val epoch (mean ± sd over seeds)\n",
-            "| method | seeds | mIoU | sky IoU | pixel acc | class-avg acc | mIoU small | "
-            "mIoU big | gap | worst group | shape-node F1 | epoch | train s / epoch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        per_class = []
-        for method in METHODS:
-            ms = runs.get((task, method))
-            if not ms:
-                continue
-            sel = [m["selected"] for m in ms]
-            names = ms[0]["config"]["data"]["path"]
-            sky = 1 if task == "sky" else 0  # class index of sky in the cache
-            worst = [min(g for g in s["test_miou_per_group"] if g is not None) for s in sel]
-            secs = [statistics.median(h["train_seconds"] for h in m["history"]) for m in ms]
-            shape = (
-                [s["test_shape_fbeta"] for s in sel]
-                if method not in ("baseline", "group-balanced", "group DRO")
-                else [None]
-            )
-            lines.append(
-                f"| {method} | {len(ms)}/{seeds} | {mean_sd(s['test_miou'] for s in sel)} "
-                f"| {mean_sd(s['test_iou'][sky] for s in sel)} "
-                f"| {mean_sd(s['test_pixel_accuracy'] for s in sel)} "
-                f"| {mean_sd(s['test_mean_class_accuracy'] for s in sel)} "
-                f"| {mean_sd(s['test_miou_small'] for s in sel)} "
-                f"| {mean_sd(s['test_miou_big'] for s in sel)} "
-                f"| {mean_sd(s['test_miou_gap'] for s in sel)} | {mean_sd(worst)} "
-                f"| {mean_sd(shape)} | {mean_sd((s['epoch'] for s in sel), '.1f')} "
-                f"| {mean_sd(secs, '.0f')} |"
-            )
-            ious = np.array([[np.nan if v is None else v for v in s["test_iou"]] for s in sel])
-            per_class.append((method, ious))
-        if per_class and task == "all":
-            meta = Path(names) / "meta.json"  # the cache's names; without it, the builder's
-            classes = (
-                json.loads(meta.read_text())["class_names"]
-                if meta.is_file()
-                else list(camvid.CLASS_NAMES)
-            )
-            lines += [
-                f"\n### {task}: per-class test IoU (mean over seeds)\n",
-                "| method | " + " | ".join(classes) + " |",
-                "|---" * (len(classes) + 1) + "|",
-            ]
-            for method, ious in per_class:
-                lines.append(
-                    f"| {method} | " + " | ".join(f"{v:.3f}" for v in np.nanmean(ious, 0)) + " |"
-                )
-    text = "\n".join(lines) + "\n"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "segmentation_study.md").write_text(
-        "<!-- python -m benchmarks.segmentation_study table --runs "
-        "docs/figures/segmentation_study_runs (the runs: python -m "
-        "benchmarks.segmentation_study run --camvid <CamVid dir>) -->\n" + text
-    )
-    _plot(runs, out / "segmentation_study.png")
-    return text
-
-
-def _plot(runs: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-    for task, ax in zip(TASKS, axes[:2], strict=True):
-        for method in ("baseline", "fbeta defaults", "group DRO"):
-            for i, m in enumerate(runs.get((task, method), [])):
-                val = [h["val_miou"] for h in m["history"]]
-                ax.plot(
-                    range(1, len(val) + 1),
-                    val,
-                    color=f"C{list(METHODS).index(method)}",
-                    alpha=0.7,
-                    label=method if i == 0 else None,
-                )
-        ax.set(
-            title=f"CamVid {task}: val mIoU per epoch (each seed)", xlabel="epoch", ylabel="mIoU"
-        )
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    ax = axes[2]
-    for method in ("baseline", "fbeta defaults", "group DRO"):
-        xs, ys = [], []
-        for m in runs.get(("sky", method), []):
-            per = np.load(Path(m["_dir"]) / "per_image_test.npz")
-            cache = Path(m["config"]["data"]["path"]) / "test"
-            if not (
-                cache / "fractions.npy"
-            ).is_file():  # tabulating archived runs without the cache
-                continue
-            fraction = np.load(cache / "fractions.npy")[per["index"], 1]
-            xs.append(fraction)
-            ys.append(per["iou"][:, 1])
-        if xs:
-            ax.scatter(
-                np.concatenate(xs),
-                np.concatenate(ys),
-                s=4,
-                alpha=0.4,
-                label=method,
-                color=f"C{list(METHODS).index(method)}",
-            )
-    ax.set(
-        title="sky task, test: per-image sky IoU vs the image's sky fraction (all seeds)",
-        xlabel="sky fraction of the image",
-        ylabel="sky IoU",
-    )
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 ARCHIVED = ("metrics.json", "config.yaml", "per_image_test.npz")  # a finished run's figures
-
-
-def archive(runs: Path, to: Path, grid: list[Job]) -> int:
-    """Copy the figures (``ARCHIVED``, no checkpoints) of the finished runs of ``grid`` to ``to``;
-    returns how many runs ``to`` holds."""
-    for job in grid:
-        if metrics(runs / job.key, job) is not None:
-            (to / job.key).mkdir(parents=True, exist_ok=True)
-            for name in ARCHIVED:
-                if (runs / job.key / name).is_file():
-                    shutil.copy2(runs / job.key / name, to / job.key / name)
-    return sum(metrics(to / job.key, job) is not None for job in grid)
-
-
-def restore(archived: Path, runs: Path, grid: list[Job]) -> None:
-    """Runs finished in an earlier session and archived (``archive``) count as done: their figures
-    are copied into ``runs`` unless a finished run is there already."""
-    for job in grid:
-        if metrics(runs / job.key, job) is None and metrics(archived / job.key, job) is not None:
-            shutil.rmtree(runs / job.key, ignore_errors=True)
-            shutil.copytree(archived / job.key, runs / job.key)
 
 
 def timing(steps: int, task: str, size: tuple[int, int]) -> str:
@@ -294,23 +137,25 @@ def _timing(steps: int, task: str, size: tuple[int, int], tmp: str) -> str:
             if k >= 3:  # warm-up
                 times[method].append(time.perf_counter() - t0)
     base = statistics.median(times["baseline"])
-    rows = ["| method | step (s) | / baseline |", "|---|---|---|"]
-    for method, ts in times.items():
-        rows.append(
-            f"| {method} | {statistics.median(ts):.3f} | {statistics.median(ts) / base:.3f} |"
-        )
+    rows = [
+        [m, f"{statistics.median(ts):.3f}", f"{statistics.median(ts) / base:.3f}"]
+        for m, ts in times.items()
+    ]
     s = trainers["baseline"][0]
     batch = next(iter(s.train_loader))
-    rows += ["", *_weighting_cost(s, batch, base)]
     regs = {m: t[0].reg for m, t in trainers.items() if t[0].reg is not None}
-    rows += ["", *_regularizer_cost(regs, batch["index"], base)]
+    tables = [
+        markdown_table(["method", "step (s)", "/ baseline"], rows),
+        _weighting_cost(s, batch, base),
+        _regularizer_cost(regs, batch["index"], base),
+    ]
     return (
         f"CamVid {task}, batch 8, {size[0]}x{size[1]}, 2 threads, median of {steps} interleaved steps\n"
-        + "\n".join(rows)
+        + "\n\n".join(tables)
     )
 
 
-def _regularizer_cost(regs: dict, idx, step: float, reps: int = 200) -> list[str]:
+def _regularizer_cost(regs: dict, idx, step: float, reps: int = 200) -> str:
     """Each objective's own work in a step (forward + backward of its loss on the batch's shape
     scores, an Adam step on its parameters, ``after_step_``), interleaved: its share of the
     baseline step."""
@@ -334,14 +179,14 @@ def _regularizer_cost(regs: dict, idx, step: float, reps: int = 200) -> list[str
                 opt.step()
             reg.after_step_()
             times[method].append(time.perf_counter() - t0)
-    rows = ["| objective's own work per step | ms | / baseline step |", "|---|---|---|"]
-    for method, ts in times.items():
-        ms = statistics.median(ts)
-        rows.append(f"| {method} | {ms * 1e3:.2f} | {ms / step * 100:.2f} % |")
-    return rows
+    medians = {method: statistics.median(ts) for method, ts in times.items()}
+    return markdown_table(
+        ["objective's own work per step", "ms", "/ baseline step"],
+        [[m, f"{t * 1e3:.2f}", f"{t / step * 100:.2f} %"] for m, t in medians.items()],
+    )
 
 
-def _weighting_cost(s, batch: dict, step: float, reps: int = 200) -> list[str]:
+def _weighting_cost(s, batch: dict, step: float, reps: int = 200) -> str:
     """The task loss's forward + backward with each ``train.group_weighting`` against the plain
     loss, on one batch's logits, interleaved: the weighting's own cost, without the step's noise."""
     import torch
@@ -362,18 +207,21 @@ def _weighting_cost(s, batch: dict, step: float, reps: int = 200) -> list[str]:
             t0 = time.perf_counter()
             task_loss(x, y, gw, shape).backward()
             times[mode].append(time.perf_counter() - t0)
-    plain = statistics.median(times["none"])
-    rows = ["| task loss, fwd + bwd | ms | extra ms | extra / baseline step |", "|---|---|---|---|"]
-    for mode, ts in times.items():
-        extra = statistics.median(ts) - plain
-        rows.append(
-            f"| {mode} | {statistics.median(ts) * 1e3:.2f} | {extra * 1e3:+.2f} "
-            f"| {extra / step * 100:+.2f} % |"
-        )
-    return rows
+    medians = {mode: statistics.median(ts) for mode, ts in times.items()}
+    rows = [
+        [
+            m,
+            f"{t * 1e3:.2f}",
+            f"{(t - medians['none']) * 1e3:+.2f}",
+            f"{(t - medians['none']) / step * 100:+.2f} %",
+        ]
+        for m, t in medians.items()
+    ]
+    header = ["task loss, fwd + bwd", "ms", "extra ms", "extra / baseline step"]
+    return markdown_table(header, rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=("run", "table", "timing", "archive"))
     p.add_argument("--camvid", type=Path, help="run: the CamVid folder (SegNet layout)")
@@ -392,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--steps", type=int, default=20, help="timing: steps per method")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``run`` the sweep, ``table`` it, ``archive`` its finished runs or measure the ``timing``."""
+    p = _arguments()
     a = p.parse_args(argv)
     size = tuple(a.size)
     grid = jobs(a.epochs, a.seeds, a.tasks, a.methods, size)
@@ -418,9 +272,10 @@ def main(argv: list[str] | None = None) -> int:
         run_jobs([job for *_, job in grid], a.runs, a.jobs)
         print(f"sweep wall time {time.perf_counter() - start:.0f} s", flush=True)
     if a.what == "archive":
-        print(
-            f"{archive(a.runs, a.archive, [job for *_, job in grid])} runs archived in {a.archive}"
-        )
+        kept = archive(a.runs, a.archive, [job for *_, job in grid], ARCHIVED)
+        print(f"{kept} runs archived in {a.archive}")
+    from .segmentation_study_tables import table
+
     full = jobs(a.epochs, a.seeds, list(TASKS), list(METHODS), size)
     print(table(a.runs, full, len(a.seeds), a.out))
     return 0

@@ -12,13 +12,16 @@ Fig. 3: test accuracy per epoch, projections per epoch ``epoch`` vs ``step``).
 from __future__ import annotations
 
 import argparse
-import json
+import shutil
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from data_prep import smnist
+
+from ._report import markdown_table, mean_sd, save_figure, subplots
+from .sweep import metrics, run_pool
 
 PAPER = ["regularizer.fbeta.dual_lr_lambda=1e-3", "regularizer.fbeta.dual_lr_mu=1e-5"]
 TUNED = [
@@ -85,23 +88,21 @@ def _run_one(args: tuple[str, list[str], str]) -> str:
     return out
 
 
-def _complete(out: Path) -> bool:
-    try:
-        m = json.loads((out / "metrics.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return m["final"]["epochs"] == m["config"]["train"]["epochs"]
+def percent(values: list[float | None]) -> str:
+    """``mean ± sd`` of fractions in percent, two decimals (``n/a`` if there are none)."""
+    return mean_sd(values, ".2f", 100.0)
 
 
-def _ms(xs: list[float], fmt: str = ".2f", scale: float = 100.0) -> str:
-    xs = [x * scale for x in xs if x is not None]
-    if not xs:
-        return "n/a"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):{fmt}} ± {sd:{fmt}}"
+def finished(folders: list[Path]) -> list[dict[str, Any]]:
+    """The ``metrics.json`` of the runs in ``folders`` that finished all their epochs."""
+    return [m for f in folders if (m := metrics(f)) is not None]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _folder(runs: Path, name: str, seed: int) -> Path:
+    return runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
     p.add_argument("--data", type=Path, default=Path("data/smnist"))
@@ -112,18 +113,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", default=None, help="substring: run only matching variants")
     p.add_argument("--table-only", action="store_true", help="no training: tabulate finished runs")
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def _row(name: str, regularized: bool, ms: list[dict[str, Any]], n_seeds: int) -> list[str]:
+    f = [m["final"] for m in ms]
+    seeds = "" if len(ms) == n_seeds else f" ({len(ms)} seed{'s' if len(ms) > 1 else ''})"
+    shape = mean_sd([x["test_shape_fbeta"] for x in f]) if regularized else "n/a"
+    return [
+        f"{name}{seeds}",
+        percent([x["test_accuracy"] for x in f]),
+        percent([x["test_accuracy_small"] for x in f]),
+        percent([x["test_accuracy_big"] for x in f]),
+        percent([x["test_accuracy_gap"] for x in f]),
+        shape,
+        mean_sd([x.get("reg_certified_fbeta") for x in f]),
+        mean_sd([x.get("reg_projections") for x in f], ".0f"),
+        mean_sd([x["train_seconds_total"] for x in f], ".0f"),
+    ]
+
+
+HEADER = [
+    "variant",
+    "test acc %",
+    "small %",
+    "big %",
+    "gap (pp)",
+    "shape-head F1 (test)",
+    "certified F1 bound (train)",
+    "projections",
+    "train time (s)",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train the unfinished runs of the grid (unless ``--table-only``); the table and the figure."""
+    a = _arguments(argv)
     smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
     variants = [v for v in grid(a.mlp_epochs) if a.only is None or a.only in v[0]]
     todo = []
     for name, config_path, overrides in variants:
         for seed in a.seeds:
-            out = a.runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
-            if not _complete(out) and not a.table_only:
+            out = _folder(a.runs, name, seed)
+            if metrics(out) is None and not a.table_only:
                 if out.exists():
-                    for f in sorted(out.rglob("*"), reverse=True):
-                        f.unlink() if f.is_file() else f.rmdir()
+                    shutil.rmtree(out)
                 todo.append(
                     (
                         config_path,
@@ -132,39 +166,14 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
-    if not a.table_only:
-        with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-            for done in pool.map(_run_one, todo):
-                print("done", done, flush=True)
-
+    run_pool(_run_one, todo, a.jobs, lambda _, done: print("done", done, flush=True))
     rows, curves = [], {}
-    for name, _, _ in variants:
-        ms = []
-        for seed in a.seeds:
-            out = a.runs / f"{name.replace(' ', '_').replace('=', '')}-seed{seed}"
-            if _complete(out):
-                ms.append(json.loads((out / "metrics.json").read_text()))
-        if not ms:
-            continue
-        curves[name] = ms
-        f = [m["final"] for m in ms]
-        seeds = "" if len(ms) == len(a.seeds) else f" ({len(ms)} seed{'s' if len(ms) > 1 else ''})"
-        rows.append(
-            f"| {name}{seeds} | {_ms([x['test_accuracy'] for x in f])} "
-            f"| {_ms([x['test_accuracy_small'] for x in f])} "
-            f"| {_ms([x['test_accuracy_big'] for x in f])} "
-            f"| {_ms([x['test_accuracy_gap'] for x in f])} "
-            f"| {_ms([x['test_shape_fbeta'] for x in f], '.3f', 1.0) if 'baseline' not in name else 'n/a'} "
-            f"| {_ms([x.get('reg_certified_fbeta') for x in f], '.3f', 1.0)} "
-            f"| {_ms([x.get('reg_projections') for x in f], '.0f', 1.0)} "
-            f"| {_ms([x['train_seconds_total'] for x in f], '.0f', 1.0)} |"
-        )
-    header = (
-        "| variant | test acc % | small % | big % | gap (pp) | shape-head F1 (test) "
-        "| certified F1 bound (train) | projections | train time (s) |\n"
-        "|---|---|---|---|---|---|---|---|---|"
-    )
-    table = header + "\n" + "\n".join(rows)
+    for name, _, overrides in variants:
+        ms = finished([_folder(a.runs, name, seed) for seed in a.seeds])
+        if ms:
+            curves[name] = ms
+            rows.append(_row(name, "regularizer.name=none" not in overrides, ms, len(a.seeds)))
+    table = markdown_table(HEADER, rows)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "figures").mkdir(exist_ok=True)
     (a.out / "figures" / "smnist_results.md").write_text(
@@ -177,12 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _plot(curves: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, axes = subplots(1, 3, figsize=(16, 4.5))
     for ax, model in zip(axes[:2], ("linear", "mlp"), strict=True):
         for name, ms in curves.items():
             if not name.startswith(model) or "a=1e-2" in name or "a=1e-4" in name:
@@ -201,9 +205,7 @@ def _plot(curves: dict[str, list[dict]], path: Path) -> None:
             ax.plot(range(1, len(proj) + 1), proj, label=name)
     ax.set(title="projections (cumulative)", xlabel="epoch", yscale="log")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -3,20 +3,25 @@
 A job is a key (its run folder name) and a config plus ``key=value`` overrides. ``run_jobs`` trains
 the jobs whose run folder holds no complete ``metrics.json``, ``jobs`` at a time, each in its own
 process with one thread; a job interrupted after an epoch's checkpoint continues from it
-(``--resume``), so killing a sweep loses at most one epoch per running job. ``mean_sd`` formats a
-column of per-seed values.
+(``--resume``), so killing a sweep loses at most one epoch per running job; ``archive`` keeps the
+figures of finished runs elsewhere and ``restore`` brings them back, so a sweep also resumes across
+sessions and machines. ``run_pool`` is the process pool under it, also for the scripts whose runs
+are not trainer runs (each skips its finished runs itself and hands ``run_pool`` the rest).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,14 @@ def agrees(config: dict[str, Any], overrides: Iterable[str]) -> bool:
     return True
 
 
-def _train(job: Job, out: str) -> str:
+def _train(job: Job, root: Path) -> str:
     import torch
 
     from train import config as config_mod
     from train.loop import run
 
     torch.set_num_threads(1)
+    out = str(root / job.key)
     quiet = ["train.progress=false", "train.log_images=0", "train.keep_checkpoints=1"]
     if _resumable(Path(out), job):  # an interrupted run of this job: go on from its checkpoint
         cfg = config_mod.load(Path(out) / "config.yaml", ["train.stop_after_steps=null"])
@@ -91,19 +97,43 @@ def run_jobs(jobs: Sequence[Job], root: Path, workers: int) -> None:
     """Train the unfinished ``jobs`` into ``root/<key>``, ``workers`` processes at a time."""
     todo = [j for j in jobs if metrics(root / j.key, j) is None]
     print(f"{len(todo)} of {len(jobs)} runs to do", flush=True)
+    if todo:
+        root.mkdir(parents=True, exist_ok=True)
+    run_pool(
+        partial(_train, root=root), todo, workers, lambda _, out: print("done", out, flush=True)
+    )
+
+
+def archive(runs: Path, to: Path, jobs: Sequence[Job], files: Sequence[str]) -> int:
+    """Copy the ``files`` (a finished run's figures, say: no checkpoints) of the finished runs of
+    ``jobs`` to ``to``; returns how many runs ``to`` holds."""
+    for job in jobs:
+        if metrics(runs / job.key, job) is not None:
+            (to / job.key).mkdir(parents=True, exist_ok=True)
+            for name in files:
+                if (runs / job.key / name).is_file():
+                    shutil.copy2(runs / job.key / name, to / job.key / name)
+    return sum(metrics(to / job.key, job) is not None for job in jobs)
+
+
+def restore(archived: Path, runs: Path, jobs: Sequence[Job]) -> None:
+    """Runs finished in an earlier session and archived (``archive``) count as done: their files
+    are copied into ``runs`` unless a finished run is there already."""
+    for job in jobs:
+        if metrics(runs / job.key, job) is None and metrics(archived / job.key, job) is not None:
+            shutil.rmtree(runs / job.key, ignore_errors=True)
+            shutil.copytree(archived / job.key, runs / job.key)
+
+
+def run_pool(
+    fn: Callable[[T], R], todo: Sequence[T], workers: int, done: Callable[[T, R], None]
+) -> None:
+    """``fn(item)`` for every item of ``todo``, each in a process of a pool of ``workers``;
+    ``done(item, result)`` runs here as each one finishes (records are saved there, so an
+    interrupted sweep keeps every finished run). A run that fails raises here."""
     if not todo:
         return
-    root.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_train, j, str(root / j.key)): j for j in todo}
-        for f in as_completed(futures):
-            print("done", f.result(), flush=True)
-
-
-def mean_sd(values: Iterable[float | None], fmt: str = ".3f", scale: float = 1.0) -> str:
-    """``"mean ± sd"`` of the values that are not ``None`` (``n/a`` if none; sd 0 for one)."""
-    xs = [v * scale for v in values if v is not None]
-    if not xs:
-        return "n/a"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{statistics.mean(xs):{fmt}} ± {sd:{fmt}}"
+        futures = {pool.submit(fn, item): item for item in todo}
+        for future in as_completed(futures):
+            done(futures[future], future.result())

@@ -19,10 +19,10 @@ def test_fixed_quick_tabulates_every_method_against_the_references(tmp_path):
     args = ["fixed", "--quick", "--jobs", "2", "--runs", str(runs), "--out", str(out)]
     assert compare.main(args) == 0
     records = [json.loads(f.read_text()) for f in runs.glob("*.json")]
-    n_runs = sum(len(grid) for _, grid, _ in compare_fixed.GRIDS.values())
+    n_runs = sum(len(family.grid) for family in compare_fixed.FAMILIES.values())
     assert len(records) == n_runs  # every family at every grid value, seed 0
     text = (out / "compare_fixed.md").read_text()
-    for family in compare_fixed.GRIDS:
+    for family in compare_fixed.FAMILIES:
         assert f"| {family} |" in text, family
     assert "LP-optimal head (HiGHS)" in text and "learned threshold" in text
     reparam = [r for r in records if r["family"].startswith("reparam F-beta")]

@@ -1,0 +1,128 @@
+"""The tables and the plot of ``benchmarks.projection`` (one vector, near the memory limit, against
+a generic QP solver, batched against qpth)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ._report import markdown_table, save_figure, subplots
+from ._timing import fmt_ms
+
+
+def _power(n: int) -> str:
+    return f"1e{round(math.log10(n))}"
+
+
+def sizes_table(rows: list[dict]) -> str:
+    """Every method's time per ``n``, and the ratios of the exact ones to one pass over ``tau``."""
+    keys = [k for k in rows[0] if k != "n"]
+    ratios = ["linear / torch.sort", "sort / torch.sort", "tree / torch.minimum"]
+    return markdown_table(
+        ["n", *[f"{k} [ms]" for k in keys], *ratios],
+        [
+            [
+                _power(r["n"]) if r["n"] > 0 else "0",
+                *[fmt_ms(r[k]) for k in keys],
+                f"{r['linear'] / r['torch.sort']:.3f}",
+                f"{r['sort'] / r['torch.sort']:.2f}",
+                f"{r['tree'] / r['torch.minimum']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def memory_table(mem: list[dict]) -> str:
+    """Near the memory limit: linear and tree against one ``torch.minimum`` pass each."""
+    header = [
+        "n (float32)",
+        "torch.minimum(tau, e) [ms]",
+        "linear [ms]",
+        "tree [ms]",
+        "tree / minimum (target <= 3)",
+        "linear / minimum",
+    ]
+    return markdown_table(
+        header,
+        [
+            [
+                _power(r["n"]),
+                fmt_ms(r["torch.minimum"]),
+                fmt_ms(r["linear"]),
+                fmt_ms(r["tree"]),
+                f"{r['tree'] / r['torch.minimum (tree)']:.2f}",
+                f"{r['linear'] / r['torch.minimum (linear)']:.1f}",
+            ]
+            for r in mem
+        ],
+    )
+
+
+def qp_table(qp: dict) -> str:
+    """Ours against cvxpy's QP solvers on one vector (float64)."""
+    header = [
+        "n (float64)",
+        "cvxpy+Clarabel solve() [ms]",
+        "Clarabel solver-only [ms]",
+        "cvxpy+OSQP solve() [ms]",
+        "ours auto [ms]",
+        "ours sort [ms]",
+        "speed-up vs Clarabel (solve / ours auto)",
+        "vs solver-only",
+        "abs diff eps",
+    ]
+    row = [
+        f"{qp['n']}",
+        *(fmt_ms(qp[k]) for k in ("cvxpy CLARABEL", "CLARABEL solver-only", "cvxpy OSQP")),
+        fmt_ms(qp["ours (auto)"]),
+        fmt_ms(qp["ours (sort)"]),
+        f"{qp['cvxpy CLARABEL'] / qp['ours (auto)']:.0f}x",
+        f"{qp['CLARABEL solver-only'] / qp['ours (auto)']:.0f}x",
+        f"{qp['abs diff of eps']:.1e}",
+    ]
+    return markdown_table(header, [row])
+
+
+def batched_table(b: dict | None) -> str:
+    """Ours against qpth on a batch of rows (or why there is no comparison)."""
+    if b is None:
+        return "qpth is not installed: batched comparison skipped."
+    times = ["qpth fwd", "qpth fwd+bwd", "ours sort fwd", "ours linear fwd", "ours auto fwd"]
+    times.append("ours sort fwd+bwd")
+    header = [
+        "batch",
+        *[f"{k} [ms]" for k in times],
+        "speed-up fwd (qpth / ours auto)",
+        "speed-up fwd+bwd",
+        "max abs diff",
+    ]
+    row = [
+        b["shape"],
+        *(fmt_ms(b[k]) for k in times),
+        f"{b['qpth fwd'] / b['ours auto fwd']:.0f}x",
+        f"{b['qpth fwd+bwd'] / b['ours sort fwd+bwd']:.0f}x",
+        f"{b['max abs diff']:.1e}",
+    ]
+    return markdown_table(header, [row])
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Every method's median time against ``n`` (log-log; the torch passes dashed)."""
+    fig, ax = subplots(figsize=(7, 4.5))
+    keys = [k for k in rows[0] if k != "n"]
+    for k in keys:
+        pts = [(r["n"], r[k]) for r in rows if r[k] is not None]
+        if pts:
+            ax.loglog(
+                *zip(*pts, strict=True),
+                marker="o",
+                label=k,
+                linestyle="--" if k.startswith("torch.") else "-",
+            )
+    ax.set_xlabel("n (coordinates of tau)")
+    ax.set_ylabel("median time [s]")
+    ax.set_title("Projection onto C (one vector)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path, dpi=120)
