@@ -148,6 +148,20 @@ FAMILIES: dict[str, Family] = {  # the tables' rows, in this order
     ),
     "logistic regression": Family("-", (None,), None, _logistic(weighted=False), auc=True),
 }
+# The ablation of F-beta's projection modes (benchmarks/projection_modes.py): the defaults with
+# the projection elsewhere. Not rows of this script's tables.
+MODE_FAMILIES: dict[str, Family] = {
+    f"reparam F-beta, defaults but {label}": Family(
+        "-", (None,), None, lambda labels, _, kw=kw: FBetaRegularizer(labels, **kw)
+    )
+    for label, kw in (
+        ("projection step", {"projection": "step"}),
+        ("projection epoch", {"projection": "epoch"}),
+        ("projection none", {"projection": "none"}),
+        ("inline soft 0.05", {"inline_strength": 0.05}),
+        ("inline soft 0.2", {"inline_strength": 0.2}),
+    )
+}
 AUC_FAMILIES = tuple(f for f, family in FAMILIES.items() if family.auc)
 FBETA_FAMILIES = tuple(f for f, family in FAMILIES.items() if not family.auc)
 LEARNED_THRESHOLD = (  # the reparam F-beta heads: a learned decision_threshold
@@ -164,7 +178,7 @@ MU_FAMILIES = ("reparam F-beta, inline", "Cooper, same LP (3')")  # a multiplier
 def make_objective(family: str, value: Any, labels: Tensor) -> Any:
     """The objective of ``family`` at knob ``value`` (``None``: the family's only setting); the
     two logistic regressions are returned as a loss ``(u, idx) -> tensor``."""
-    return FAMILIES[family].make(labels, value)
+    return (FAMILIES | MODE_FAMILIES)[family].make(labels, value)
 
 
 # --- the sweep --------------------------------------------------------------------------------------

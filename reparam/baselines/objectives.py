@@ -207,12 +207,10 @@ class CooperFBeta(ShapeObjective):
         beta: float = 1.0,
         positive_class: int = 1,
         dual_lr: float = 0.1,
-        eps_init: float = 1.0,
-        tau_init: float = 1.0,
     ) -> None:
         super().__init__(shape_labels, positive_classes=(positive_class,))
         binary = (self.shape_labels == positive_class).long()
-        self.cmp = cooper_fbeta_problem(binary, beta=beta, eps_init=eps_init, tau_init=tau_init)
+        self.cmp = cooper_fbeta_problem(binary, beta=beta)  # starts at eps = tau_i = 1, as F-beta
         self.eps_param, self.tau_param = self.cmp.eps, self.cmp.tau  # registered: the optimizer's
         self.multipliers = nn.ModuleList(
             [

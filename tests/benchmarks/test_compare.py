@@ -57,3 +57,27 @@ def test_smnist_quick_trains_every_shape_term_through_the_trainer(tmp_path, digi
         assert f"| {method} |" in text, method
     row = next(line for line in text.splitlines() if line.startswith("| reparam F-beta, defaults"))
     assert "n/a" not in row.split("|")[7]  # F-beta's test F1 at its learned threshold
+
+
+def test_projection_modes_table_counts_feasible_runs_and_every_arm(tmp_path):
+    """``benchmarks.projection_modes.table`` on hand-made records: one row per problem and arm,
+    the LP gap over the runs with a feasible eps only, the count of those in the cell."""
+    from benchmarks import projection_modes as pm
+
+    records = [
+        {
+            "problem": problem,
+            "family": family,
+            "f1": 0.9,
+            "lp_objective": None if seed == 2 else 1.1,
+            "f1_last20_sd": 0.01,
+            "seconds_per_epoch": 0.002,
+        }
+        for problem in pm.PROBLEMS
+        for family, _ in pm.ARMS
+        for seed in pm.SEEDS
+    ]
+    text = pm.table(records, {problem: 1.0 for problem in pm.PROBLEMS})
+    assert len(text.splitlines()) == 2 + len(pm.PROBLEMS) * len(pm.ARMS)
+    assert "| defaults (inline, exact) |" in text and "| projection none |" in text
+    assert "10.0 ± 0.0 % (2/3 feasible)" in text

@@ -1,0 +1,102 @@
+"""Why F-beta offers each projection mode: the defaults with the projection moved, on fixed features.
+
+    python -m benchmarks.projection_modes --jobs 2 --out docs/figures     # resumable
+
+The runs of ``benchmarks.compare_fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
+seeds 0-2) for the library's defaults (``projection="inline"``, exact; dual steps 0.1; capped) and
+for the same settings with the projection after every optimizer step (``step``), once per epoch
+(``epoch``, Algorithm 3's place), never (``none``) and inline but smooth (``inline_strength`` 0.05,
+0.2: ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of
+``u > 0``, the LP gap of the final scores (the (3') objective at their best feasible ``eps``,
+relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1 over the
+last 20 epochs and the seconds per epoch. Runs are shared with ``compare_fixed`` (``--runs``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+from ._report import markdown_table, mean_sd, save_figure, subplots
+from .compare_fixed import BATCH, EPOCHS, MODE_FAMILIES, SEEDS, _key, _save
+from .sweep import run_pool
+
+DEFAULTS = ("reparam F-beta, inline, capped", 0.1)  # compare_fixed's family at its default step
+PROBLEMS = ("2-D, 40/60", "20-D, 200/300", "10-D, 50/950")
+ARMS = [DEFAULTS, *((family, None) for family in MODE_FAMILIES)]
+
+
+def _label(family: str) -> str:
+    return "defaults (inline, exact)" if family == DEFAULTS[0] else family.split(" but ")[1]
+
+
+def table(records: list[dict], optima: dict[str, float]) -> str:
+    """One row per arm and problem: F1, LP gap (feasible runs), last-20 sd, seconds per epoch."""
+    rows = []
+    for problem in PROBLEMS:
+        for family, _ in ARMS:
+            rs = [r for r in records if (r["problem"], r["family"]) == (problem, family)]
+            gaps = [
+                (r["lp_objective"] - optima[problem]) / optima[problem] * 100
+                for r in rs
+                if r["lp_objective"] is not None
+            ]
+            rows.append(
+                [
+                    problem,
+                    _label(family),
+                    mean_sd([r["f1"] for r in rs]),
+                    f"{mean_sd(gaps, '.1f')} % ({len(gaps)}/{len(rs)} feasible)",
+                    mean_sd([r["f1_last20_sd"] for r in rs]),
+                    mean_sd([r["seconds_per_epoch"] for r in rs], ".4f"),
+                ]
+            )
+    header = ["problem", "projection", "F1 (u > 0)", "LP gap", "F1 sd, last 20 epochs", "s / epoch"]
+    return markdown_table(header, rows)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    fig, axes = subplots(1, len(PROBLEMS), figsize=(4 * len(PROBLEMS), 3), sharey=True)
+    for ax, problem in zip(axes, PROBLEMS, strict=True):
+        for family, _ in ARMS:
+            f1s = [r["f1"] for r in records if (r["problem"], r["family"]) == (problem, family)]
+            ax.scatter([_label(family)] * len(f1s), f1s, s=12)
+        ax.set_title(problem, fontsize=9)
+        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    axes[0].set_ylabel("training F1 (u > 0)")
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .compare_fixed_run import run_one
+    from .compare_fixed_tables import references
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=Path, default=Path("runs/compare_fixed"))
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    p.add_argument("--jobs", type=int, default=2)
+    a = p.parse_args(argv)
+    a.runs.mkdir(parents=True, exist_ok=True)
+    jobs = [(pr, f, v, s, BATCH, EPOCHS) for pr in PROBLEMS for f, v in ARMS for s in SEEDS]
+    todo = [j for j in jobs if not (a.runs / _key(*j)).is_file()]
+    print(f"{len(todo)} runs to do", flush=True)
+    run_pool(run_one, todo, a.jobs, partial(_save, a.runs))
+    records = [json.loads((a.runs / _key(*j)).read_text()) for j in jobs]
+    optima = {problem: references(problem)["lp_optimum"] for problem in PROBLEMS}
+    text = (
+        "<!-- python -m benchmarks.projection_modes --jobs 2 -->\n"
+        "F-beta's defaults with the projection moved (benchmarks/projection_modes.py), "
+        f"{EPOCHS} epochs, seeds {list(SEEDS)}, mean ± sd\n\n" + table(records, optima) + "\n"
+    )
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "projection_modes.md").write_text(text)
+    plot(records, a.out / "projection_modes.png")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
