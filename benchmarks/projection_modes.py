@@ -49,7 +49,7 @@ def table(records: list[dict], optima: dict[str, float]) -> str:
                     problem,
                     _label(family),
                     mean_sd([r["f1"] for r in rs]),
-                    f"{mean_sd(gaps, '.1f')} % ({len(gaps)}/{len(rs)} feasible)",
+                    f"{mean_sd(gaps, '.1f') + ' %' if gaps else 'n/a'} ({len(gaps)}/{len(rs)} feasible)",
                     mean_sd([r["f1_last20_sd"] for r in rs]),
                     mean_sd([r["seconds_per_epoch"] for r in rs], ".4f"),
                 ]

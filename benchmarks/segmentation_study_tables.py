@@ -83,6 +83,24 @@ def _per_class(ms_by_method: dict[str, list[dict]]) -> str:
     return markdown_table(["method", *classes], rows)
 
 
+def plateau(ms: list[dict], window: int = 5) -> str:
+    """Has the val mIoU levelled off? Its mean over seeds and ``window``-epoch blocks, and the
+    slope of a least-squares line through the last ``2 window`` epochs (per epoch, mean ± sd over
+    seeds): a slope within its sd of 0 is a plateau up to the epoch-to-epoch noise."""
+    curves = np.array([[h["val_miou"] for h in m["history"]] for m in ms])
+    epochs = curves.shape[1]
+    blocks = [
+        f"{lo + 1}-{min(lo + window, epochs)}: {curves[:, lo : lo + window].mean():.3f}"
+        for lo in range(0, epochs, window)
+    ]
+    x = np.arange(max(0, epochs - 2 * window), epochs)
+    slopes = [float(np.polyfit(x, c[x], 1)[0]) for c in curves] if len(x) > 1 else [None]
+    return (
+        f"val mIoU by epochs (mean over {len(ms)} seeds) {'; '.join(blocks)}; slope over the last "
+        f"{len(x)} epochs {mean_sd(slopes, '+.4f')} per epoch"
+    )
+
+
 def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -> str:
     """Write ``segmentation_study.md`` and ``segmentation_study.png`` into ``out``; returns the
     markdown's tables."""
@@ -95,6 +113,8 @@ def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -
             f"\n### {task}: test at the best-val epoch (mean ± sd over seeds)\n",
             markdown_table(HEADER, rows),
         ]
+        if found.get("baseline"):
+            lines.append(f"\nBaseline, {plateau(found['baseline'])}.")
         if found and task == "all":
             lines += [f"\n### {task}: per-class test IoU (mean over seeds)\n", _per_class(found)]
     text = "\n".join(lines) + "\n"

@@ -3,7 +3,10 @@
 A job is a key (its run folder name) and a config plus ``key=value`` overrides. ``run_jobs`` trains
 the jobs whose run folder holds no complete ``metrics.json``, ``jobs`` at a time, each in its own
 process with one thread; a job interrupted after an epoch's checkpoint continues from it
-(``--resume``), so killing a sweep loses at most one epoch per running job; ``archive`` keeps the
+(``--resume``), so killing a sweep loses at most one epoch per running job, and a run of the job
+with fewer epochs is extended to the job's (resumed from its last checkpoint with the larger
+``train.epochs``: the same training as a run of the longer job, since a resume is exact and the
+constant lr schedule does not depend on the number of epochs); ``archive`` keeps the
 figures of finished runs elsewhere and ``restore`` brings them back, so a sweep also resumes across
 sessions and machines. ``run_pool`` is the process pool under it, also for the scripts whose runs
 are not trainer runs (each skips its finished runs itself and hands ``run_pool`` the rest).
@@ -70,8 +73,10 @@ def _train(job: Job, root: Path) -> str:
     torch.set_num_threads(1)
     out = str(root / job.key)
     quiet = ["train.progress=false", "train.log_images=0", "train.keep_checkpoints=1"]
-    if _resumable(Path(out), job):  # an interrupted run of this job: go on from its checkpoint
-        cfg = config_mod.load(Path(out) / "config.yaml", ["train.stop_after_steps=null"])
+    if _resumable(Path(out), job):  # an interrupted or shorter run of this job: go on from it
+        epochs = config_mod.load(job.config, list(job.overrides)).train.epochs
+        resume = ["train.stop_after_steps=null", f"train.epochs={epochs}"]
+        cfg = config_mod.load(Path(out) / "config.yaml", resume)
         run(cfg, log=lambda *_: None, resume=out)
     else:
         shutil.rmtree(out, ignore_errors=True)
@@ -81,16 +86,25 @@ def _train(job: Job, root: Path) -> str:
 
 
 def _resumable(out: Path, job: Job) -> bool:
-    """Whether ``out`` holds a checkpoint of a run with ``job``'s settings (else it starts anew)."""
+    """Whether ``out`` holds a checkpoint of a run with ``job``'s settings, or with the same ones
+    but fewer epochs and a constant lr schedule (it is extended); else the job starts anew."""
     import yaml
 
     from train import checkpoint
+    from train import config as config_mod
 
     try:
         config = yaml.safe_load((out / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return False
-    return checkpoint.latest(out) is not None and agrees(config, job.overrides)
+    if checkpoint.latest(out) is None:
+        return False
+    epochs = config_mod.load(job.config, list(job.overrides)).train.epochs
+    others = [o for o in job.overrides if not o.startswith("train.epochs=")]
+    trained = config.get("train", {}).get("epochs", epochs + 1)
+    if trained < epochs and config.get("optim", {}).get("schedule") != "constant":
+        return False
+    return agrees(config, others) and trained <= epochs
 
 
 def run_jobs(jobs: Sequence[Job], root: Path, workers: int) -> None:

@@ -12,6 +12,7 @@ library is the one source of truth (``tests/train/test_config.py`` checks that t
 from __future__ import annotations
 
 import collections.abc
+import copy
 import dataclasses
 import inspect
 import types
@@ -274,9 +275,45 @@ NON_NEGATIVE = {
 }
 
 
+# Options removed from the library (docs/method.md says why) -> the one value they may still have in
+# a saved config: with it they meant what the library does now, so they are dropped on loading
+# (an older run resumes); any other value is an error naming the key.
+REMOVED: dict[str, Any] = {
+    "regularizer.rho": 0.0,
+    "regularizer.dual_schedule": "constant",
+    "regularizer.fbeta.negative_loss": "hinge",
+    "regularizer.fbeta.projection_method": "auto",
+    "regularizer.fbeta.eps_init": 1.0,
+    "regularizer.fbeta.tau_init": 1.0,
+    "regularizer.precision_at_recall.tau_init": 1.0,
+    "regularizer.recall_at_precision.tau_init": 1.0,
+    "regularizer.roc_auc.tau_init": 1.0,
+    "regularizer.cooper_fbeta.eps_init": 1.0,
+    "regularizer.cooper_fbeta.tau_init": 1.0,
+}
+
+
+def _drop_removed(raw: dict[str, Any]) -> None:
+    """Drop the ``REMOVED`` options that a config sets to their one remaining meaning."""
+    for key, value in REMOVED.items():
+        *path, last = key.split(".")
+        node: Any = raw
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and last in node:
+            if node[last] != value:
+                raise ValueError(
+                    f"{key}={node[last]!r}: this option was removed from the library (only "
+                    f"{value!r}, what it does now, is accepted; docs/method.md says why)"
+                )
+            del node[last]
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build a validated ``Config`` from nested plain data (YAML); the options of the chosen
     objective left at ``null`` get the values it will use (:func:`_resolve_defaults`)."""
+    raw = copy.deepcopy(raw)
+    _drop_removed(raw)
     cfg = _build(Config, raw, "")
     _validate(cfg)
     _resolve_defaults(cfg.regularizer)

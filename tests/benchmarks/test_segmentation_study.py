@@ -129,3 +129,43 @@ def test_a_finished_run_counts_only_for_a_job_with_its_settings():
     assert not agrees(config, ["train.epochs=25"])
     assert not agrees(config, ["train.group_weighting=dro"])  # a key the run does not have
     assert Job("k", "c", ("train.epochs=15",)).overrides == ("train.epochs=15",)
+
+
+def test_a_shorter_run_of_the_job_is_extended_to_the_same_training(tmp_path, digits_smnist):
+    """``run_jobs``: a finished run with fewer epochs (otherwise the job's settings, constant lr)
+    is resumed to the job's epochs, and equals the run trained for them at once, bit for bit."""
+    import json
+
+    from benchmarks.sweep import Job, run_jobs
+    from tests.train.run_utils import assert_bitwise_equal
+    from train import checkpoint
+
+    base = (
+        f"data.path={digits_smnist}",
+        "regularizer.name=fbeta",
+        "train.seed=3",
+        "train.checkpoint=true",
+    )
+    root = tmp_path / "runs"
+    run_jobs([Job("a", "configs/demo.yaml", (*base, "train.epochs=1"))], root, workers=1)
+    run_jobs([Job("b", "configs/demo.yaml", (*base, "train.epochs=2"))], root, workers=1)
+    first = json.loads((root / "a" / "metrics.json").read_text())["history"][0]
+    (root / "a").rename(root / "c")  # the 1-epoch run, extended as job "c" with 2 epochs
+    run_jobs([Job("c", "configs/demo.yaml", (*base, "train.epochs=2"))], root, workers=1)
+    history = [json.loads((root / k / "metrics.json").read_text())["history"] for k in "bc"]
+    assert [len(h) for h in history] == [2, 2]
+    assert history[1][0] == first  # epoch 1 was kept (its timings too), not trained again
+    b, c = (checkpoint.latest(root / k)[1] for k in "bc")
+    assert_bitwise_equal(b["model"], c["model"])
+    assert_bitwise_equal(b["regularizer"], c["regularizer"])
+    assert_bitwise_equal(b["optimizer"], c["optimizer"])
+
+
+def test_plateau_reports_block_means_and_the_last_slope():
+    from benchmarks.segmentation_study_tables import plateau
+
+    rising = [{"history": [{"val_miou": 0.1 * e} for e in range(10)]}]
+    flat = [{"history": [{"val_miou": 0.5} for _ in range(10)]}] * 2
+    assert "1-5: 0.200; 6-10: 0.700" in plateau(rising)
+    assert "slope over the last 10 epochs +0.1000 ± +0.0000" in plateau(rising)
+    assert "+0.0000 ± +0.0000 per epoch" in plateau(flat) and "2 seeds" in plateau(flat)

@@ -237,3 +237,20 @@ def test_config_selects_the_paper_preset_and_pins_what_it_resolves():
     assert alt.regularizer.projection is None
     with pytest.raises(ValueError, match=r"regularizer\.fbeta\.preset must be one of"):
         C.from_dict({"regularizer": {"name": "fbeta", "fbeta": {"preset": "fast"}}})
+
+
+def test_a_saved_config_with_removed_options_at_their_only_meaning_still_loads(tmp_path):
+    """A run saved before options were removed resumes: each removed option at the value that
+    means what the library does now is dropped; any other value is an error naming it."""
+    raw = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    raw.setdefault("regularizer", {}).update({"rho": 0.0, "dual_schedule": "constant"})
+    raw["regularizer"].setdefault("fbeta", {}).update({"negative_loss": "hinge", "eps_init": 1.0})
+    (tmp_path / "old.yaml").write_text(yaml.safe_dump(raw))
+    cfg = C.load(tmp_path / "old.yaml")
+    assert (
+        cfg.regularizer.fbeta.beta == C.load(ROOT / "configs" / "demo.yaml").regularizer.fbeta.beta
+    )
+    raw["regularizer"]["rho"] = 0.5
+    (tmp_path / "al.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"regularizer\.rho=0\.5: this option was removed"):
+        C.load(tmp_path / "al.yaml")
