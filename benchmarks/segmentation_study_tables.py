@@ -111,7 +111,7 @@ def table(root: Path, grid: list[tuple[str, str, Job]], seeds: int, out: Path) -
         rows = [_row(task, m, ms, seeds) for m, ms in found.items()]
         lines += [
             f"\n### {task}: test at the best-val epoch (mean ± sd over seeds)\n",
-            markdown_table(HEADER, rows),
+            markdown_table(HEADER, rows) if rows else "No finished run of this task yet.",
         ]
         if found.get("baseline"):
             lines.append(f"\nBaseline, {plateau(found['baseline'])}.")
