@@ -78,6 +78,7 @@ def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
 def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[str, float]:
     from data_prep import cocostuff
     from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
+    from train import distributed
 
     root = write_synthetic_cocostuff(tmp / "coco", n_train=images, n_val=4, size=(120, 180))
     cocostuff.prepare(
@@ -100,19 +101,7 @@ def process_throughput(images: int, batch: int, epochs: int, tmp: Path) -> dict[
     rates = {}
     for name, launcher, threads in (
         ("1 process, 2 threads", [sys.executable, "-m", "train"], 2),
-        (
-            "2 processes (torchrun, gloo), 1 thread each",
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                "-m",
-                "train",
-            ],
-            1,
-        ),
+        ("2 processes (torchrun, gloo), 1 thread each", distributed.torchrun_command(2), 1),
     ):
         out = tmp / name.split()[0]
         cmd = [*launcher, *common, f"train.num_threads={threads}", "--out", str(out)]

@@ -24,6 +24,7 @@ every function is the identity.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,20 @@ class Context:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+def torchrun_command(processes: int) -> list[str]:
+    """``torchrun --standalone --nproc_per_node=P -m train`` with this interpreter: one machine,
+    ``processes`` training processes (append the trainer's arguments)."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={processes}",
+        "-m",
+        "train",
+    ]
 
 
 def init_from_env(device: str) -> Context:

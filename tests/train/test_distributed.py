@@ -12,7 +12,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -338,13 +337,7 @@ def test_torchrun_cli(digits_smnist, runs, tmp_path):
     """``torchrun --nproc_per_node=2 -m train``: the same run as the spawned one; rank 0 logs."""
     proc = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "train",
+            *distributed.torchrun_command(2),
             "--config",
             "configs/demo.yaml",
             *_overrides(digits_smnist, tmp_path / "run"),
