@@ -20,7 +20,7 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -173,7 +173,8 @@ class FBetaRegularizer(ReparamRegularizer):
                 self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
             # the gradient summed since the last step and its count (zero outside touched rows)
             self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
-        self._pending: list[tuple[Tensor, Tensor]] = []  # (rows, touched) since the last step
+        # (rows, touched, grad) of the backward passes since the last step (sparse tau update)
+        self._pending: list[tuple[Tensor, Tensor, Tensor]] = []
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -261,8 +262,37 @@ class FBetaRegularizer(ReparamRegularizer):
 
     def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
         """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient."""
-        accumulate_(self._tau_grad, rows, touched, grad.to(self._tau_grad))
-        self._pending.append((rows, touched))
+        grad = grad.to(self._tau_grad)
+        accumulate_(self._tau_grad, rows, touched, grad)
+        self._pending.append((rows, touched, grad))
+
+    @torch.no_grad()
+    def share_sparse_grads_(
+        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
+    ) -> None:
+        """Data parallelism with a sparse ``tau`` update (docs/method.md sec. 11): make the pending
+        ``tau`` gradient the mean over ``processes`` of every process's, so that every process takes
+        the same step in :meth:`after_step_` (its state stays replicated), as a dense ``tau`` whose
+        gradient is all-reduced would. Exchanges only the touched rows: this process's entries
+        ``(row, touched, grad)`` since the last step, padded to ``size`` (at least their number:
+        the per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
+        ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read.
+        Call it after the backward pass and before ``after_step_()``, on every process."""
+        if self.tau_update == "dense":
+            raise RuntimeError("share_sparse_grads_() is for tau_update='sparse_sgd'/'sparse_adam'")
+        acc = self._tau_grad
+        packed = acc.new_zeros(size, 3, dtype=torch.float64)
+        if self._pending:
+            rows, touched, grad = (torch.cat(parts) for parts in zip(*self._pending, strict=True))
+            if len(rows) > size:
+                raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
+            packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
+            acc.index_fill_(0, rows, 0.0)  # replaced by the mean over processes below
+        every = all_gather(packed)
+        rows, touched = every[:, 0].long(), every[:, 1] > 0
+        grad = (every[:, 2] / processes).to(acc.dtype)
+        accumulate_(acc, rows, touched, grad)
+        self._pending = [(rows, touched, grad)]
 
     @property
     def _needs_after_step(self) -> str | None:
@@ -275,10 +305,10 @@ class FBetaRegularizer(ReparamRegularizer):
         (``reparam.sparse``), then the base's (projection in mode ``"step"``)."""
         if self._pending:
             if len(self._pending) == 1:
-                rows, touched = self._pending[0]
+                rows, touched, _ = self._pending[0]
             else:
-                rows = torch.cat([r for r, _ in self._pending])
-                touched = torch.cat([t for _, t in self._pending])
+                rows = torch.cat([r for r, _, _ in self._pending])
+                touched = torch.cat([t for _, t, _ in self._pending])
             self._pending.clear()
             adam = self.tau_update == "sparse_adam"
             sparse_step_(

@@ -122,6 +122,21 @@ def average_gradients_(params: list[torch.nn.Parameter]) -> None:
         offset += n
 
 
+def world_size() -> int:
+    """The number of processes (1 without torch.distributed)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def all_gather(t: Tensor) -> Tensor:
+    """The concatenation (rank order) of every process's ``t``, all of one shape: a collective on
+    the tensors' device, no host read; ``t`` itself in one process."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return t
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return torch.cat(parts)
+
+
 def all_gather_cat(t: Tensor) -> Tensor:
     """The concatenation of every process's ``t`` (rank order; the shapes may differ in their first
     dimension); ``t`` itself in one process. Through pickled objects: meant for small CPU tensors

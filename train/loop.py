@@ -136,11 +136,6 @@ def setup(
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     reg = build_regularizer(cfg.regularizer, data.train_shape_labels)
     reg = reg.to(device) if reg is not None else None
-    if ctx.enabled and getattr(reg, "tau_update", "dense") != "dense":
-        raise ValueError(
-            f"regularizer.fbeta.tau_update={reg.tau_update} runs in one process only (each process "
-            f"would step its own rows of tau): under torchrun use tau_update=dense"
-        )
     optimizer = build_optimizer(cfg, model, reg)
     train_loader = make_loader(
         data.train,
@@ -448,6 +443,9 @@ def train_step(
     else:
         loss.backward()
     distributed.average_gradients_(s.reg_params)
+    if s.written is not None and getattr(reg, "tau_update", "dense") != "dense":
+        # several processes, sparse tau: the mean gradient over the processes' touched rows
+        reg.share_sparse_grads_(distributed.all_gather, distributed.world_size(), len(y))
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()

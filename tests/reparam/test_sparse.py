@@ -213,3 +213,36 @@ def test_state_round_trip_and_dense_state_loads_into_sparse_adam():
     fresh = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam")
     fresh.load_state_dict(dense.state_dict())  # no moments in a dense state: start at zero
     assert int(fresh.tau_adam_step) == 0 and torch.equal(fresh.tau_param, dense.tau_param.detach())
+
+
+def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
+    """Two "processes" with batches that touch different rows: after sharing, each takes the step
+    of one process on both batches with the gradient halved (the mean of the two processes')."""
+    kw = dict(projection="none", tau_update="sparse_sgd", tau_lr=0.5, lambda_init=0.4)
+    a, b, both = (FBetaRegularizer(LABELS, **kw) for _ in range(3))
+    u = torch.randn(N)
+    first, second = torch.arange(0, 10), torch.arange(10, 20)
+    a(u[first].clone().requires_grad_(), first).backward()
+    b(u[second].clone().requires_grad_(), second).backward()
+    packed = {}
+
+    def gather_from(me):
+        def all_gather(t):
+            packed[me] = t
+            return torch.cat([packed.get("a", t), packed.get("b", t)]) if len(packed) == 2 else t
+
+        return all_gather
+
+    b.share_sparse_grads_(gather_from("b"), 2, 12)  # b first: its gather sees only its own part
+    a.share_sparse_grads_(gather_from("a"), 2, 12)  # a sees both
+    a.after_step_()
+    both(u[first].clone().requires_grad_(), first).backward()
+    both(u[second].clone().requires_grad_(), second).backward()
+    both._tau_grad[:, 0] /= 2  # the mean of the two processes' gradients
+    both.after_step_()
+    torch.testing.assert_close(a.tau_param, both.tau_param)
+    assert not torch.equal(a.tau_param, FBetaRegularizer(LABELS, **kw).tau_param)
+    with pytest.raises(ValueError, match=r"size must be >= the pending entries \(10\)"):
+        c = FBetaRegularizer(LABELS, **kw)
+        c(u[first].clone().requires_grad_(), first).backward()
+        c.share_sparse_grads_(lambda t: t, 2, 5)

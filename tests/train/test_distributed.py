@@ -307,6 +307,32 @@ def test_two_processes_train_like_one(runs):
         assert h1["reg_eps"] == pytest.approx(h2["reg_eps"], abs=1e-5)
 
 
+@pytest.mark.parametrize("rule", ["sparse_sgd", "sparse_adam"])
+def test_sparse_tau_two_processes_train_like_one(rule, digits_smnist, tmp_path):
+    """``regularizer.fbeta.tau_update=sparse_*`` under torch.distributed: every step the processes
+    exchange their batch's touched rows of tau (``share_sparse_grads_``) and take the same sparse
+    step, so 2 processes end where 1 does (the projection once per epoch: the sparse modes'), and
+    both ranks hold the same state."""
+    extra = ["regularizer.fbeta.tau_update=" + rule, "regularizer.fbeta.tau_lr=1.0"]
+    found = {}
+    for world in (1, 2):
+        out, folder = tmp_path / f"run{world}", tmp_path / f"records{world}"
+        folder.mkdir()
+        _spawn(_train_worker, world, [*_overrides(digits_smnist, out), *extra], str(folder))
+        found[world] = _records(folder, world)
+    one, (rank0, rank1) = found[1][0]["regularizer"], found[2]
+    keys = [*REG_STATE, *(("tau_adam_moments", "tau_adam_step") if rule == "sparse_adam" else ())]
+    for k in keys:
+        torch.testing.assert_close(rank0["regularizer"][k], one[k], rtol=0, atol=1e-5, msg=k)
+        assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k
+    for k, value in found[1][0]["model"].items():
+        torch.testing.assert_close(rank0["model"][k], value, rtol=0, atol=1e-5, msg=k)
+    # the comparison means something: the rows of tau moved apart (per-row lambda)
+    assert float(one["tau_param"].max() - one["tau_param"].min()) > 1e-3
+    if rule == "sparse_adam":
+        assert int(one["tau_adam_step"]) == 2 * N // 20
+
+
 def test_every_rank_ends_with_the_same_state(runs):
     _, (rank0, rank1) = runs[2]
     for k in (*REG_STATE, "seen_ever", "epoch", "projections"):
