@@ -333,6 +333,28 @@ def test_sparse_tau_two_processes_train_like_one(rule, digits_smnist, tmp_path):
         assert int(one["tau_adam_step"]) == 2 * N // 20
 
 
+def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp_path):
+    """``sparse_adam`` under 2 processes, stopped mid-epoch 2 (step 40 of 60) and resumed by 2 new
+    processes: the same model and regularizer state (moments and step count included), bit for
+    bit, as the uninterrupted 2-process run."""
+    extra = ["regularizer.fbeta.tau_update=sparse_adam", "regularizer.fbeta.tau_lr=1.0"]
+    ends = []
+    for name, stop in (("whole", []), ("stopped", ["train.stop_after_steps=40"])):
+        out, folder = tmp_path / name, tmp_path / f"records-{name}"
+        folder.mkdir()
+        _spawn(_train_worker, 2, [*_overrides(digits_smnist, out), *extra, *stop], str(folder))
+        if stop:
+            assert checkpoint.latest(out)[1]["global_step"] == 40
+            _spawn(_resume_worker, 2, str(out))
+        ends.append(checkpoint.latest(out)[1])
+    whole, resumed = ends
+    assert whole["global_step"] == resumed["global_step"] == 60
+    for part in ("model", "regularizer"):
+        for key, value in whole[part].items():
+            assert torch.equal(resumed[part][key], value), f"{part}.{key}"
+    assert int(whole["regularizer"]["tau_adam_step"]) == 60
+
+
 def test_every_rank_ends_with_the_same_state(runs):
     _, (rank0, rank1) = runs[2]
     for k in (*REG_STATE, "seen_ever", "epoch", "projections"):
