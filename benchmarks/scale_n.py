@@ -1,0 +1,245 @@
+"""The regularizer alone at n = 1e4 ... 1e8 training samples: step time, epoch end, memory, in one run.
+
+    python -m benchmarks.scale_n --out docs/figures                       # n up to 1e8 (~20 min)
+    python -m benchmarks.scale_n --max-n 1e6 --out /tmp/scale_n           # quick
+
+``FBetaRegularizer`` driven with synthetic scores (no network): half of the ``n`` samples positive,
+batches of ``--batch`` random indices, a random score per sample with a gradient, Adam (lr 1e-2) on
+the regularizer's parameters, ``after_step_()`` after every step; every measurement in a fresh
+process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
+exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
+Modes: ``ModeSpec`` below (``default``: the library's defaults; ``O(B)``: the projection once per
+epoch and a sparse ``tau`` update). Reported per mode, n and processes: the median step time (after
+warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
+over all n, every sample scored), the exact projection of ``(eps, tau)`` alone against one elementwise
+pass over ``tau`` (``clamp``: the memory floor of any pass), the process's peak resident memory, and
+the regularizer's state (parameters, buffers, optimizer state) in bytes per training sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._report import markdown_table, save_figure, subplots
+from ._timing import machine_line
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    name: str
+    options: dict  # FBetaRegularizer keyword arguments
+
+
+MODES = (
+    ModeSpec("default (inline projection, dense tau)", {}),
+    ModeSpec(
+        "O(B) (epoch projection, sparse_adam tau)",
+        {"projection": "epoch", "tau_update": "sparse_adam"},
+    ),
+)
+
+
+def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
+    """In this process (one rank when torch.distributed is initialized): build, step, end the epoch."""
+    import torch
+    import torch.distributed as dist
+
+    from projections import project_onto_c
+    from reparam import FBetaRegularizer
+
+    torch.set_num_threads(1)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    gen = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)
+    labels = torch.zeros(n, dtype=torch.int8)
+    labels[::2] = 1
+    reg = FBetaRegularizer(labels, **MODES[mode].options)
+    opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+    state_bytes = sum(t.numel() * t.element_size() for t in [*reg.parameters(), *reg.buffers()])
+    local = batch // world
+    times = []
+    for k in range(steps + 3):
+        idx = torch.randint(n, (local,), generator=gen)
+        u = torch.randn(local, generator=gen).requires_grad_()
+        start = time.perf_counter()
+        loss = reg(u, idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if world > 1:
+            _exchange(reg, world, local)
+        opt.step()
+        reg.after_step_()
+        if k >= 3:
+            times.append(time.perf_counter() - start)
+    state_bytes += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values())
+    reg.seen_ever.fill_(True)  # every sample scored: the dual step's full work
+    start = time.perf_counter()
+    reg.end_epoch_()
+    end = time.perf_counter() - start
+    tau, eps = reg.tau_param.detach(), reg.eps_param.detach()[0]
+    elementwise = _seconds(lambda: tau.clamp(max=1.0))
+    projection = _seconds(lambda: project_onto_c(eps, tau))
+    return {
+        "step_s": statistics.median(times),
+        "epoch_end_s": end,
+        "projection_s": projection,
+        "elementwise_s": elementwise,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "state_bytes_per_sample": state_bytes / n,
+    }
+
+
+def _seconds(fn, repeats: int = 3) -> float:
+    """The median wall time of ``fn()`` after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _exchange(reg, world: int, local: int) -> None:
+    """What a trainer does between backward and step with several processes (train/loop.py)."""
+    from train import distributed
+
+    if reg.tau_update == "dense":
+        distributed.average_gradients_(list(reg.parameters()))
+    else:
+        distributed.average_gradients_([reg.eps_param])
+        reg.share_sparse_grads_(distributed.all_gather, world, local)
+
+
+def _worker(rank: int, world: int, port: int, mode: int, n: int, batch: int, steps: int, out: str):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = _measure(mode, n, batch, steps)
+        Path(f"{out}.{rank}").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(mode: int, n: int, batch: int, steps: int, processes: int) -> dict[str, float]:
+    """One measurement in fresh processes (``python -m benchmarks.scale_n --child ...``); with 2
+    processes, the slower rank's times and the larger rank's memory."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/result"
+        cmd = [sys.executable, "-m", "benchmarks.scale_n", "--child"]
+        cmd += [json.dumps([mode, n, batch, steps, processes, out])]
+        subprocess.run(cmd, cwd=ROOT, check=True)
+        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(processes)]
+    return {key: max(r[key] for r in ranks) for key in ranks[0]}
+
+
+def _child(spec: str) -> None:
+    mode, n, batch, steps, processes, out = json.loads(spec)
+    if processes == 1:
+        Path(f"{out}.0").write_text(json.dumps(_measure(mode, n, batch, steps)))
+        return
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(processes, port, mode, n, batch, steps, out), nprocs=processes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--max-n", type=float, default=1e8)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        _child(a.child)
+        return 0
+    sizes = [10**k for k in range(4, 9) if 10**k <= a.max_n]
+    results = []
+    for m, spec in enumerate(MODES):
+        for processes in a.processes:
+            for n in sizes:
+                r = measure(m, n, a.batch, a.steps, processes)
+                results.append((spec.name, processes, n, r))
+                print(spec.name, processes, n, {k: f"{v:.4g}" for k, v in r.items()}, flush=True)
+    text = _report(results, a)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "scale_n.md").write_text(text)
+    _plot(results, a.out / "scale_n.png")
+    print(text)
+    return 0
+
+
+def _report(results: list, a: argparse.Namespace) -> str:
+    rows = []
+    for name, processes, n, r in results:
+        first = next(x for x in results if x[0] == name and x[1] == processes)[3]
+        rows.append(
+            [
+                name,
+                str(processes),
+                f"{n:.0e}",
+                f"{r['step_s'] * 1e3:.3g}",
+                f"{r['step_s'] / first['step_s']:.2f}",
+                f"{r['epoch_end_s']:.3g}",
+                f"{r['projection_s'] * 1e3:.3g}",
+                f"{r['projection_s'] / r['elementwise_s']:.1f}",
+                f"{r['peak_rss_bytes'] / 2**20:.0f}",
+                f"{r['state_bytes_per_sample']:.1f}",
+            ]
+        )
+    header = [
+        "mode",
+        "processes",
+        "n",
+        "step (ms)",
+        "step / step at 1e4",
+        "epoch end (s)",
+        "projection (ms)",
+        "projection / one elementwise pass",
+        "peak memory per process (MiB)",
+        "state (bytes / sample)",
+    ]
+    return (
+        f"<!-- python -m benchmarks.scale_n --max-n {a.max_n:.0e} --batch {a.batch} -->\n"
+        f"{machine_line()}; one thread per process, batch {a.batch}, median of {a.steps} steps\n\n"
+        + markdown_table(header, rows)
+        + "\n"
+    )
+
+
+def _plot(results: list, path: Path) -> None:
+    fig, axes = subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r[0] for r in results):
+        for processes in sorted({r[1] for r in results}):
+            rs = [r for r in results if r[0] == name and r[1] == processes]
+            label = f"{name}, {processes} process{'es' * (processes > 1)}"
+            axes[0].loglog([r[2] for r in rs], [r[3]["step_s"] for r in rs], "o-", label=label)
+            axes[1].loglog([r[2] for r in rs], [r[3]["epoch_end_s"] for r in rs], "o-", label=label)
+    axes[0].set(xlabel="n (training samples)", ylabel="step (s)", title="per step")
+    axes[1].set(xlabel="n (training samples)", ylabel="epoch end (s)", title="per epoch end")
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""``python -m benchmarks.scale_n`` at its smallest size: one and two processes, both modes, the
+table and the figure (no timing is asserted)."""
+
+from __future__ import annotations
+
+from benchmarks import scale_n
+
+
+def test_scale_n_measures_every_mode_and_process_count(tmp_path):
+    args = ["--max-n", "1e4", "--steps", "2", "--processes", "1", "2", "--out", str(tmp_path)]
+    assert scale_n.main(args) == 0
+    lines = (tmp_path / "scale_n.md").read_text().splitlines()
+    rows = [line for line in lines if line.startswith("| ") and "1e+04" in line]
+    assert len(rows) == len(scale_n.MODES) * 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[4] == "1.00"  # the ratio to the smallest n is 1 at the smallest n
+        assert float(cells[-1]) > 20  # state: at least tau, lambda, the scores, per sample
+    assert (tmp_path / "scale_n.png").stat().st_size > 0
