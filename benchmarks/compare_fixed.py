@@ -158,6 +158,11 @@ MODE_FAMILIES: dict[str, Family] = {
         ("projection step", {"projection": "step"}),
         ("projection epoch", {"projection": "epoch"}),
         ("projection none", {"projection": "none"}),
+        ("projection clip", {"projection": "clip"}),
+        (
+            "projection clip, sparse tau",
+            {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": LR},
+        ),
         ("inline soft 0.05", {"inline_strength": 0.05}),
         ("inline soft 0.2", {"inline_strength": 0.2}),
     )

@@ -6,7 +6,8 @@ ascent) and a few objective-level variables. On top of ``ShapeObjective`` (label
 epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, float32 state) this
 base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
 ``step`` (after every optimizer step), ``inline`` (the loss sees the projection of the raw
-parameters, exact or soft) or ``none`` (an ablation); and the ``lambda`` step
+parameters, exact or soft), ``clip`` (the loss sees only the batch's rows, clipped at the threshold:
+O(B) per step, never projected in place) or ``none`` (an ablation); and the ``lambda`` step
 ``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant ``eta_lambda = dual_lr_lambda``
 (a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch`` in the user's loop).
 
@@ -26,7 +27,7 @@ from torch import Tensor
 from . import _checks
 from .objective import ShapeObjective
 
-PROJECTION_MODES = ("epoch", "step", "inline", "none")
+PROJECTION_MODES = ("epoch", "step", "inline", "clip", "none")
 
 
 class ReparamRegularizer(ShapeObjective):
@@ -61,10 +62,13 @@ class ReparamRegularizer(ShapeObjective):
 
     def _effective(self, position: int) -> Tensor:
         """The value the loss uses for constrained variable ``position``: the parameter itself,
-        except in mode ``"inline"`` (then its projection, detached: write to the ``*_param``)."""
-        if self.projection != "inline":
+        except in mode ``"inline"`` (its projection) and ``"clip"`` (its clipping,
+        :meth:`_clipped`), detached: write to the ``*_param``."""
+        if self.projection not in ("inline", "clip"):
             return getattr(self, self._constrained_names[position])
         with torch.no_grad():
+            if self.projection == "clip":
+                return self._clipped()[position]
             return self.constrained_parameters()[position].detach()
 
     # --- the schedule ---------------------------------------------------------------------------
@@ -126,6 +130,10 @@ class ReparamRegularizer(ShapeObjective):
     # --- for subclasses ---------------------------------------------------------------------------
 
     def _project(self, *raw: Tensor, strength: float = 0.0) -> tuple[Tensor, ...]:
+        raise NotImplementedError
+
+    def _clipped(self) -> tuple[Tensor, ...]:
+        """Mode ``"clip"``: the constrained variables as the loss sees them (detached)."""
         raise NotImplementedError
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:

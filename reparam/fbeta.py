@@ -73,8 +73,10 @@ class FBetaRegularizer(ReparamRegularizer):
             samples of the other classes.
         projection: where ``Pi_C`` is applied: ``"inline"`` (inside the loss:
             ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
-            ``"step"`` (after every optimizer step), ``"none"`` (an ablation). ``None``: the
-            preset's (``"inline"``; paper: ``"epoch"``). The exact projection is
+            ``"step"`` (after every optimizer step), ``"clip"`` (the batch's positives see
+            ``min(tau_k, eps)``, the clipped rows follow ``eps``: O(B) per step, also with a sparse
+            ``tau``; docs/method.md sec. 3b), ``"none"`` (an ablation). ``None``: the preset's
+            (``"inline"``; paper: ``"epoch"``). The exact projection is
             ``projections.project_onto_c`` with its fastest method (``method="auto"``).
         inline_strength: with ``projection="inline"``, ``0`` uses the exact projection (autograd
             a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength (docs/method.md
@@ -104,7 +106,7 @@ class FBetaRegularizer(ReparamRegularizer):
             paper's Algorithm 3; or lazy Adam, ``torch.optim.SparseAdam``'s rule): O(B) per step;
             ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
             ``after_step_()`` after every optimizer step (or :meth:`attach`) and projection
-            ``"epoch"``, ``"step"`` or ``"none"`` (``"inline"`` differentiates through the
+            ``"clip"``, ``"epoch"``, ``"step"`` or ``"none"`` (``"inline"`` differentiates through the
             projection of every ``tau``: O(n) per step).
         tau_lr: the sparse update's step size (``None``: 1e-3).
 
@@ -165,7 +167,8 @@ class FBetaRegularizer(ReparamRegularizer):
                 raise ValueError(
                     f"tau_update={tau_update!r} steps only the rows a batch touches, but "
                     "projection='inline' couples every tau in each step's loss (O(n) per step): "
-                    "use projection 'epoch' (the paper's), 'step' or 'none', or tau_update='dense'"
+                    "use projection 'clip' (O(B)), 'epoch' (the paper's), 'step' or 'none', or "
+                    "tau_update='dense'"
                 )
             self.register_buffer("tau_param", torch.ones(n_pos))
             if self.tau_update == "sparse_adam":  # lazy Adam's [m, v] per row, and its step count
@@ -202,6 +205,8 @@ class FBetaRegularizer(ReparamRegularizer):
         """``L_B`` (docs/method.md sec. 3), the mean over positive classes (one autograd node per
         class, no batch split: ``Fn.batch_lagrangian``)."""
         eps, tau = self.constrained_parameters()
+        if self.projection == "clip":  # eps >= 0; the batch's rows of tau are clipped at eps
+            eps = eps.clamp_min(0)
         batch, n_samples = idx.numel(), self.n_samples
         slots = self.slot.index_select(0, idx)
         if len(self.classes) == 1:  # the hot path
@@ -240,6 +245,7 @@ class FBetaRegularizer(ReparamRegularizer):
             slots,
             beta=self.beta,
             scale=scale,
+            clip=self.projection == "clip",
             tau_grad_sink=self._tau_grad_sink,
             terms_fn=self._terms_fn,
         ).view(())
@@ -322,6 +328,10 @@ class FBetaRegularizer(ReparamRegularizer):
                 step=self.tau_adam_step if adam else None,
             )
         super()._after_step_body_()
+
+    def _clipped(self) -> tuple[Tensor, Tensor]:
+        eps = self.eps_param.detach().clamp_min(0)
+        return eps, torch.minimum(self.tau_param.detach(), eps[self.tau_group])
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = len(self.classes) == 1  # the plain form is faster than one group of the grouped form

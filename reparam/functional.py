@@ -60,6 +60,7 @@ def batch_lagrangian(
     *,
     beta: float,
     scale: float,
+    clip: bool = False,
     tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
     terms_fn: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None,
 ) -> Tensor:
@@ -83,6 +84,14 @@ def batch_lagrangian(
     grad): the backward calls ``tau_grad_sink(slots, is_pos, grad)`` with the gradient per batch
     entry (0 for negatives) instead of building a dense ``(n,)`` gradient -- O(B), not O(n).
     ``terms_fn``: the forward math (default :func:`batch_lagrangian_terms`; a compiled copy of it).
+
+    ``clip``: the batch's positives see ``min(tau_k, eps)`` (projection mode ``"clip"``, O(B): the
+    exact projection's formula ``Pi_C(eps, tau) = (e, min(tau, e))`` with the threshold ``eps``
+    itself). A clipped row passes its term's gradient ``s (mu + lambda_k)`` to ``eps``, and follows
+    ``eps``: its own gradient is ``eps``'s total divided by (clipped rows + 1), as in the exact
+    projection the active set moves with the threshold (``d e* / d tau_k = 1/(|A| + 1)``, sec. 4)
+    -- without it a clipped row never comes back below ``eps`` (measured: docs/method.md sec. 3b).
+    Not the derivative of the forward value for those rows, by design.
     """
     return _BatchLagrangian.apply(
         eps,
@@ -94,6 +103,7 @@ def batch_lagrangian(
         slots,
         beta**2,
         scale,
+        clip,
         tau_grad_sink,
         terms_fn or batch_lagrangian_terms,
     )
@@ -109,6 +119,7 @@ def batch_lagrangian_terms(
     slots: Tensor,
     beta2: float,
     scale: float,
+    clip: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
     hands to ``torch.compile``): ``(L_B, dL/du, dL/dtau per batch entry, dL/deps)``, the
@@ -117,17 +128,27 @@ def batch_lagrangian_terms(
     z = eps + u
     phi, dphi = torch.relu(z), (z > 0).to(z.dtype)
     mu_lam = mu + lam_b
+    d_eps_neg = torch.where(is_pos, 0.0, dphi)
+    if clip:  # a positive row above eps is eps: its gradient goes to eps
+        over = is_pos & (t > eps)
+        t = torch.where(over, eps, t)
+        d_eps_neg = d_eps_neg + torch.where(over, mu_lam, 0.0)
+        is_row = is_pos & ~over
+    else:
+        is_row = is_pos
     terms = torch.where(is_pos, mu_lam * t - lam_b * u, phi)
     d_u = torch.where(is_pos, -lam_b, dphi) * scale
-    d_tau = torch.where(is_pos, mu_lam * scale, 0.0)
-    d_eps = beta2 + scale * torch.where(is_pos, 0.0, dphi).sum()
+    d_tau = torch.where(is_row, mu_lam * scale, 0.0)
+    d_eps = beta2 + scale * d_eps_neg.sum()
+    if clip:  # the clipped rows move with eps, as the active set moves with the projection's e*
+        d_tau = torch.where(over, d_eps / (over.sum() + 1), d_tau)
     return beta2 * eps + scale * terms.sum(), d_u, d_tau, d_eps
 
 
 class _BatchLagrangian(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, sink, terms_fn):
-        loss, d_u, d_tau, d_eps = terms_fn(eps, tau, u, lam, mu, is_pos, slots, beta2, scale)
+    def forward(ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, sink, terms_fn):
+        loss, d_u, d_tau, d_eps = terms_fn(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip)
         ctx.save_for_backward(slots, d_u, d_tau, d_eps, is_pos)
         ctx.n_tau, ctx.sink = tau.shape[0], sink
         return loss
@@ -142,7 +163,7 @@ class _BatchLagrangian(torch.autograd.Function):
             grad_tau = d_tau.new_zeros(ctx.n_tau).index_add_(0, slots, g * d_tau)
         elif ctx.sink is not None:
             ctx.sink(slots, is_pos, g * d_tau)
-        return (grad_eps, grad_tau, grad_u) + (None,) * 8
+        return (grad_eps, grad_tau, grad_u) + (None,) * 9
 
 
 def best_feasible_eps(u_pos: Tensor) -> Tensor | None:

@@ -116,12 +116,19 @@ class _RateObjective(ReparamRegularizer):
         return (torch.clamp(tau, max=1),)
 
     def _gather(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch."""
+        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (mode
+        ``"clip"``: the rows clipped at 1, O(B))."""
         (tau,) = self.constrained_parameters()
         is_pos = self.class_of.index_select(0, idx) == 0
         slots = self.slot.index_select(0, idx).clamp_min(0)
         scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
-        return is_pos, tau.index_select(0, slots), self.lam.index_select(0, slots), scale
+        rows = tau.index_select(0, slots)
+        if self.projection == "clip":
+            rows = rows.clamp(max=1)
+        return is_pos, rows, self.lam.index_select(0, slots), scale
+
+    def _clipped(self) -> tuple[Tensor]:
+        return (self.tau_param.detach().clamp(max=1),)
 
     def _dual_step_(self) -> None:
         """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""

@@ -196,7 +196,9 @@ def test_nu_cap_and_a_step_size_set_from_the_loop():
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0)])
+@pytest.mark.parametrize(
+    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 0)]
+)
 def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
     reg, _, gen = _setup(kind, projection=mode)
     opt = torch.optim.SGD(reg.parameters(), lr=0.5)
@@ -205,9 +207,9 @@ def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
         run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
-    if mode in ("epoch", "step", "inline"):  # the tau the loss uses is in the box tau <= 1
+    if mode in ("epoch", "step", "inline", "clip"):  # the tau the loss uses is in the box
         assert float(reg.tau.detach().max()) <= 1.0
-    if mode == "inline":
+    if mode in ("inline", "clip"):
         torch.testing.assert_close(reg.tau, reg.tau_param.detach().clamp(max=1))
 
 

@@ -110,7 +110,9 @@ def test_dual_step_sizes_are_attributes_a_loop_can_schedule():
     assert int(reg.epoch) == 3
 
 
-@pytest.mark.parametrize("mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0)])
+@pytest.mark.parametrize(
+    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 0)]
+)
 def test_projection_count_per_epoch(mode, per_epoch):
     reg, _, gen = _setup(projection=mode)
     opt = torch.optim.SGD(reg.parameters(), lr=0.1)
@@ -303,3 +305,58 @@ def test_inert_regularizer_says_why_and_what_to_change():
     healthy = FBetaRegularizer(s)
     assert _one_epoch(healthy, good)["inert"] is None
     assert _one_epoch(healthy, good + 0.1)["inert"] is None
+
+
+def test_clip_mode_loss_is_the_reference_on_clipped_rows_and_clipped_rows_follow_eps():
+    """``clip=True``: the batch's positives see ``min(tau_k, eps)``: the value and the gradients of
+    ``eps``, ``u`` and the unclipped rows are the reference ``minibatch_lagrangian``'s on the clipped
+    rows (autograd through ``torch.minimum``); a clipped row gets ``eps``'s gradient divided by
+    (clipped rows + 1), as the exact projection's active set does."""
+    gen = torch.Generator().manual_seed(5)
+    n_pos = 9
+    eps = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
+    tau = (torch.rand(n_pos, dtype=torch.float64, generator=gen) * 1.2).requires_grad_()
+    u = torch.randn(12, dtype=torch.float64, generator=gen).requires_grad_()
+    lam = torch.rand(n_pos, dtype=torch.float64, generator=gen)
+    mu = torch.tensor(-0.8, dtype=torch.float64)
+    is_pos = torch.tensor([1, 0, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1], dtype=torch.bool)
+    slots = torch.tensor([4, 0, 2, 7, 0, 0, 4, 0, 1, 0, 0, 8])
+    kw = dict(beta=0.7, scale=1.9)
+    fused = fn.batch_lagrangian(eps, tau, u, lam, mu, is_pos, slots, clip=True, **kw)
+    t = torch.minimum(tau[slots[is_pos]], eps)
+    ref = fn.minibatch_lagrangian(eps, t, lam[slots[is_pos]], u[is_pos], mu, u[~is_pos], **kw)
+    torch.testing.assert_close(fused, ref)
+    over = is_pos & (tau.detach()[slots] > eps.detach())
+    assert bool(over.any()) and bool((is_pos & ~over).any())
+    g_eps, g_tau, g_u = torch.autograd.grad(fused, (eps, tau, u))
+    r_eps, r_tau, r_u = torch.autograd.grad(ref, (eps, tau, u))
+    torch.testing.assert_close(g_eps, r_eps)
+    torch.testing.assert_close(g_u, r_u)
+    clipped = torch.zeros(n_pos, dtype=torch.bool).index_fill_(0, slots[over], True)
+    torch.testing.assert_close(g_tau[~clipped], r_tau[~clipped])
+    follow = torch.zeros(n_pos, dtype=torch.float64).index_add_(
+        0, slots[over], (g_eps / (int(over.sum()) + 1)).expand(int(over.sum()))
+    )
+    torch.testing.assert_close(g_tau[clipped], follow[clipped])
+
+
+@pytest.mark.parametrize("tau_update", ["dense", "sparse_adam"])
+def test_clip_mode_reports_clipped_tau_and_never_projects(tau_update):
+    s = torch.tensor([1, 0] * 20)
+    reg = FBetaRegularizer(s, projection="clip", tau_update=tau_update, tau_lr=0.1)
+    with torch.no_grad():
+        reg.tau_param.copy_(torch.linspace(0.5, 1.5, reg.tau_param.numel()))
+    torch.testing.assert_close(reg.tau, reg.tau_param.detach().clamp(max=float(reg.eps)))
+    opt = torch.optim.Adam(reg.parameters(), lr=0.1)
+    u = torch.randn(40)
+    before = reg.tau_param.detach().clone()
+    for idx in torch.arange(40).split(10):
+        loss = reg(u[idx].requires_grad_(), idx)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        reg.after_step_()
+    reg.end_epoch_()
+    assert reg.stats()["projections"] == 0
+    assert not torch.equal(reg.tau_param, before)  # clipped rows moved too (they follow eps)
+    assert bool((reg.tau <= reg.eps).all())
