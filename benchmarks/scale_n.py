@@ -8,8 +8,8 @@ batches of ``--batch`` random indices, a random score per sample with a gradient
 the regularizer's parameters, ``after_step_()`` after every step; every measurement in a fresh
 process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
 exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
-Modes: ``ModeSpec`` below (``default``: the library's defaults; ``O(B)``: the projection once per
-epoch and a sparse ``tau`` update). Reported per mode, n and processes: the median step time (after
+Modes: ``MODES`` below (the library's defaults; the ``clip`` projection with a sparse ``tau``
+update, O(B) per step; the projection once per epoch with a sparse ``tau`` update). Reported per mode, n and processes: the median step time (after
 warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
 over all n, every sample scored), the exact projection of ``(eps, tau)`` alone against one elementwise
 pass over ``tau`` (``clamp``: the memory floor of any pass), the process's peak resident memory, and
@@ -44,6 +44,9 @@ class ModeSpec:
 
 MODES = (
     ModeSpec("default (inline projection, dense tau)", {}),
+    ModeSpec(
+        "clip projection, sparse_adam tau", {"projection": "clip", "tau_update": "sparse_adam"}
+    ),
     ModeSpec(
         "O(B) (epoch projection, sparse_adam tau)",
         {"projection": "epoch", "tau_update": "sparse_adam"},
