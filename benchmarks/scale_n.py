@@ -48,7 +48,7 @@ MODES = (
         "clip projection, sparse_adam tau", {"projection": "clip", "tau_update": "sparse_adam"}
     ),
     ModeSpec(
-        "O(B) (epoch projection, sparse_adam tau)",
+        "epoch projection, sparse_adam tau",
         {"projection": "epoch", "tau_update": "sparse_adam"},
     ),
 )
