@@ -6,7 +6,7 @@ steps"): the device flag, its reads (:class:`NonFiniteGuard`) and the error ``st
 anything. ``stop`` reads it every ``train.nonfinite_check_every`` steps, before every checkpoint
 and at the epoch end, so on a GPU its steps do not wait for the device. (Earlier versions also
 made ``skip`` read-free, with a no-op step on the device through the optimizer's ``found_inf``, a
-NaN-scaled loss and a ``valid=`` argument of the regularizer; a read per step measured 0.02-0.9 % of
+NaN-scaled loss and a ``valid=`` argument of the regularizer; a read per step measured 0.01-0.8 % of
 the smallest step we ship on a CPU, docs/figures/nonfinite_read.md, so that machinery was removed.)
 """
 
