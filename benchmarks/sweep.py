@@ -73,8 +73,8 @@ def _train(job: Job, root: Path) -> str:
     torch.set_num_threads(1)
     out = str(root / job.key)
     quiet = ["train.progress=false", "train.log_images=0", "train.keep_checkpoints=1"]
-    if _resumable(Path(out), job):  # an interrupted or shorter run of this job: go on from it
-        epochs = config_mod.load(job.config, list(job.overrides)).train.epochs
+    epochs = config_mod.load(job.config, list(job.overrides)).train.epochs
+    if _resumable(Path(out), job, epochs):  # an interrupted or shorter run of this job: go on
         resume = ["train.stop_after_steps=null", f"train.epochs={epochs}"]
         cfg = config_mod.load(Path(out) / "config.yaml", resume)
         run(cfg, log=lambda *_: None, resume=out)
@@ -85,13 +85,13 @@ def _train(job: Job, root: Path) -> str:
     return out
 
 
-def _resumable(out: Path, job: Job) -> bool:
-    """Whether ``out`` holds a checkpoint of a run with ``job``'s settings, or with the same ones
-    but fewer epochs and a constant lr schedule (it is extended); else the job starts anew."""
+def _resumable(out: Path, job: Job, epochs: int) -> bool:
+    """Whether ``out`` holds a checkpoint of a run with ``job``'s settings (``epochs`` of them), or
+    with the same ones but fewer epochs and a constant lr schedule (it is extended); else the job
+    starts anew."""
     import yaml
 
     from train import checkpoint
-    from train import config as config_mod
 
     try:
         config = yaml.safe_load((out / "config.yaml").read_text())
@@ -99,7 +99,6 @@ def _resumable(out: Path, job: Job) -> bool:
         return False
     if checkpoint.latest(out) is None:
         return False
-    epochs = config_mod.load(job.config, list(job.overrides)).train.epochs
     others = [o for o in job.overrides if not o.startswith("train.epochs=")]
     trained = config.get("train", {}).get("epochs", epochs + 1)
     if trained < epochs and config.get("optim", {}).get("schedule") != "constant":

@@ -24,6 +24,7 @@ from reparam.baselines import (
     soft_fbeta_loss,
 )
 from tests.protocol import run_protocol
+from tests.train.run_utils import smnist_args
 
 ROOT = Path(__file__).resolve().parents[2]
 LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 0, 0])
@@ -173,24 +174,9 @@ def test_the_trainer_runs_every_alternative(digits_smnist, tmp_path, name):
     from train.__main__ import main
 
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "--config",
-                str(ROOT / "configs" / "demo.yaml"),
-                "--regularizer",
-                name,
-                "--out",
-                str(out),
-                f"data.path={digits_smnist}",
-                "train.epochs=1",
-                "train.progress=false",
-                "regularizer.projection=null",
-                "regularizer.lp_fbeta.infeasibility_cost=100",
-            ]
-        )
-        == 0
-    )
+    extra = ["train.epochs=1", "regularizer.projection=null"]
+    extra.append("regularizer.lp_fbeta.infeasibility_cost=100")
+    assert main([*smnist_args(digits_smnist, out, *extra), "--regularizer", name]) == 0
     final = json.loads((out / "metrics.json").read_text())["final"]
     assert final["reg_train_auc"] is not None and final["test_shape_auc"] is not None
 

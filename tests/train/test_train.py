@@ -14,6 +14,8 @@ from train import checkpoint
 from train import config as C
 from train.loop import run
 
+from .run_utils import smnist_args
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -95,24 +97,8 @@ def test_rate_objectives_train_through_the_cli(digits_smnist, tmp_path, name, ta
     from train.__main__ import main
 
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "--config",
-                str(ROOT / "configs" / "demo.yaml"),
-                "--regularizer",
-                name,
-                "--out",
-                str(out),
-                f"data.path={digits_smnist}",
-                "train.epochs=2",
-                "train.progress=false",
-                "regularizer.projection=inline",
-                target,
-            ]
-        )
-        == 0
-    )
+    args = smnist_args(digits_smnist, out, "regularizer.projection=inline", target)
+    assert main([*args, "--regularizer", name]) == 0
     final = json.loads((out / "metrics.json").read_text())["final"]
     for key in (
         *figures,
