@@ -144,3 +144,27 @@ def test_the_training_loop_reads_top_to_bottom_in_80_lines():
     tree = ast.parse((ROOT / "train" / "loop.py").read_text())
     (loop,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_train"]
     assert loop.end_lineno - loop.lineno + 1 <= 80
+
+
+def test_benchmark_scripts_stay_short():
+    """benchmarks/ on one harness: every script 300 lines or fewer, no function over 60."""
+    long = []
+    for f in _tracked():
+        if f.startswith("benchmarks/") and f.endswith(".py"):
+            text = (ROOT / f).read_text()
+            if len(text.splitlines()) > 300:
+                long.append(f"{f}: {len(text.splitlines())} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    if (n := node.end_lineno - node.lineno + 1) > 60:
+                        long.append(f"{f}: {node.name} {n} lines")
+    assert not long, long
+
+
+def test_fbeta_takes_about_a_dozen_options():
+    """Options without a measured reason were removed: shape_labels and at most 12 options."""
+    import inspect
+
+    from reparam import FBetaRegularizer
+
+    assert len(inspect.signature(FBetaRegularizer).parameters) <= 13
