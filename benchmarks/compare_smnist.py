@@ -48,6 +48,17 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
     ],
+    "reparam F-beta, defaults but clip": [  # issue 23: the O(B) projection (docs/method.md 3b)
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=null",
+        "regularizer.projection=clip",
+    ],
+    "reparam F-beta, defaults but clip, sparse_adam tau": [
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=null",
+        "regularizer.projection=clip",
+        "regularizer.fbeta.tau_update=sparse_adam",
+    ],
     "reparam P@R r=0.9": [
         "regularizer.name=precision_at_recall",
         "regularizer.projection=inline",
@@ -134,6 +145,7 @@ HEADER = [
     "shape F1 (test)",
     "shape F1 at learned threshold (test)",
     "shape AUC (test)",
+    "certified F1 bound (train)",
     "time / epoch vs reparam F-beta defaults",
 ]
 
@@ -157,10 +169,20 @@ def _table(runs: Path, setting: str, seeds: list[int]) -> str:
                 mean_sd([x["test_shape_fbeta"] for x in f]),
                 mean_sd([x.get("test_shape_fbeta_at_threshold") for x in f]),
                 mean_sd([x["test_shape_auc"] for x in f], ".4f"),
+                _bound([x.get("reg_certified_fbeta", "n/a") for x in f]),
                 mean_sd(rel, ".2f"),
             ]
         )
     return f"### {setting}\n\n{markdown_table(HEADER, rows)}\n"
+
+
+def _bound(values: list) -> str:
+    """The certified training F1 bound of the last epoch end (docs/method.md sec. 2): ``n/a`` for
+    a shape term without one, else mean ± sd over the seeds that have one, with how many do."""
+    if any(v == "n/a" for v in values):
+        return "n/a"
+    have = [v for v in values if v is not None]
+    return f"{mean_sd(have) if have else 'none'} ({len(have)}/{len(values)} certified)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(_table(a.runs, setting, a.seeds) for setting in a.settings)
     a.out.mkdir(parents=True, exist_ok=True)
     settings = " ".join(f'"{x}"' for x in a.settings)
+    if a.methods != list(METHODS):
+        settings += " --methods " + " ".join(f'"{x}"' for x in a.methods)
     write_text_atomic(
         f"<!-- python -m benchmarks.compare smnist --mnist-dir data/mnist --jobs {a.jobs} "
         f"--settings {settings} --seeds {' '.join(map(str, a.seeds))} -->\n"
