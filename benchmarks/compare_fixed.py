@@ -163,9 +163,9 @@ MODE_FAMILIES: dict[str, Family] = {
             "projection clip, sparse tau",
             {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": LR},
         ),
-        (  # the sparse update at its own default step (1e-3), not the head's
+        (  # the sparse update at the library's default step (1e-3), not the head's
             "projection clip, sparse tau at tau_lr 1e-3",
-            {"projection": "clip", "tau_update": "sparse_adam"},
+            {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": 1e-3},
         ),
         ("inline soft 0.05", {"inline_strength": 0.05}),
         ("inline soft 0.2", {"inline_strength": 0.2}),

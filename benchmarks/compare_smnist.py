@@ -169,20 +169,20 @@ def _table(runs: Path, setting: str, seeds: list[int]) -> str:
                 mean_sd([x["test_shape_fbeta"] for x in f]),
                 mean_sd([x.get("test_shape_fbeta_at_threshold") for x in f]),
                 mean_sd([x["test_shape_auc"] for x in f], ".4f"),
-                _bound([x.get("reg_certified_fbeta", "n/a") for x in f]),
+                _bound(f),
                 mean_sd(rel, ".2f"),
             ]
         )
     return f"### {setting}\n\n{markdown_table(HEADER, rows)}\n"
 
 
-def _bound(values: list) -> str:
+def _bound(finals: list[dict]) -> str:
     """The certified training F1 bound of the last epoch end (docs/method.md sec. 2): ``n/a`` for
     a shape term without one, else mean ± sd over the seeds that have one, with how many do."""
-    if any(v == "n/a" for v in values):
+    if any("reg_certified_fbeta" not in x for x in finals):
         return "n/a"
-    have = [v for v in values if v is not None]
-    return f"{mean_sd(have) if have else 'none'} ({len(have)}/{len(values)} certified)"
+    have = [x["reg_certified_fbeta"] for x in finals if x["reg_certified_fbeta"] is not None]
+    return f"{mean_sd(have) if have else 'none'} ({len(have)}/{len(finals)} certified)"
 
 
 def main(argv: list[str] | None = None) -> int:
