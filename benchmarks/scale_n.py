@@ -13,7 +13,17 @@ update, O(B) per step; the projection once per epoch with a sparse ``tau`` updat
 warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
 over all n, every sample scored), the exact projection of ``(eps, tau)`` alone against one elementwise
 pass over ``tau`` (``clamp``: the memory floor of any pass), the process's peak resident memory, and
-the regularizer's state (parameters, buffers, optimizer state) in bytes per training sample.
+the regularizer's state in bytes per training sample: parameters, every buffer (the non-persistent
+sparse gradient accumulator too) and the optimizer's state (Adam's two moments of a dense ``tau``).
+
+State per mode (docs/method.md sec. 11), per sample + per positive, and at half positives:
+
+* per sample, every mode: 13 B (labels int8, ``slot`` int32, one float32 score per positive class,
+  ``score_epoch`` int32);
+* default (dense ``tau`` stepped by Adam): + 21 B per positive (``pos_index`` int32, ``tau_group``
+  int8, ``tau``, ``lambda``, Adam's two moments): 23.5 B per sample;
+* ``sparse_adam`` (either projection): + 29 B per positive (``pos_index``, ``tau_group``, ``tau``,
+  ``lambda``, the lazy Adam moments 8 B, the gradient accumulator 8 B): 27.5 B per sample.
 """
 
 from __future__ import annotations
@@ -86,7 +96,7 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
         if k >= 3:
             times.append(time.perf_counter() - start)
     state_bytes += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values())
-    reg.seen_ever.fill_(True)  # every sample scored: the dual step's full work
+    reg.score_epoch.fill_(0)  # every sample scored (seen_ever): the dual step's full work
     start = time.perf_counter()
     reg.end_epoch_()
     end = time.perf_counter() - start

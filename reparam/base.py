@@ -104,7 +104,7 @@ class ReparamRegularizer(ShapeObjective):
             self.project_()
         eta_l = self.dual_lr_lambda
         tau, target = self._lambda_targets()
-        have = self.seen_ever[self.pos_index]
+        have = self._seen_positives()
         have = have.view(-1, *([1] * (tau.dim() - 1)))
         self.lam.copy_(
             torch.where(have, (self.lam + eta_l * (tau - target)).clamp_min(0), self.lam)
@@ -118,7 +118,7 @@ class ReparamRegularizer(ShapeObjective):
         """``ShapeObjective.stats`` plus ``lambda`` and the violation of the dualized ``tau_i <= u_i``
         (over the positives with a remembered score)."""
         tau, target = self._lambda_targets()
-        over_u = (tau - target).clamp_min(0)[self.seen_ever[self.pos_index]]
+        over_u = (tau - target).clamp_min(0)[self._seen_positives()]
         return super().stats() | {
             "lambda_mean": float(self.lam.mean()),
             "lambda_max": float(self.lam.max()),

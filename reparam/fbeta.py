@@ -30,7 +30,7 @@ from projections import project_onto_c, soft_project_onto_c
 from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
-from .sparse import TAU_UPDATES, accumulate_, sparse_step_
+from .sparse import TAU_UPDATES, accumulate_, sparse_step_, zero_rows_
 
 DEFAULT_TAU_LR = 1e-3  # tau_lr=None with a sparse tau update (Adam's default lr)
 
@@ -215,9 +215,9 @@ class FBetaRegularizer(ReparamRegularizer):
                 u = torch.where(is_pos, torch.minimum(u, eps.detach()), u)
             scale = n_samples / (self._n_pos_list[0] * batch)
             return self._class_term(eps, tau, u, self.mu, is_pos, slots.clamp_min_(0), scale)
-        cls = self.class_of.index_select(0, idx)
+        cls = torch.bucketize(slots, self.class_start, right=True)  # j + 1: class j; 0: negative
         if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
-            own = cls.unsqueeze(1) == torch.arange(len(self.classes), device=cls.device)
+            own = cls.unsqueeze(1) == torch.arange(1, len(self.classes) + 1, device=cls.device)
             u = torch.where(own, torch.minimum(u, eps.detach().unsqueeze(0)), u)
         slots = slots.clamp_min_(0)
         terms = [
@@ -226,7 +226,7 @@ class FBetaRegularizer(ReparamRegularizer):
                 tau,
                 u.select(1, j),
                 self.mu.select(0, j),
-                cls == j,
+                cls == j + 1,
                 slots,
                 n_samples / (n_pos * batch),
             )
@@ -293,9 +293,9 @@ class FBetaRegularizer(ReparamRegularizer):
             if len(rows) > size:
                 raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
             packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
-            acc.index_fill_(0, rows, 0.0)  # replaced by the mean over processes below
+            zero_rows_(acc, rows)  # replaced by the mean over processes below
         every = all_gather(packed)
-        rows, touched = every[:, 0].long(), every[:, 1] > 0
+        rows, touched = every[:, 0].to(self.slot.dtype), every[:, 1] > 0
         grad = (every[:, 2] / processes).to(acc.dtype)
         accumulate_(acc, rows, touched, grad)
         self._pending = [(rows, touched, grad)]
@@ -331,7 +331,7 @@ class FBetaRegularizer(ReparamRegularizer):
 
     def _clipped(self) -> tuple[Tensor, Tensor]:
         eps = self.eps_param.detach().clamp_min(0)
-        return eps, torch.minimum(self.tau_param.detach(), eps[self.tau_group])
+        return eps, torch.minimum(self.tau_param.detach(), eps[self._groups])
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = len(self.classes) == 1  # the plain form is faster than one group of the grouped form
@@ -339,18 +339,19 @@ class FBetaRegularizer(ReparamRegularizer):
             if one:
                 e, t = soft_project_onto_c(eps[0], tau, strength=strength)
                 return e.reshape(1), t
-            return soft_project_onto_c(eps, tau, strength=strength, groups=self.tau_group)
+            return soft_project_onto_c(eps, tau, strength=strength, groups=self._groups)
         if one:
             e, t = project_onto_c(eps[0], tau)
             return e.reshape(1), t
-        return project_onto_c(eps, tau, groups=self.tau_group)
+        return project_onto_c(eps, tau, groups=self._groups)
 
     # --- the dual step --------------------------------------------------------------------------
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
-        u = self.scores[self.pos_index, self.tau_group]
+        groups = self._groups
+        u = self.scores[self.pos_index, groups]
         if self.cap_scores:
-            u = torch.minimum(u, self.eps.detach().float()[self.tau_group])
+            u = torch.minimum(u, self.eps.detach().float()[groups])
         return self.tau.detach().float(), u
 
     def _dual_step_(self) -> None:
@@ -399,7 +400,7 @@ class FBetaRegularizer(ReparamRegularizer):
             delta = (now - prev).abs()
             moved = max(float(delta[:p].max()), float(delta[2 * p :].max()))  # eps, tau moments
             target_tau, target_u = self._lambda_targets()
-            seen = self.seen_ever[self.pos_index]
+            seen = self._seen_positives()
             violated = float((target_tau - target_u).clamp_min(0)[seen].mean()) if seen.any() else 0
             if moved < 1e-3 and violated > 1e-3:
                 reasons.append(
@@ -422,7 +423,7 @@ class FBetaRegularizer(ReparamRegularizer):
         self.inert = "; ".join(reasons) or None
 
     def _class_mean(self, tau: Tensor) -> Tensor:
-        sums = torch.zeros_like(self.mu).index_add_(0, self.tau_group, tau.float())
+        sums = torch.zeros_like(self.mu).index_add_(0, self._groups, tau.float())
         return sums / self.n_pos
 
     # --- reporting ------------------------------------------------------------------------------
@@ -446,7 +447,7 @@ class FBetaRegularizer(ReparamRegularizer):
         out: dict[str, float | int | list | bool | None] = {
             "eps": float(eps.mean()),
             "mu": float(self.mu.mean()),
-            "violation_tau_gt_eps_max": float((tau - eps[self.tau_group]).clamp_min(0).max()),
+            "violation_tau_gt_eps_max": float((tau - eps[self._groups]).clamp_min(0).max()),
             "violation_mean_tau_max": float((self._class_mean(tau) - 1).abs().max()),
             "certified_fbeta": _mean_or_none(bounds),
             "train_fbeta": _mean_or_none(fbetas),

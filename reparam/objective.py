@@ -31,6 +31,20 @@ from . import _checks
 from ._monitor import MisuseMonitor
 
 
+def _smallest_int(hi: int) -> torch.dtype:
+    """The smallest signed integer dtype that holds ``-1 .. hi`` (labels, class numbers)."""
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if hi <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
+def _index_dtype(n: int) -> torch.dtype:
+    """The dtype of indices into ``n`` rows: int32 (what torch's index ops take besides int64)
+    when ``n <= 2**31``, else int64."""
+    return torch.int32 if n - 1 <= torch.iinfo(torch.int32).max else torch.int64
+
+
 class ShapeObjective(nn.Module):
     """Base of every objective on the shape node's scores; see the module docstring."""
 
@@ -38,15 +52,15 @@ class ShapeObjective(nn.Module):
     # The layout of the state_dict (torch's idiom: saved in its metadata, checked on load). Raise it
     # when a buffer or parameter is renamed, added or changes meaning; a state of another version
     # is refused with a message (there are no migrations before 1.0).
-    _version = 1
+    _version = 2  # 2: compact index dtypes, seen_ever derived from score_epoch, no class_of
 
     def __init__(self, shape_labels: object, *, positive_classes: Sequence[int]) -> None:
         super().__init__()
-        labels = _checks.shape_labels(shape_labels)
+        labels = _checks.shape_labels(shape_labels)  # validated as int64, then stored compactly
         classes = _checks.positive_classes(positive_classes)
         n_total = labels.numel()
-        slot = torch.full((n_total,), -1, dtype=torch.int64)
-        class_of = torch.full((n_total,), -1, dtype=torch.int64)
+        index = _index_dtype(n_total)  # rows of tau and dataset indices: int32 below 2**31
+        slot = torch.full((n_total,), -1, dtype=index)
         pos_index, group, counts = [], [], []
         for j, c in enumerate(classes):
             idx = (labels == c).nonzero()[:, 0]
@@ -57,26 +71,28 @@ class ShapeObjective(nn.Module):
                     f"class {c} has {idx.numel()} positive and {n_neg} negative samples "
                     f"(labels present: {sorted(set(labels.tolist()))})"
                 )
-            slot[idx] = sum(counts) + torch.arange(idx.numel())
-            class_of[idx] = j
-            pos_index.append(idx)
-            group.append(torch.full((idx.numel(),), j, dtype=torch.int64))
+            slot[idx] = (sum(counts) + torch.arange(idx.numel())).to(index)
+            pos_index.append(idx.to(index))
+            group.append(torch.full((idx.numel(),), j, dtype=_smallest_int(len(classes) - 1)))
             counts.append(idx.numel())
         self.classes = classes
-        self.register_buffer("shape_labels", labels.clone())
+        # State per training sample (docs/method.md sec. 11): the smallest exact dtypes
+        self.register_buffer("shape_labels", labels.to(_smallest_int(int(labels.max())), copy=True))
         self.register_buffer("slot", slot)  # dataset index -> row of tau, or -1
-        self.register_buffer("class_of", class_of)  # dataset index -> positive class j, or -1
         self.register_buffer("pos_index", torch.cat(pos_index))  # row of tau -> dataset index
-        self.register_buffer("tau_group", torch.cat(group))  # row of tau -> class j
+        self.register_buffer("tau_group", torch.cat(group))  # row of tau -> class j (int8: P < 128)
+        # the first row of each class: bucketize(slot, class_start, right=True) is j + 1 for a
+        # positive of class j and 0 for a negative (a sample's class without a per-sample buffer)
+        starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0).to(index)
+        self.register_buffer("class_start", starts, persistent=False)
         self.register_buffer("n_pos", torch.tensor(counts, dtype=torch.float32))
         self._n_pos_list = [float(c) for c in counts]  # fixed by shape_labels: no sync per step
         self._n_neg_list = [float(n_total - c) for c in counts]
         p = len(classes)
         self.register_buffer("scores", torch.zeros(n_total, p))  # remembered u, one column/class
-        self.register_buffer("seen_ever", torch.zeros(n_total, dtype=torch.bool))
-        # epoch (value of ``epoch`` then) in which each score was recorded; -1: never
-        self.register_buffer("score_epoch", torch.full((n_total,), -1, dtype=torch.int64))
-        self.register_buffer("epoch", torch.zeros((), dtype=torch.int64))  # epochs completed
+        # epoch (value of ``epoch`` then) in which each score was recorded; -1: never (seen_ever)
+        self.register_buffer("score_epoch", torch.full((n_total,), -1, dtype=torch.int32))
+        self.register_buffer("epoch", torch.zeros((), dtype=torch.int32))  # epochs completed
         self.register_buffer("batches", torch.zeros((), dtype=torch.int64))  # forward calls
         self.register_buffer("projections", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
@@ -114,10 +130,25 @@ class ShapeObjective(nn.Module):
         """Record the batch's scores and their epoch, and count the batch (explicit index ops:
         ~3x cheaper than Python indexing per call)."""
         self.scores.index_copy_(0, idx, u.detach())
-        self.seen_ever.index_fill_(0, idx, True)
         # index_fill_ with a tensor value would read it on the host
         self.score_epoch.index_copy_(0, idx, self.epoch.expand(idx.numel()))
         self.batches += 1
+
+    @property
+    def seen_ever(self) -> Tensor:
+        """bool ``(N,)``: which samples have a remembered score (``score_epoch >= 0``). Derived, not
+        stored: a new tensor at every read (to change it, write ``score_epoch``)."""
+        return self.score_epoch >= 0
+
+    def _seen_positives(self) -> Tensor:
+        """bool ``(n,)``: ``seen_ever`` of the rows of ``tau`` (O(n), not O(N))."""
+        return self.score_epoch.index_select(0, self.pos_index) >= 0
+
+    @property
+    def _groups(self) -> Tensor:
+        """``tau_group`` as int64 (an index; what the projections take): O(n), off the per-step
+        path except the grouped projection of several classes."""
+        return self.tau_group.long()
 
     @property
     def n_samples(self) -> int:
@@ -207,28 +238,33 @@ class ShapeObjective(nn.Module):
         processes (``torch.distributed.all_reduce``; the identity in one process). Every sample
         takes the mean of the scores written for it (a sample seen by two processes in one epoch,
         as ``DistributedSampler``'s padding does, gets the mean of both); samples no process wrote
-        keep their value (equal everywhere already); ``seen_ever`` and ``score_epoch`` take the
-        maximum over processes. One collective call on an ``(N, P + 3)`` buffer.
+        keep their value (equal everywhere already); ``score_epoch`` takes the writers' value, and
+        for a sample no process wrote, the value of the processes that have a score for it (the
+        same everywhere after earlier merges), so ``seen_ever`` is the OR over processes. One
+        collective call on an ``(N, P + 4)`` buffer.
         """
         if (
             not isinstance(written, Tensor)
-            or written.shape != self.seen_ever.shape
+            or written.shape != self.score_epoch.shape
             or (written.dtype != torch.bool)
         ):
             raise ValueError(
-                f"written must be a bool tensor of shape {tuple(self.seen_ever.shape)}, "
+                f"written must be a bool tensor of shape {tuple(self.score_epoch.shape)}, "
                 f"got {_checks.describe(written)}"
             )
         w = written.to(self.scores.device, self.scores.dtype).unsqueeze(1)
-        # score_epoch: the writers agree on it (one epoch), so a sum over writers / count is exact
-        fresh = (self.score_epoch.to(w.dtype).unsqueeze(1) + 1) * w
-        buf = torch.cat([self.scores * w, w, fresh, self.seen_ever.to(w.dtype).unsqueeze(1)], 1)
+        # score_epoch + 1: 0 for a sample never scored; the writers agree on it (one epoch), and so
+        # do the processes that have a score, so a sum over them / their count is exact
+        dated = (self.score_epoch + 1).to(w.dtype).unsqueeze(1)
+        buf = torch.cat([self.scores * w, w, dated * w, dated, (dated > 0).to(w.dtype)], 1)
         all_reduce(buf)
-        total, count, epoch_sum, seen = buf[:, :-3], buf[:, -3:-2], buf[:, -2], buf[:, -1]
+        total, count = buf[:, :-4], buf[:, -4:-3]
+        epoch_sum, seen_sum, seen_count = buf[:, -3], buf[:, -2], buf[:, -1]
         self.scores.copy_(torch.where(count > 0, total / count.clamp_min(1), self.scores))
-        merged_epoch = (epoch_sum / count[:, 0].clamp_min(1)).round().long() - 1
-        self.score_epoch.copy_(torch.where(count[:, 0] > 0, merged_epoch, self.score_epoch))
-        self.seen_ever.copy_(seen > 0)
+        written_epoch = epoch_sum / count[:, 0].clamp_min(1)
+        seen_epoch = seen_sum / seen_count.clamp_min(1)  # 0 (-> -1) where no process has a score
+        merged = torch.where(count[:, 0] > 0, written_epoch, seen_epoch).round() - 1
+        self.score_epoch.copy_(merged)
 
     # --- reporting ------------------------------------------------------------------------------
 

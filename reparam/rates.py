@@ -119,8 +119,9 @@ class _RateObjective(ReparamRegularizer):
         """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (mode
         ``"clip"``: the rows clipped at 1, O(B))."""
         (tau,) = self.constrained_parameters()
-        is_pos = self.class_of.index_select(0, idx) == 0
-        slots = self.slot.index_select(0, idx).clamp_min(0)
+        slots = self.slot.index_select(0, idx)
+        is_pos = slots >= 0
+        slots = slots.clamp_min_(0)
         scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
         rows = tau.index_select(0, slots)
         if self.projection == "clip":

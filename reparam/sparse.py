@@ -90,7 +90,14 @@ def sparse_step_(
         tau.index_add_(0, rows, m / (v.sqrt() + ADAM_EPS) * (size * share))
     else:
         raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
-    acc.index_fill_(0, rows, 0.0)
+    zero_rows_(acc, rows)
+
+
+def zero_rows_(acc: Tensor, rows: Tensor) -> None:
+    """``acc[rows] = 0`` for int32 or int64 ``rows`` (the regularizer's are int32; ``index_fill_``
+    takes int64: the batch's ``B`` rows are converted, measured cheaper on the CPU than a
+    ``scatter_`` or ``index_put_`` with int32 indices)."""
+    acc.index_fill_(0, rows.long(), 0.0)
 
 
 @functools.lru_cache(maxsize=8)

@@ -12,8 +12,9 @@ about processes):
   dual step (and before a mid-epoch checkpoint) the loop calls the regularizer's
   ``merge_scores_(written, all_reduce_)``: the scores each rank wrote are summed over ranks with
   how many ranks wrote each one (2 for the samples ``DistributedSampler`` repeats to even out the
-  shards), every rank takes the mean, and ``seen_ever`` is OR-reduced. The projection and the dual
-  step are deterministic functions of equal inputs, so ``eps, tau, lambda, mu`` stay equal.
+  shards), every rank takes the mean, and ``score_epoch`` is merged (``seen_ever``, derived from
+  it, is OR-reduced). The projection and the dual step are deterministic functions of equal
+  inputs, so ``eps, tau, lambda, mu`` stay equal.
 * Metrics: confusion matrices and decision counts are summed over ranks (``all_reduce_``); the
   evaluation shards ``range(rank, n, K)`` are disjoint and cover the split (no padding).
 

@@ -75,7 +75,7 @@ class BatchLossObjective(ShapeObjective):
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
         u = u[:, 0]
-        y = (self.class_of.index_select(0, idx) == 0).long()
+        y = (self.slot.index_select(0, idx) >= 0).long()
         n_pos = int(y.sum())
         if n_pos == 0 or (self.needs_negatives and n_pos == y.numel()):
             return (u * 0.0).sum()
@@ -297,7 +297,7 @@ class LibAUCMargin(ShapeObjective):
         self._alpha_grad: Tensor | None = None
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        y = (self.class_of.index_select(0, idx) == 0).float()
+        y = (self.slot.index_select(0, idx) >= 0).float()
         alpha = self.alpha.clone().requires_grad_()
         self._aucm.alpha = alpha
         loss = self._aucm(torch.sigmoid(u[:, 0]), y, auto=False)  # p: the training set's ratio

@@ -15,5 +15,7 @@ def test_scale_n_measures_every_mode_and_process_count(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[4] == "1.00"  # the ratio to the smallest n is 1 at the smallest n
-        assert float(cells[-1]) > 20  # state: at least tau, lambda, the scores, per sample
+        # state per sample (the scale_n docstring): 23.5 B dense, 27.5 B sparse_adam, + scalars
+        bound = 23.5 if cells[0].startswith("default") else 27.5
+        assert bound <= float(cells[-1]) <= bound + 0.1
     assert (tmp_path / "scale_n.png").stat().st_size > 0

@@ -159,8 +159,17 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
     fresh.load_state_dict(state)  # the same version: loads
     assert torch.equal(fresh.scores, reg.scores)
     state._metadata[""]["version"] = type(reg)._version + 1
-    with pytest.raises(RuntimeError, match=r"layout version 2, this library reads version 1"):
+    with pytest.raises(RuntimeError, match=r"layout version 3, this library reads version 2"):
         MAKERS[kind]().load_state_dict(state)
+    # version 1 (int64 indices and labels, stored seen_ever and class_of): refused, not misread
+    v1 = type(state)(
+        (k, v.long() if k in ("slot", "pos_index", "tau_group") else v) for k, v in state.items()
+    )
+    v1["seen_ever"], v1["class_of"] = reg.seen_ever.clone(), reg.slot.long().clamp(-1, 0)
+    v1._metadata = {k: dict(m) for k, m in state._metadata.items()}
+    v1._metadata[""]["version"] = 1
+    with pytest.raises(RuntimeError, match=r"layout version 1, this library reads version 2"):
+        MAKERS[kind]().load_state_dict(v1)
     old = {k: v for k, v in reg.state_dict().items() if k != "score_epoch"}  # an older layout
     with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"score_epoch\""):
         MAKERS[kind]().load_state_dict(old)

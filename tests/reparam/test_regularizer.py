@@ -99,7 +99,7 @@ def test_dual_step_sizes_are_attributes_a_loop_can_schedule():
     ``reg.dual_lr_mu = c / e`` in the user's loop is the paper's decaying schedule."""
     reg, _, _ = _setup(dual_lr_lambda=0.3, dual_lr_mu=0.06)
     reg.scores.zero_()
-    reg.seen_ever.fill_(True)
+    reg.score_epoch.fill_(0)  # every sample scored (seen_ever is derived from it)
     for e in (1, 2, 3):
         reg.dual_lr_lambda, reg.dual_lr_mu = 0.3 / e, 0.06 / e
         mu0, lam0 = reg.mu.clone(), reg.lam.clone()

@@ -179,7 +179,7 @@ def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folde
     reg.scores[3] = 7.0
     reg.scores[2 if rank == 0 else 0] = -100.0 - rank  # stale: this rank did not score it
     idx, u = ([0, 1], [10.0, 20.0]) if rank == 0 else ([1, 2], [40.0, 30.0])
-    reg(torch.tensor(u, device=dev), torch.tensor(idx, device=dev))  # writes scores, seen_ever
+    reg(torch.tensor(u, device=dev), torch.tensor(idx, device=dev))  # writes scores, score_epoch
     written = torch.zeros(4, dtype=torch.bool)  # on the CPU, as the loop keeps it
     written[idx] = True
     reg.merge_scores_(written, distributed.all_reduce_)
@@ -293,7 +293,8 @@ def test_two_processes_train_like_one(runs):
     r1, r2 = one["regularizer"], two["regularizer"]
     for k in REG_STATE:
         torch.testing.assert_close(r2[k], r1[k], rtol=0, atol=1e-5, msg=k)
-    assert torch.equal(r2["seen_ever"], r1["seen_ever"]) and bool(r1["seen_ever"].all())
+    seen1, seen2 = (r["score_epoch"] >= 0 for r in (r1, r2))  # seen_ever
+    assert torch.equal(seen2, seen1) and bool(seen1.all())
     assert int(r1["projections"]) == int(r2["projections"]) == 2
     # the comparison means something: the dual step moved lambda and mu, and the second epoch
     # trained on them
@@ -357,7 +358,7 @@ def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp
 
 def test_every_rank_ends_with_the_same_state(runs):
     _, (rank0, rank1) = runs[2]
-    for k in (*REG_STATE, "seen_ever", "epoch", "projections"):
+    for k in (*REG_STATE, "score_epoch", "epoch", "projections"):
         assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k
     for k in rank0["model"]:
         assert torch.equal(rank0["model"][k], rank1["model"][k]), k
