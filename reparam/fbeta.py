@@ -204,9 +204,12 @@ class FBetaRegularizer(ReparamRegularizer):
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
         """``L_B`` (docs/method.md sec. 3), the mean over positive classes (one autograd node per
         class, no batch split: ``Fn.batch_lagrangian``)."""
+        if self.projection == "clip":  # eps >= 0 by projecting eps itself (O(P)); the batch's rows
+            # of tau are clipped at eps. Not eps.clamp_min(0) in the loss: its gradient is 0 below
+            # 0, so an eps_param stepped below 0 never came back (S-MNIST MLP: eps 0 for 8 epochs)
+            with torch.no_grad():
+                self.eps_param.clamp_(min=0)
         eps, tau = self.constrained_parameters()
-        if self.projection == "clip":  # eps >= 0; the batch's rows of tau are clipped at eps
-            eps = eps.clamp_min(0)
         batch, n_samples = idx.numel(), self.n_samples
         slots = self.slot.index_select(0, idx)
         if len(self.classes) == 1:  # the hot path

@@ -360,3 +360,24 @@ def test_clip_mode_reports_clipped_tau_and_never_projects(tau_update):
     assert reg.stats()["projections"] == 0
     assert not torch.equal(reg.tau_param, before)  # clipped rows moved too (they follow eps)
     assert bool((reg.tau <= reg.eps).all())
+
+
+@pytest.mark.parametrize("tau_update", ["dense", "sparse_adam"])
+def test_clip_mode_eps_stepped_below_zero_comes_back(tau_update):
+    """An optimizer step can take ``eps_param`` below 0. The loss must then use ``eps = 0`` *and*
+    still pass ``eps`` its gradient: a ``clamp_min(0)`` inside the loss has gradient 0 there, and
+    an ``eps`` stepped below 0 never came back (S-MNIST MLP: ``eps`` 0 for eight epochs while
+    ``mu`` drifted). The projection of ``eps`` itself (``eps_param.clamp_(0)``) keeps it alive."""
+    s = torch.tensor([1, 0] * 20)
+    reg = FBetaRegularizer(s, projection="clip", tau_update=tau_update, mu_init=-3.0)
+    with torch.no_grad():
+        reg.eps_param.fill_(-0.5)  # where a step left it
+    u = torch.full((40,), -1.0)  # negatives' hinge inactive: the positives' (mu + lambda) < 0 rule
+    loss = reg(u.requires_grad_(), torch.arange(40))
+    assert float(reg.eps_param) == 0.0 and float(reg.eps) == 0.0
+    loss.backward()
+    # d L / d eps = beta^2 + s sum_{clipped} (mu + lambda) < 0 with mu = -3: descent raises eps
+    assert float(reg.eps_param.grad) < 0
+    opt = torch.optim.SGD(reg.parameters(), lr=0.1)
+    opt.step()
+    assert float(reg.eps_param) > 0
