@@ -5,11 +5,14 @@
 The runs of ``benchmarks.compare_fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
 seeds 0-2) for the library's defaults (``projection="inline"``, exact; dual steps 0.1; capped) and
 for the same settings with the projection after every optimizer step (``step``), once per epoch
-(``epoch``, Algorithm 3's place), never (``none``) and inline but smooth (``inline_strength`` 0.05,
-0.2: ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of
-``u > 0``, the LP gap of the final scores (the (3') objective at their best feasible ``eps``,
-relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1 over the
-last 20 epochs and the seconds per epoch. Runs are shared with ``compare_fixed`` (``--runs``).
+(``epoch``, Algorithm 3's place), never (``none``), the batch's rows clipped at ``eps`` with the
+exact projection at every epoch end (``clip``: with a dense ``tau``, and with the sparse one at the
+head's step 1e-2 and at 1e-3) and inline but smooth (``inline_strength`` 0.05, 0.2:
+``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of ``u > 0``,
+the certified F1 bound and the LP gap of the final scores (the (3') objective at their best feasible
+``eps``, relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1
+over the last 20 epochs and the seconds per epoch. Runs are shared with ``compare_fixed``
+(``--runs``).
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ from . import functional as Fn
 from .base import ReparamRegularizer
 from .sparse import TAU_UPDATES, accumulate_, sparse_step_, zero_rows_
 
-DEFAULT_TAU_LR = 1e-3  # tau_lr=None with a sparse tau update (Adam's default lr)
+# tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
+# Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-80 %)
+DEFAULT_TAU_LR = 1e-2
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
 # docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
@@ -108,7 +110,7 @@ class FBetaRegularizer(ReparamRegularizer):
             ``after_step_()`` after every optimizer step (or :meth:`attach`) and projection
             ``"clip"``, ``"epoch"``, ``"step"`` or ``"none"`` (``"inline"`` differentiates through the
             projection of every ``tau``: O(n) per step).
-        tau_lr: the sparse update's step size (``None``: 1e-3).
+        tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step).
 
     After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
     remembered scores (one sort): ``reg.decision_threshold`` (per class), with the F-beta of

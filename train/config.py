@@ -35,6 +35,7 @@ from reparam import (
 )
 from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
 from reparam.baselines.objectives import NEWTON
+from reparam.fbeta import DEFAULT_TAU_LR
 from reparam.sparse import TAU_UPDATES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
@@ -323,14 +324,17 @@ def from_dict(raw: dict[str, Any]) -> Config:
 
 def _resolve_sparse_tau(cfg: Config) -> None:
     """F-beta's sparse ``tau`` update (``regularizer.fbeta.tau_update``) steps ``tau`` itself:
-    ``tau_lr: null`` takes the lr the optimizer would give ``tau`` (``optim.regularizer_lr``, else
-    ``optim.lr``), pinned in the saved config. fp16's loss scaling would scale its gradient (only
+    ``tau_lr: null`` takes ``optim.regularizer_lr`` when set, else the library's default
+    (``reparam.fbeta.DEFAULT_TAU_LR``, 1e-2, the paper's primal step), pinned in the saved config.
+    Not ``optim.lr``: lazy Adam moves a row the batch touches once per epoch about 10x less per
+    epoch than the optimizer's dense Adam moves it (docs/method.md sec. 3b), so the network's lr
+    is the wrong scale for it (S-MNIST: 1e-3). fp16's loss scaling would scale its gradient (only
     the optimizer's gradients are unscaled): refused."""
     r, o = cfg.regularizer, cfg.optim
     if r.name != "fbeta" or r.fbeta.tau_update == "dense":
         return
     if r.fbeta.tau_lr is None:
-        r.fbeta.tau_lr = o.lr if o.regularizer_lr is None else o.regularizer_lr
+        r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
     if cfg.train.precision == "fp16":
         raise ValueError(
             f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} does not support "

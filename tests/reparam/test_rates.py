@@ -197,7 +197,7 @@ def test_nu_cap_and_a_step_size_set_from_the_loop():
 
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize(
-    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 0)]
+    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 1)]
 )
 def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
     reg, _, gen = _setup(kind, projection=mode)

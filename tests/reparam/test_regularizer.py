@@ -111,7 +111,7 @@ def test_dual_step_sizes_are_attributes_a_loop_can_schedule():
 
 
 @pytest.mark.parametrize(
-    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 0)]
+    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 1)]
 )
 def test_projection_count_per_epoch(mode, per_epoch):
     reg, _, gen = _setup(projection=mode)
@@ -121,7 +121,7 @@ def test_projection_count_per_epoch(mode, per_epoch):
         run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
-    if mode in ("epoch", "step"):  # (eps, tau) in C right after the projection
+    if mode in ("epoch", "step", "clip"):  # (eps, tau) in C right after the projection
         assert float(reg.eps.detach()) >= 0 and bool((reg.tau <= reg.eps).all())
 
 
@@ -341,7 +341,9 @@ def test_clip_mode_loss_is_the_reference_on_clipped_rows_and_clipped_rows_follow
 
 
 @pytest.mark.parametrize("tau_update", ["dense", "sparse_adam"])
-def test_clip_mode_reports_clipped_tau_and_never_projects(tau_update):
+def test_clip_mode_reports_clipped_tau_and_projects_at_the_epoch_end(tau_update):
+    """Mode ``"clip"``: the loss and ``reg.tau`` see the rows clipped at ``eps`` between epoch
+    ends, and every epoch end projects ``(eps, tau)`` in place exactly (before the dual step)."""
     s = torch.tensor([1, 0] * 20)
     reg = FBetaRegularizer(s, projection="clip", tau_update=tau_update, tau_lr=0.1)
     with torch.no_grad():
@@ -356,10 +358,17 @@ def test_clip_mode_reports_clipped_tau_and_never_projects(tau_update):
         loss.backward()
         opt.step()
         reg.after_step_()
-    reg.end_epoch_()
-    assert reg.stats()["projections"] == 0
+    assert reg.stats()["projections"] == 0  # nothing in place during the epoch
     assert not torch.equal(reg.tau_param, before)  # clipped rows moved too (they follow eps)
     assert bool((reg.tau <= reg.eps).all())
+    raw = reg.eps_param.detach().clone(), reg.tau_param.detach().clone()
+    assert bool((raw[1] > raw[0]).any())  # some rows above eps: the projection moves eps
+    e, t = project_onto_c(raw[0][0], raw[1])
+    reg.end_epoch_()
+    assert reg.stats()["projections"] == 1
+    torch.testing.assert_close(reg.eps_param.detach(), e.reshape(1))
+    torch.testing.assert_close(reg.tau_param.detach(), t)
+    torch.testing.assert_close(reg.tau, t)  # in C: the clip changes nothing
 
 
 @pytest.mark.parametrize("tau_update", ["dense", "sparse_adam"])

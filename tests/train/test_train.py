@@ -257,8 +257,8 @@ def test_cli_error_is_one_line(tmp_path):
 
 def test_sparse_tau_and_shared_gemm_train(digits_smnist, tmp_path):
     """The fast step (issue 15): ``tau`` stepped sparsely by the regularizer, one GEMM for the
-    class outputs and the shape node. ``tau_lr: null`` takes the optimizer's lr for the
-    regularizer (pinned in the saved config); the Adam state of ``tau`` is checkpointed (a
+    class outputs and the shape node. ``tau_lr: null`` takes ``optim.regularizer_lr`` when set
+    (pinned in the saved config); the Adam state of ``tau`` is checkpointed (a
     resumed run is bitwise equal: tests/train/test_resume.py)."""
     fast = (
         "regularizer.projection=epoch",
