@@ -1,6 +1,6 @@
 """The regularizer alone at n = 1e4 ... 1e8 training samples: step time, epoch end, memory, in one run.
 
-    python -m benchmarks.scale_n --out docs/figures                       # n up to 1e8 (~20 min)
+    python -m benchmarks.scale_n --out docs/figures                       # n up to 1e8 (~15 min)
     python -m benchmarks.scale_n --max-n 1e6 --out /tmp/scale_n           # quick
 
 ``FBetaRegularizer`` driven with synthetic scores (no network): half of the ``n`` samples positive,

@@ -68,7 +68,7 @@ class ReparamRegularizer(ShapeObjective):
             return getattr(self, self._constrained_names[position])
         with torch.no_grad():
             if self.projection == "clip":
-                return self._clipped()[position]
+                return self._clipped(position)
             return self.constrained_parameters()[position].detach()
 
     # --- the schedule ---------------------------------------------------------------------------
@@ -135,8 +135,8 @@ class ReparamRegularizer(ShapeObjective):
     def _project(self, *raw: Tensor, strength: float = 0.0) -> tuple[Tensor, ...]:
         raise NotImplementedError
 
-    def _clipped(self) -> tuple[Tensor, ...]:
-        """Mode ``"clip"``: the constrained variables as the loss sees them (detached)."""
+    def _clipped(self, position: int) -> Tensor:
+        """Mode ``"clip"``: constrained variable ``position`` as the loss sees it (detached)."""
         raise NotImplementedError
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:

@@ -334,9 +334,11 @@ class FBetaRegularizer(ReparamRegularizer):
             )
         super()._after_step_body_()
 
-    def _clipped(self) -> tuple[Tensor, Tensor]:
+    def _clipped(self, position: int) -> Tensor:
+        """Mode ``"clip"``: ``eps`` (0) or ``tau`` (1) as the loss sees them; ``eps`` alone is
+        ``O(P)`` (the epoch end's statistics ask for it several times)."""
         eps = self.eps_param.detach().clamp_min(0)
-        return eps, torch.minimum(self.tau_param.detach(), eps[self._groups])
+        return eps if position == 0 else torch.minimum(self.tau_param.detach(), eps[self._groups])
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = len(self.classes) == 1  # the plain form is faster than one group of the grouped form

@@ -128,8 +128,8 @@ class _RateObjective(ReparamRegularizer):
             rows = rows.clamp(max=1)
         return is_pos, rows, self.lam.index_select(0, slots), scale
 
-    def _clipped(self) -> tuple[Tensor]:
-        return (self.tau_param.detach().clamp(max=1),)
+    def _clipped(self, position: int) -> Tensor:
+        return self.tau_param.detach().clamp(max=1)
 
     def _dual_step_(self) -> None:
         """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""
