@@ -338,7 +338,7 @@ class FBetaRegularizer(ReparamRegularizer):
         """Mode ``"clip"``: ``eps`` (0) or ``tau`` (1) as the loss sees them; ``eps`` alone is
         ``O(P)`` (the epoch end's statistics ask for it several times)."""
         eps = self.eps_param.detach().clamp_min(0)
-        return eps if position == 0 else torch.minimum(self.tau_param.detach(), eps[self._groups])
+        return eps if position == 0 else torch.minimum(self.tau_param.detach(), self._per_row(eps))
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = len(self.classes) == 1  # the plain form is faster than one group of the grouped form
@@ -355,10 +355,12 @@ class FBetaRegularizer(ReparamRegularizer):
     # --- the dual step --------------------------------------------------------------------------
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
-        groups = self._groups
-        u = self.scores[self.pos_index, groups]
+        if len(self.classes) == 1:
+            u = self.scores[:, 0].index_select(0, self.pos_index)
+        else:
+            u = self.scores[self.pos_index, self._groups]
         if self.cap_scores:
-            u = torch.minimum(u, self.eps.detach().float()[groups])
+            u = torch.minimum(u, self._per_row(self.eps.detach().float()))
         return self.tau.detach().float(), u
 
     def _dual_step_(self) -> None:
@@ -454,7 +456,7 @@ class FBetaRegularizer(ReparamRegularizer):
         out: dict[str, float | int | list | bool | None] = {
             "eps": float(eps.mean()),
             "mu": float(self.mu.mean()),
-            "violation_tau_gt_eps_max": float((tau - eps[self._groups]).clamp_min(0).max()),
+            "violation_tau_gt_eps_max": float((tau - self._per_row(eps)).clamp_min(0).max()),
             "violation_mean_tau_max": float((self._class_mean(tau) - 1).abs().max()),
             "certified_fbeta": _mean_or_none(bounds),
             "train_fbeta": _mean_or_none(fbetas),

@@ -177,7 +177,7 @@ def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
     n = u_pos.numel()
     if n == 0:
         return None
-    u = torch.sort(u_pos.detach().double()).values
+    u = torch.sort(u_pos.detach()).values.double()  # sorted in its own dtype: the same order
     if float(u.mean()) < 1.0:
         return None
     s = torch.cat([u.new_zeros(1), torch.cumsum(u, 0)[:-1]])  # S_k, k = 0..n-1
@@ -220,19 +220,22 @@ def best_fbeta_threshold(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[flo
     """The threshold ``t`` whose decisions ``u > t`` have the highest F-beta on these scores, and
     that F-beta (one sort, O(n log n)): every distinct score is a candidate cut; ``t`` is the
     midpoint between the last score kept and the first dropped (``-inf`` side: below all scores).
-    Returns ``(0.0, F-beta of u > 0)`` when there are no positives."""
+    Returns ``(0.0, F-beta of u > 0)`` when there are no positives.
+
+    Keeping the ``k`` highest scores, ``tp`` of them positive, gives
+    ``F = (1 + b^2) tp / ((1 + b^2) tp + b^2 (n_pos - tp) + (k - tp)) = (1 + b^2) tp / (k + b^2 n_pos)``.
+    The scores are sorted in their own dtype (the order and the ties are those of any wider one)
+    and ``tp`` is counted exactly (float64 cumulative count of the positives' positions)."""
     if u_pos.numel() == 0:
         return 0.0, fbeta_of_decisions(u_pos, u_neg, beta)
-    u = torch.cat([u_pos.detach(), u_neg.detach()]).double()
-    pos = torch.cat([torch.ones(u_pos.numel()), torch.zeros(u_neg.numel())]).to(u.device)
-    order = torch.argsort(u, descending=True)
-    u, pos = u[order], pos[order]
-    tp = torch.cumsum(pos, 0)  # keeping the k highest scores, k = 1..N
-    fp = torch.arange(1, u.numel() + 1, dtype=u.dtype, device=u.device) - tp
-    b2, n = beta**2, float(u_pos.numel())
-    f = (1 + b2) * tp / ((1 + b2) * tp + b2 * (n - tp) + fp)
+    n_pos = u_pos.numel()
+    u, order = torch.sort(torch.cat([u_pos.detach(), u_neg.detach()]), descending=True)
+    tp = torch.cumsum(order < n_pos, 0, dtype=torch.float64)
+    b2 = beta**2
+    k = torch.arange(1, u.numel() + 1, dtype=torch.float64, device=u.device)
+    f = tp.mul_(1 + b2).div_(k.add_(b2 * n_pos))
     distinct = torch.cat([u[:-1] > u[1:], u.new_ones(1, dtype=torch.bool)])  # a cut between values
-    f = torch.where(distinct, f, torch.zeros_like(f))
+    f = f.masked_fill_(~distinct, 0.0)
     k = int(torch.argmax(f))
     below = float(u[k + 1]) if k + 1 < u.numel() else float(u[k]) - 1.0
     return (float(u[k]) + below) / 2, float(f[k])

@@ -150,6 +150,11 @@ class ShapeObjective(nn.Module):
         path except the grouped projection of several classes."""
         return self.tau_group.long()
 
+    def _per_row(self, x: Tensor) -> Tensor:
+        """``x[tau_group]``: the per-class ``x`` (P,) for every row of ``tau``; with one class a
+        broadcast view (no O(n) index)."""
+        return x.expand(self.tau_group.shape[0]) if x.shape[0] == 1 else x[self._groups]
+
     @property
     def n_samples(self) -> int:
         """``N``, the number of training samples (the length of ``shape_labels``)."""
