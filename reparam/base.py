@@ -7,9 +7,10 @@ epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, flo
 base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
 ``step`` (after every optimizer step), ``inline`` (the loss sees the projection of the raw
 parameters, exact or soft), ``clip`` (the loss sees only the batch's rows, clipped at the threshold:
-O(B) per step; the exact projection in place at every epoch end) or ``none`` (an ablation); and the ``lambda`` step
-``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant ``eta_lambda = dual_lr_lambda``
-(a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch`` in the user's loop).
+O(B) per step; the exact projection in place at every epoch end) or ``none`` (an ablation); and
+the ``lambda`` step ``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant
+``eta_lambda = dual_lr_lambda`` (a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch``
+in the user's loop).
 
 An objective subclass provides the raw parameters to project (``_constrained_names``), the
 projection (``_project``), the minibatch Lagrangian (``_loss``), ``lambda``'s targets

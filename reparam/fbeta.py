@@ -33,7 +33,7 @@ from .base import ReparamRegularizer
 from .sparse import TAU_UPDATES, accumulate_, sparse_step_, zero_rows_
 
 # tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
-# Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-80 %)
+# Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-97 %)
 DEFAULT_TAU_LR = 1e-2
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of

@@ -327,7 +327,7 @@ def _resolve_sparse_tau(cfg: Config) -> None:
     ``tau_lr: null`` takes ``optim.regularizer_lr`` when set, else the library's default
     (``reparam.fbeta.DEFAULT_TAU_LR``, 1e-2, the paper's primal step), pinned in the saved config.
     Not ``optim.lr``: lazy Adam moves a row the batch touches once per epoch about 10x less per
-    epoch than the optimizer's dense Adam moves it (docs/method.md sec. 3b), so the network's lr
+    epoch than the optimizer's dense Adam moves it (docs/method.md sec. 11), so the network's lr
     is the wrong scale for it (S-MNIST: 1e-3). fp16's loss scaling would scale its gradient (only
     the optimizer's gradients are unscaled): refused."""
     r, o = cfg.regularizer, cfg.optim
