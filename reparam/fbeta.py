@@ -113,9 +113,9 @@ class FBetaRegularizer(ReparamRegularizer):
         tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step).
 
     After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
-    remembered scores (one sort): ``reg.decision_threshold`` (per class), with the F-beta of
-    ``u > threshold`` in ``stats()`` (docs/method.md sec. 2: the certificate is for ``u > 0``; the
-    threshold is a cheap post-hoc decision rule on the same scores).
+    remembered scores (value buckets, expected O(n)): ``reg.decision_threshold`` (per class), with
+    the F-beta of ``u > threshold`` in ``stats()`` (docs/method.md sec. 2: the certificate is for
+    ``u > 0``; the threshold is a cheap post-hoc decision rule on the same scores).
     """
 
     _constrained_names = ("eps_param", "tau_param")
