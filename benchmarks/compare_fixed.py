@@ -168,6 +168,11 @@ MODE_FAMILIES: dict[str, Family] = {
             "projection clip, sparse tau at tau_lr 1e-3",
             {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": 1e-3},
         ),
+        ("projection tracked", {"projection": "tracked"}),
+        (
+            "projection tracked, sparse tau",
+            {"projection": "tracked", "tau_update": "sparse_adam", "tau_lr": LR},
+        ),
         ("inline soft 0.05", {"inline_strength": 0.05}),
         ("inline soft 0.2", {"inline_strength": 0.2}),
     )

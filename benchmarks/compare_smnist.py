@@ -59,6 +59,17 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
         "regularizer.projection=clip",
         "regularizer.fbeta.tau_update=sparse_adam",
     ],
+    "reparam F-beta, defaults but tracked": [
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=null",
+        "regularizer.projection=tracked",
+    ],
+    "reparam F-beta, defaults but tracked, sparse_adam tau": [
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=null",
+        "regularizer.projection=tracked",
+        "regularizer.fbeta.tau_update=sparse_adam",
+    ],
     "reparam P@R r=0.9": [
         "regularizer.name=precision_at_recall",
         "regularizer.projection=inline",

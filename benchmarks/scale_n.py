@@ -8,10 +8,13 @@ batches of ``--batch`` random indices, a random score per sample with a gradient
 the regularizer's parameters, ``after_step_()`` after every step; every measurement in a fresh
 process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
 exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
-Modes: ``MODES`` below (the library's defaults; the ``clip`` projection with a sparse ``tau``
-update, O(B) per step; the projection once per epoch with a sparse ``tau`` update). Reported per mode, n and processes: the median step time (after
+Modes: ``MODES`` below (the library's defaults, which switch to the sparse ``tau`` and the
+``tracked`` projection from 2^20 positives; the ``clip`` projection with a sparse ``tau``
+update, O(B) per step; the projection once per epoch with a sparse ``tau`` update; the ``tracked``
+projection with a sparse ``tau`` update, O(B) per step), all or ``--modes``. Reported per mode, n
+and processes: the median step time (after
 warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
-over all n, every sample scored), the exact projection of ``(eps, tau)`` alone against one elementwise
+over all n, every sample scored with a Gaussian score), the exact projection of ``(eps, tau)`` alone against one elementwise
 pass over ``tau`` (``clamp``: the memory floor of any pass), the process's peak resident memory, and
 the regularizer's state in bytes per training sample: parameters, every buffer (the non-persistent
 sparse gradient accumulator too) and the optimizer's state (Adam's two moments of a dense ``tau``).
@@ -23,7 +26,8 @@ State per mode (docs/method.md sec. 11), per sample + per positive, and at half 
 * default (dense ``tau`` stepped by Adam): + 21 B per positive (``pos_index`` int32, ``tau_group``
   int8, ``tau``, ``lambda``, Adam's two moments): 23.5 B per sample;
 * ``sparse_adam`` (either projection): + 29 B per positive (``pos_index``, ``tau_group``, ``tau``,
-  ``lambda``, the lazy Adam moments 8 B, the gradient accumulator 8 B): 27.5 B per sample.
+  ``lambda``, the lazy Adam moments 8 B, the gradient accumulator 8 B): 27.5 B per sample;
+* projection ``tracked``: + 1 B per positive (the active set, bool): 28 B per sample.
 """
 
 from __future__ import annotations
@@ -53,13 +57,18 @@ class ModeSpec:
 
 
 MODES = (
-    ModeSpec("default (inline projection, dense tau)", {}),
+    # tau_update "auto": dense tau + inline below 2^20 positives, sparse_adam + tracked from there
+    ModeSpec("default (auto: inline + dense tau, tracked + sparse_adam from 2^20 positives)", {}),
     ModeSpec(
         "clip projection, sparse_adam tau", {"projection": "clip", "tau_update": "sparse_adam"}
     ),
     ModeSpec(
         "epoch projection, sparse_adam tau",
         {"projection": "epoch", "tau_update": "sparse_adam"},
+    ),
+    ModeSpec(
+        "tracked projection, sparse_adam tau",
+        {"projection": "tracked", "tau_update": "sparse_adam"},
     ),
 )
 
@@ -96,7 +105,10 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
         if k >= 3:
             times.append(time.perf_counter() - start)
     state_bytes += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values())
-    reg.score_epoch.fill_(0)  # every sample scored (seen_ever): the dual step's full work
+    # every sample scored (seen_ever), with a score of its own: the dual step's full work on
+    # distinct scores (zeros where no step wrote one would be one tie, not what training leaves)
+    reg.score_epoch.fill_(0)
+    reg.scores.normal_(generator=gen)
     start = time.perf_counter()
     reg.end_epoch_()
     end = time.perf_counter() - start
@@ -178,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--max-n", type=float, default=1e8)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
+    p.add_argument("--steps", type=int, default=100, help="timed steps per measurement")
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument(
+        "--modes", type=int, nargs="+", default=None, help="indices into MODES (default: all)"
+    )
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -189,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [10**k for k in range(4, 9) if 10**k <= a.max_n]
     results = []
     for m, spec in enumerate(MODES):
+        if a.modes is not None and m not in a.modes:
+            continue
         for processes in a.processes:
             for n in sizes:
                 r = measure(m, n, a.batch, a.steps, processes)
@@ -233,7 +250,11 @@ def _report(results: list, a: argparse.Namespace) -> str:
         "state (bytes / sample)",
     ]
     return (
-        f"<!-- python -m benchmarks.scale_n --max-n {a.max_n:.0e} --batch {a.batch} -->\n"
+        f"<!-- python -m benchmarks.scale_n --max-n {a.max_n:.0e} --batch {a.batch}"
+        + (f" --steps {a.steps}" if a.steps != 100 else "")
+        + (f" --modes {' '.join(map(str, a.modes))}" if a.modes is not None else "")
+        + (f" --processes {' '.join(map(str, a.processes))}" if a.processes != [1, 2] else "")
+        + " -->\n"
         f"{machine_line()}; one thread per process, batch {a.batch}, median of {a.steps} steps\n\n"
         + markdown_table(header, rows)
         + "\n"

@@ -28,7 +28,7 @@ from torch import Tensor
 from . import _checks
 from .objective import ShapeObjective
 
-PROJECTION_MODES = ("epoch", "step", "inline", "clip", "none")
+PROJECTION_MODES = ("epoch", "step", "inline", "clip", "tracked", "none")
 
 
 class ReparamRegularizer(ShapeObjective):
@@ -65,10 +65,10 @@ class ReparamRegularizer(ShapeObjective):
         """The value the loss uses for constrained variable ``position``: the parameter itself,
         except in mode ``"inline"`` (its projection) and ``"clip"`` (its clipping,
         :meth:`_clipped`), detached: write to the ``*_param``."""
-        if self.projection not in ("inline", "clip"):
+        if self.projection not in ("inline", "clip", "tracked"):
             return getattr(self, self._constrained_names[position])
         with torch.no_grad():
-            if self.projection == "clip":
+            if self.projection in ("clip", "tracked"):
                 return self._clipped(position)
             return self.constrained_parameters()[position].detach()
 

@@ -5,7 +5,7 @@ per positive training sample, indexed by dataset index) are ``nn.Parameter``s st
 optimizer; ``lambda`` (one per positive sample), ``mu`` (one per class), the scores remembered
 during the epoch and the counters are buffers, so ``.to()``, ``state_dict()`` and checkpoints carry
 all of it. ``reg.eps`` / ``reg.tau`` are the values the loss uses (the parameters themselves, or in
-mode ``"inline"`` their projection).
+mode ``"inline"`` their projection, in modes ``"clip"`` / ``"tracked"`` their clipping).
 
 Per training step: ``loss = task_loss + alpha * reg(scores, idx)`` (the minibatch ``L_B``),
 ``loss.backward(); opt.step(); reg.after_step_()``. Per epoch: ``reg.end_epoch_()`` projects
@@ -21,6 +21,7 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -31,10 +32,20 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .sparse import TAU_UPDATES, accumulate_, sparse_step_, zero_rows_
+from .tracked import TrackedActiveSet
 
 # tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
 # Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-97 %)
 DEFAULT_TAU_LR = 1e-2
+
+# tau_update="auto" with the library's defaults: a sparse tau (lazy Adam) and the tracked
+# projection, O(B) per step, from this many positives on; below it a dense tau and the inline
+# projection (O(n) per step). Measured (docs/figures/scale_n.md, one CPU thread): the dense step
+# is 1.3 ms at 5e3 positives, 1.9 ms at 5e4, 7.6 ms at 5e5 (95 ms at 5e6 in the run before), the
+# sparse tracked one 1.6-2.1 ms at every size; and the sparse tau matches the dense one where
+# steps per epoch are many (S-MNIST, 1200), not on small problems with 25-50 (docs/method.md
+# sec. 3b), which are the small n.
+AUTO_SPARSE_MIN_POSITIVES = 1 << 20
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
 # docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
@@ -62,7 +73,7 @@ def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
     return {key: value if given.get(key) is None else given[key] for key, value in base.items()}
 
 
-class FBetaRegularizer(ReparamRegularizer):
+class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
     one-vs-rest per class.
 
@@ -77,9 +88,18 @@ class FBetaRegularizer(ReparamRegularizer):
             ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
             ``"step"`` (after every optimizer step), ``"clip"`` (the batch's positives see
             ``min(tau_k, eps)``, the clipped rows follow ``eps``: O(B) per step, also with a sparse
-            ``tau``; docs/method.md sec. 3b), ``"none"`` (an ablation). ``None``: the preset's
-            (``"inline"``; paper: ``"epoch"``). The exact projection is
-            ``projections.project_onto_c`` with its fastest method (``method="auto"``).
+            ``tau``; docs/method.md sec. 3b), ``"tracked"`` (the loss sees ``Pi_C``'s formula with
+            the threshold ``e* = (eps + sum_A tau) / (1 + |A|)`` of an active set ``A`` tracked
+            in O(B) per step: the touched rows re-tested after each step, all rows at the epoch
+            end; the batch's positives see ``min(tau_k, e*)``, a clipped row's gradient is
+            ``dL/de* / (1 + |A|)``, the exact projection's Jacobian; ``A`` moves with ``eps`` as a
+            block, its rows stored in ``tau_param`` as offsets above ``eps``: read ``reg.tau``;
+            also with a sparse ``tau``; the default with ``tau_update="auto"`` at scale),
+            ``"none"`` (an ablation). ``None``: the preset's (``"inline"``; paper: ``"epoch"``);
+            with the library's preset and a sparse ``tau`` (also ``tau_update="auto"`` at scale),
+            ``"tracked"``.
+            The exact projection is ``projections.project_onto_c`` with its fastest method
+            (``method="auto"``).
         inline_strength: with ``projection="inline"``, ``0`` uses the exact projection (autograd
             a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength (docs/method.md
             sec. 5).
@@ -101,15 +121,20 @@ class FBetaRegularizer(ReparamRegularizer):
             paper's Algorithm 3 as published (``"paper"``, ``PAPER_PRESET``). An option passed
             explicitly overrides the preset (``preset="paper", projection="step"``: the paper's
             settings with full projections).
-        tau_update: who steps ``tau`` (docs/method.md sec. 11). ``"dense"`` (default): ``tau_param``
-            is an ``nn.Parameter`` in ``reg.parameters()``, stepped by your optimizer with the
-            network (every row, every step: O(n)). ``"sparse_sgd"`` / ``"sparse_adam"``: the
-            regularizer steps the rows the batch touched in :meth:`after_step_` (plain SGD, the
-            paper's Algorithm 3; or lazy Adam, ``torch.optim.SparseAdam``'s rule): O(B) per step;
+        tau_update: who steps ``tau`` (docs/method.md sec. 11). ``"dense"``: ``tau_param`` is an
+            ``nn.Parameter`` in ``reg.parameters()``, stepped by your optimizer with the network
+            (every row, every step: O(n)). ``"sparse_sgd"`` / ``"sparse_adam"``: the regularizer
+            steps the rows the batch touched in :meth:`after_step_` (plain SGD, the paper's
+            Algorithm 3; or lazy Adam, ``torch.optim.SparseAdam``'s rule): O(B) per step;
             ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
-            ``after_step_()`` after every optimizer step (or :meth:`attach`) and projection
-            ``"clip"``, ``"epoch"``, ``"step"`` or ``"none"`` (``"inline"`` differentiates through the
-            projection of every ``tau``: O(n) per step).
+            ``after_step_()`` after every optimizer step (or :meth:`attach`) and a projection other
+            than ``"inline"`` (which differentiates through the projection of every ``tau``: O(n)
+            per step); with ``projection`` and ``preset`` left at ``None`` it takes
+            ``"tracked"``. ``"auto"`` (default): with the library's defaults (``projection`` and
+            ``preset`` ``None``), ``"sparse_adam"`` and projection ``"tracked"`` from
+            ``AUTO_SPARSE_MIN_POSITIVES`` (2^20) positives on, else ``"dense"`` (docs/method.md
+            sec. 11: where each is measured to pay). ``reg.tau_update`` and ``reg.projection``
+            are the resolved values.
         tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step).
 
     After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
@@ -134,9 +159,10 @@ class FBetaRegularizer(ReparamRegularizer):
         lambda_init: float = 0.0,
         cap_scores: bool | None = None,
         preset: str | None = None,
-        tau_update: str = "dense",
+        tau_update: str = "auto",
         tau_lr: float | None = None,
     ) -> None:
+        given_projection = projection
         projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
             preset,
             projection=projection,
@@ -158,7 +184,14 @@ class FBetaRegularizer(ReparamRegularizer):
         p, n_pos = len(self.classes), self.pos_index.numel()
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
-        self.tau_update = _checks.choice("tau_update", tau_update, TAU_UPDATES)
+        tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
+        library = preset is None and given_projection is None  # the library's default schedule
+        if tau_update == "auto":  # dense below AUTO_SPARSE_MIN_POSITIVES rows, O(B) above
+            large = n_pos >= AUTO_SPARSE_MIN_POSITIVES
+            tau_update = "sparse_adam" if library and large else "dense"
+        if tau_update != "dense" and library:  # inline needs every row: its O(B) form
+            self.projection = "tracked"
+        self.tau_update = tau_update
         self.tau_lr = _checks.number(
             "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True
         )
@@ -178,6 +211,8 @@ class FBetaRegularizer(ReparamRegularizer):
                 self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
             # the gradient summed since the last step and its count (zero outside touched rows)
             self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
+        if self.projection == "tracked":  # the projection's active set A (reparam/tracked.py)
+            self._init_tracked(n_pos, p)
         # (rows, touched, grad) of the backward passes since the last step (sparse tau update)
         self._pending: list[tuple[Tensor, Tensor, Tensor]] = []
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
@@ -212,15 +247,24 @@ class FBetaRegularizer(ReparamRegularizer):
             with torch.no_grad():
                 self.eps_param.clamp_(min=0)
         eps, tau = self.constrained_parameters()
+        lam, sink, share = self.lam, self._tau_grad_sink, None
         batch, n_samples = idx.numel(), self.n_samples
         slots = self.slot.index_select(0, idx)
+        rows = slots  # the rows of tau (-1: a negative), for the classes
+        if self.projection == "tracked":  # the batch's rows as values; the loss sees e*
+            if self.tau_update == "dense":  # the optimizer moved every row: re-test all, O(n)
+                self._retest_all_()
+            tau, lam, slots, sink = self._tracked_batch(tau, slots)
+            eps, share = self._tracked_threshold(self.eps_param)
         if len(self.classes) == 1:  # the hot path
             is_pos, u = slots >= 0, u.view(-1)
             if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
                 u = torch.where(is_pos, torch.minimum(u, eps.detach()), u)
             scale = n_samples / (self._n_pos_list[0] * batch)
-            return self._class_term(eps, tau, u, self.mu, is_pos, slots.clamp_min_(0), scale)
-        cls = torch.bucketize(slots, self.class_start, right=True)  # j + 1: class j; 0: negative
+            return self._class_term(
+                eps, tau, lam, u, self.mu, is_pos, slots.clamp_min_(0), scale, share, sink
+            )
+        cls = torch.bucketize(rows, self.class_start, right=True)  # j + 1: class j; 0: negative
         if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
             own = cls.unsqueeze(1) == torch.arange(1, len(self.classes) + 1, device=cls.device)
             u = torch.where(own, torch.minimum(u, eps.detach().unsqueeze(0)), u)
@@ -229,31 +273,42 @@ class FBetaRegularizer(ReparamRegularizer):
             self._class_term(
                 eps.select(0, j),
                 tau,
+                lam,
                 u.select(1, j),
                 self.mu.select(0, j),
                 cls == j + 1,
                 slots,
                 n_samples / (n_pos * batch),
+                None if share is None else share.select(0, j),
+                sink,
             )
             for j, n_pos in enumerate(self._n_pos_list)
         ]
         return torch.stack(terms).mean()
 
-    def _class_term(self, eps, tau, u, mu, is_pos, slots, scale) -> Tensor:
+    def _class_term(self, eps, tau, lam, u, mu, is_pos, slots, scale, share, sink) -> Tensor:
         return Fn.batch_lagrangian(
             eps,
             tau,
             u,
-            self.lam,
+            lam,
             mu,
             is_pos,
             slots,
             beta=self.beta,
             scale=scale,
-            clip=self.projection == "clip",
-            tau_grad_sink=self._tau_grad_sink,
+            clip=self.projection in ("clip", "tracked"),
+            tau_grad_sink=sink,
             terms_fn=self._terms_fn,
+            share=share,
         ).view(())
+
+    def _end_epoch_body_(self) -> None:
+        """Mode ``"tracked"``: ``A`` re-computed from the exact root first (O(n)); then the
+        base's epoch end."""
+        if self.projection == "tracked":
+            self._refresh_active_()
+        super()._end_epoch_body_()
 
     def compile(self, **kwargs: object) -> None:
         """``torch.compile`` (with ``kwargs``) the regularizer's per-step math: the forward of
@@ -322,7 +377,8 @@ class FBetaRegularizer(ReparamRegularizer):
                 touched = torch.cat([t for _, t, _ in self._pending])
             self._pending.clear()
             adam = self.tau_update == "sparse_adam"
-            sparse_step_(
+            step = partial(
+                sparse_step_,
                 self.tau_update,
                 self.tau_param,
                 self._tau_grad,
@@ -332,11 +388,18 @@ class FBetaRegularizer(ReparamRegularizer):
                 moments=self.tau_adam_moments if adam else None,
                 step=self.tau_adam_step if adam else None,
             )
+            if self.projection == "tracked":
+                self._track_step_(rows, step)
+            else:
+                step()
         super()._after_step_body_()
 
     def _clipped(self, position: int) -> Tensor:
-        """Mode ``"clip"``: ``eps`` (0) or ``tau`` (1) as the loss sees them; ``eps`` alone is
-        ``O(P)`` (the epoch end's statistics ask for it several times)."""
+        """Modes ``"clip"`` and ``"tracked"``: ``eps`` (0) or ``tau`` (1) as the loss sees them;
+        ``eps`` alone is ``O(P)`` (the epoch end's statistics ask for it several times)."""
+        if self.projection == "tracked":
+            eps = self._tracked_threshold(self.eps_param.detach())[0]
+            return eps if position == 0 else self._tracked_values().minimum(self._per_row(eps))
         eps = self.eps_param.detach().clamp_min(0)
         return eps if position == 0 else torch.minimum(self.tau_param.detach(), self._per_row(eps))
 

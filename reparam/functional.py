@@ -63,6 +63,7 @@ def batch_lagrangian(
     clip: bool = False,
     tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
     terms_fn: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None,
+    share: Tensor | None = None,
 ) -> Tensor:
     r"""``minibatch_lagrangian`` on a whole batch in one autograd node (the training hot path).
 
@@ -91,7 +92,10 @@ def batch_lagrangian(
     ``eps``: its own gradient is ``eps``'s total divided by (clipped rows + 1), as in the exact
     projection the active set moves with the threshold (``d e* / d tau_k = 1/(|A| + 1)``, sec. 4)
     -- without it a clipped row never comes back below ``eps`` (measured: docs/method.md sec. 3b).
-    Not the derivative of the forward value for those rows, by design.
+    Not the derivative of the forward value for those rows, by design. ``share`` (a 0-dim tensor;
+    projection mode ``"tracked"``, where ``eps`` is the threshold ``e*`` of the tracked active set
+    ``A``): a clipped row's gradient is ``share * dL/deps`` instead, ``share = d e*/d tau_k =
+    1[r > 0] / (|A| + 1)`` -- the projection's own derivative.
     """
     return _BatchLagrangian.apply(
         eps,
@@ -106,6 +110,7 @@ def batch_lagrangian(
         clip,
         tau_grad_sink,
         terms_fn or batch_lagrangian_terms,
+        share,
     )
 
 
@@ -120,6 +125,7 @@ def batch_lagrangian_terms(
     beta2: float,
     scale: float,
     clip: bool = False,
+    share: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
     hands to ``torch.compile``): ``(L_B, dL/du, dL/dtau per batch entry, dL/deps)``, the
@@ -141,14 +147,20 @@ def batch_lagrangian_terms(
     d_tau = torch.where(is_row, mu_lam * scale, 0.0)
     d_eps = beta2 + scale * d_eps_neg.sum()
     if clip:  # the clipped rows move with eps, as the active set moves with the projection's e*
-        d_tau = torch.where(over, d_eps / (over.sum() + 1), d_tau)
+        d_tau = torch.where(
+            over, d_eps / (over.sum() + 1) if share is None else d_eps * share, d_tau
+        )
     return beta2 * eps + scale * terms.sum(), d_u, d_tau, d_eps
 
 
 class _BatchLagrangian(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, sink, terms_fn):
-        loss, d_u, d_tau, d_eps = terms_fn(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip)
+    def forward(
+        ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, sink, terms_fn, share
+    ):
+        loss, d_u, d_tau, d_eps = terms_fn(
+            eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, share
+        )
         ctx.save_for_backward(slots, d_u, d_tau, d_eps, is_pos)
         ctx.n_tau, ctx.sink = tau.shape[0], sink
         return loss
@@ -163,7 +175,7 @@ class _BatchLagrangian(torch.autograd.Function):
             grad_tau = d_tau.new_zeros(ctx.n_tau).index_add_(0, slots, g * d_tau)
         elif ctx.sink is not None:
             ctx.sink(slots, is_pos, g * d_tau)
-        return (grad_eps, grad_tau, grad_u) + (None,) * 9
+        return (grad_eps, grad_tau, grad_u) + (None,) * 10
 
 
 def best_feasible_eps(u_pos: Tensor) -> Tensor | None:

@@ -173,7 +173,11 @@ class ShapeObjective(nn.Module):
         """Call once per epoch: the objective's epoch end (projection and dual ascent for the
         reparameterized objectives, docs/method.md sec. 3b), then the epoch counters."""
         self._monitor.before_epoch_end(self.named_parameters)
-        self._end_epoch_body_()
+        self._split_memo = {}  # the epoch end reads each class's split several times, O(N) each
+        try:
+            self._end_epoch_body_()
+        finally:
+            self._split_memo = None
         self.epoch += 1
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
@@ -296,19 +300,34 @@ class ShapeObjective(nn.Module):
         }
         return out
 
+    _split_memo: dict | None = None  # class -> split, during end_epoch_ (the scores are fixed)
+
     def _split_scores(self, j: int = 0) -> tuple[Tensor, Tensor]:
-        """Remembered scores of class ``j``'s scored positives and scored negatives."""
+        """Remembered scores of class ``j``'s scored positives and scored negatives (computed
+        once per class during ``end_epoch_``, which writes no score)."""
+        if self._split_memo is not None and j in self._split_memo:
+            return self._split_memo[j]
         pos = self.shape_labels == self.classes[j]
         seen = self.seen_ever
-        return self.scores[pos & seen, j], self.scores[~pos & seen, j]
+        split = self.scores[pos & seen, j], self.scores[~pos & seen, j]
+        if self._split_memo is not None:
+            self._split_memo[j] = split
+        return split
+
+    _float64_buffers: tuple[str, ...] = ()  # accumulators kept in float64 (moved, never cast)
 
     def _apply(self, fn, recurse=True):  # keep the objective's floating state in float32
+        kept = {name: self._buffers[name] for name in self._float64_buffers}
         super()._apply(fn, recurse)
+        for name, b in kept.items():  # follow the device only: a cast would lose their bits
+            self._buffers[name] = b.to(self._buffers[name].device)
         for module in self.modules() if recurse else (self,):  # with a peer's submodules
             for p in module._parameters.values():
                 if p is not None and p.is_floating_point() and p.dtype != torch.float32:
                     p.data = p.data.float()
             for name, b in module._buffers.items():
+                if module is self and name in kept:
+                    continue
                 if b is not None and b.is_floating_point() and b.dtype != torch.float32:
                     module._buffers[name] = b.float()
         return self

@@ -74,6 +74,12 @@ class _RateObjective(ReparamRegularizer):
     ) -> None:
         if isinstance(positive_class, bool) or not isinstance(positive_class, int):
             raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
+        if projection == "tracked":
+            raise ValueError(
+                "projection='tracked' tracks F-beta's shared threshold eps; a rate objective's "
+                "box tau <= 1 has none (its projection is separable): use 'clip', which is "
+                "then the exact projection at O(B) per step, or 'inline'"
+            )
         super().__init__(
             shape_labels,
             positive_classes=(positive_class,),

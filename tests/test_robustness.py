@@ -100,7 +100,8 @@ CLI_CASES: list[tuple[str, Callable[[Path], list[str]], int, str, str | None]] =
         "bad-choice",
         lambda t: _demo(t, "regularizer.projection=sometimes"),
         2,
-        r"regularizer\.projection must be one of \('epoch', 'step', 'inline', 'clip', 'none'\), "
+        r"regularizer\.projection must be one of \('epoch', 'step', 'inline', 'clip', 'tracked', "
+        r"'none'\), "
         r"got 'sometimes'",
         None,
     ),

@@ -42,7 +42,8 @@ def run_folder(cfg: Config) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         return out
     r = cfg.regularizer
-    tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection}"
+    # projection null here: F-beta's library default, inline or tracked by the data's size (auto)
+    tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection or 'auto'}"
     base = Path("runs") / cfg.experiment / f"{tag}-seed{cfg.train.seed}"
     out, k = base, 1
     while out.exists() and any(out.iterdir()):

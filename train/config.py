@@ -136,7 +136,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "projection": PROJECTION_MODES,
     "newton": NEWTON,
     "preset": FBETA_PRESETS,
-    "tau_update": TAU_UPDATES,
+    "tau_update": ("auto", *TAU_UPDATES),
 }
 
 
@@ -333,14 +333,33 @@ def _resolve_sparse_tau(cfg: Config) -> None:
     r, o = cfg.regularizer, cfg.optim
     if r.name != "fbeta" or r.fbeta.tau_update == "dense":
         return
-    if r.fbeta.tau_lr is None:
+    if r.fbeta.tau_lr is None:  # "auto" too: used if it resolves to a sparse update
         r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
-    if cfg.train.precision == "fp16":
+    if cfg.train.precision == "fp16" and r.fbeta.tau_update != "auto":  # "auto": pin_resolved
         raise ValueError(
             f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} does not support "
             f"train.precision=fp16 (its gradient would carry the loss scale): use bf16 or fp32, "
             f"or tau_update=dense"
         )
+
+
+def pin_resolved(cfg: Config, reg: object) -> bool:
+    """After the regularizer is built: write what it resolved from the data into the config
+    (F-beta's ``tau_update: auto`` and the projection that goes with it), so the saved config pins
+    the run; ``True`` if anything changed. A sparse update under fp16 is refused (see
+    :func:`_resolve_sparse_tau`)."""
+    r = cfg.regularizer
+    if r.name != "fbeta":
+        return False
+    before = (r.projection, r.fbeta.tau_update)
+    r.projection, r.fbeta.tau_update = reg.projection, reg.tau_update
+    if r.fbeta.tau_update != "dense" and cfg.train.precision == "fp16":
+        raise ValueError(
+            f"regularizer.fbeta.tau_update={before[1]!r} resolved to {r.fbeta.tau_update!r} for "
+            f"these data, which does not support train.precision=fp16 (its gradient would carry "
+            f"the loss scale): use bf16 or fp32, or tau_update=dense"
+        )
+    return (r.projection, r.fbeta.tau_update) != before
 
 
 def _resolve_defaults(r: _RegularizerBase) -> None:
@@ -352,8 +371,14 @@ def _resolve_defaults(r: _RegularizerBase) -> None:
     if r.name == "fbeta":
         owners = {key: r if key in COMMON else r.fbeta for key in FBETA_DEFAULTS}
         given = {key: getattr(owner, key) for key, owner in owners.items()}
+        # the library's projection with tau_update auto / sparse depends on the data (inline or
+        # tracked): the constructor resolves it, and pin_resolved writes it into the config
+        open_projection = (
+            r.projection is None and r.fbeta.preset is None and r.fbeta.tau_update != "dense"
+        )
         for key, value in resolve_preset(r.fbeta.preset, **given).items():
-            setattr(owners[key], key, value)
+            if not (key == "projection" and open_projection):
+                setattr(owners[key], key, value)
     elif r.projection is None and "projection" in options(REGULARIZERS[r.name]):
         r.projection = _default(REGULARIZERS[r.name], "projection")
 

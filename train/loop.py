@@ -15,6 +15,7 @@ rank 0 logs and writes.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Callable
@@ -71,6 +72,7 @@ def run(
     """Train ``cfg`` end to end (or continue the run folder ``resume`` from its latest
     checkpoint); returns what ``metrics.json`` holds. Under ``torchrun`` every process calls this;
     only rank 0 logs and writes files."""
+    cfg = copy.deepcopy(cfg)  # the run pins into it what the regularizer resolves (pin_resolved)
     already = distributed.is_initialized()
     ctx = distributed.init_from_env(cfg.train.device)
     try:
@@ -135,6 +137,8 @@ def setup(
     shape_columns = shape_score_columns(cfg.regularizer.positive_classes())
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     reg = build_regularizer(cfg.regularizer, data.train_shape_labels)
+    if reg is not None and config_mod.pin_resolved(cfg, reg) and resume is None and ctx.is_main:
+        config_mod.save(cfg, out / "config.yaml")  # what "auto" chose for these data
     reg = reg.to(device) if reg is not None else None
     optimizer = build_optimizer(cfg, model, reg)
     train_loader = make_loader(

@@ -15,7 +15,18 @@ def test_scale_n_measures_every_mode_and_process_count(tmp_path):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[4] == "1.00"  # the ratio to the smallest n is 1 at the smallest n
-        # state per sample (the scale_n docstring): 23.5 B dense, 27.5 B sparse_adam, + scalars
+        # state per sample (the scale_n docstring): 23.5 B dense, 27.5 B sparse_adam, 28 B with
+        # the tracked active set, + scalars
         bound = 23.5 if cells[0].startswith("default") else 27.5
+        bound += 0.5 if cells[0].startswith("tracked") else 0
         assert bound <= float(cells[-1]) <= bound + 0.1
     assert (tmp_path / "scale_n.png").stat().st_size > 0
+
+
+def test_scale_n_runs_the_modes_asked_for(tmp_path):
+    args = ["--max-n", "1e4", "--steps", "2", "--processes", "1", "--modes", "3"]
+    assert scale_n.main([*args, "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "scale_n.md").read_text()
+    assert "--modes 3 --processes 1 -->" in text  # the command that made it
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "1e+04" in line]
+    assert [row.split("|")[1].strip() for row in rows] == [scale_n.MODES[3].name]

@@ -368,3 +368,12 @@ def test_best_rescaled_margin_is_the_lp_over_rescalings():
         assert res.status == 0
         ours = R.best_rescaled_precision_margin(u_pos, u_neg, a)
         assert ours == pytest.approx(-res.fun, abs=1e-5 * (1 + abs(res.fun)))
+
+
+@pytest.mark.parametrize(
+    "make, target",
+    [(PrecisionAtRecall, {"recall": 0.8}), (RecallAtPrecision, {"precision": 0.8}), (ROCAUC, {})],
+)
+def test_rates_refuse_the_tracked_projection(make, target):
+    with pytest.raises(ValueError, match="projection='tracked'"):
+        make(torch.tensor([0, 1, 1, 0]), projection="tracked", **target)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from projections import project_onto_c
+from projections import project_onto_c, projection_root
 from reparam import PAPER_PRESET, FBetaRegularizer, ShapeHead
 from reparam import functional as fn
 from tests.protocol import run_protocol
@@ -111,7 +111,8 @@ def test_dual_step_sizes_are_attributes_a_loop_can_schedule():
 
 
 @pytest.mark.parametrize(
-    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 1)]
+    "mode, per_epoch",
+    [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 1), ("tracked", 0)],
 )
 def test_projection_count_per_epoch(mode, per_epoch):
     reg, _, gen = _setup(projection=mode)
@@ -121,7 +122,7 @@ def test_projection_count_per_epoch(mode, per_epoch):
         run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
-    if mode in ("epoch", "step", "clip"):  # (eps, tau) in C right after the projection
+    if mode in ("epoch", "step", "clip", "tracked"):  # (eps, tau) in C right after the projection
         assert float(reg.eps.detach()) >= 0 and bool((reg.tau <= reg.eps).all())
 
 
@@ -390,3 +391,104 @@ def test_clip_mode_eps_stepped_below_zero_comes_back(tau_update):
     opt = torch.optim.SGD(reg.parameters(), lr=0.1)
     opt.step()
     assert float(reg.eps_param) > 0
+
+
+def _tracked_pair(**options):
+    """An inline and a tracked regularizer in the same state, rows of tau spread around eps."""
+    s = torch.tensor([1, 0] * 20)
+    regs = [FBetaRegularizer(s, projection=m, **options) for m in ("inline", "tracked")]
+    for reg in regs:
+        with torch.no_grad():
+            reg.tau_param.copy_(torch.linspace(0.5, 1.5, reg.tau_param.numel()))
+            reg.eps_param.fill_(0.9)
+            reg.lam.copy_(torch.linspace(0, 2, reg.lam.numel()))
+    return regs
+
+
+def test_tracked_mode_is_the_inline_projection_when_its_active_set_is_exact():
+    """Mode ``"tracked"`` right after an epoch end (its active set ``A`` re-computed from the exact
+    root): ``reg.eps`` / ``reg.tau`` are ``Pi_C`` of the raw parameters, the loss is inline's, and
+    so are the gradients of ``eps`` and of the batch's rows (``d e*/d tau_k = 1/(|A|+1)`` for a
+    clipped row). Rows outside the batch get none (inline moves every active row: O(n))."""
+    inline, tracked = _tracked_pair()
+    for reg in (inline, tracked):
+        reg.score_epoch.fill_(0)
+        reg.end_epoch_()  # tracked: A from the exact root; both: the same dual step
+    # inline's raw parameters are the point tracked represents (A's rows as offsets above eps)
+    e, t = project_onto_c(inline.eps_param.detach()[0], inline.tau_param.detach())
+    torch.testing.assert_close(tracked.eps, e.reshape(1))
+    torch.testing.assert_close(tracked.tau, t)
+    torch.testing.assert_close(tracked.eps, inline.eps)
+    active = inline.tau_param.detach() > e
+    assert torch.equal(tracked.tau_active, active) and 0 < int(active.sum()) < active.numel()
+    offsets = inline.tau_param.detach() - inline.eps_param.detach()
+    torch.testing.assert_close(tracked.tau_param[active], offsets[active])
+    idx = torch.arange(0, 16)  # positives 0, 2, ..., 14: rows 0-7, the low end of tau
+    idx = torch.cat([idx, torch.arange(38, 40)])  # row 19: the top, clipped
+    u = torch.linspace(-1, 2, idx.numel())
+    losses = [reg(u.clone().requires_grad_(), idx) for reg in (inline, tracked)]
+    torch.testing.assert_close(losses[1], losses[0])
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(tracked.eps_param.grad, inline.eps_param.grad)
+    rows = tracked.slot[idx][tracked.slot[idx] >= 0].long()
+    torch.testing.assert_close(tracked.tau_param.grad[rows], inline.tau_param.grad[rows])
+    clipped = tracked.tau_active.clone()
+    clipped[rows] = False
+    assert bool(clipped.any()) and bool((inline.tau_param.grad[clipped] != 0).all())
+    assert bool((tracked.tau_param.grad[clipped] == 0).all())
+
+
+@pytest.mark.parametrize("classes", [(1,), (1, 2)])
+@pytest.mark.parametrize("rule", ["sparse_sgd", "sparse_adam"])
+def test_tracked_mode_follows_its_active_set_in_O_B(rule, classes):
+    """With a sparse tau the tracked sums ``[sum of A's offsets above eps, |A|]`` follow each step
+    from the touched rows alone (a sample twice in a batch counted once), the touched rows are
+    re-tested against the moved threshold, and the epoch end re-computes ``A`` from the exact
+    root of the rows' values."""
+    gen = torch.Generator().manual_seed(0)
+    s = torch.randint(0, 3, (90,), generator=gen)
+    reg = FBetaRegularizer(
+        s, positive_classes=classes, projection="tracked", tau_update=rule, tau_lr=0.2
+    )
+    with torch.no_grad():
+        reg.tau_param.uniform_(0.5, 1.5, generator=gen)
+    reg.end_epoch_()
+    opt = torch.optim.Adam(reg.parameters(), lr=0.05)
+    groups = reg.tau_group.long()
+    retested = 0
+    for _epoch in range(3):
+        for _ in range(3):  # 72 of the 90 samples per epoch
+            idx = torch.randint(0, 90, (24,), generator=gen)
+            idx[1] = idx[0]  # a duplicate
+            u = torch.randn(24, 3 if len(classes) > 1 else 1, generator=gen).squeeze(-1)
+            loss = reg(u.requires_grad_(), idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            was = reg.tau_active.clone()
+            reg.after_step_()
+            tau, active, eps = reg.tau_param, reg.tau_active, reg.eps_param.detach()
+            values = torch.where(active, tau + eps[groups], tau)  # A's rows: offsets above eps
+            sums = torch.zeros(len(classes), 2, dtype=torch.float64)
+            parts = torch.stack([torch.where(active, tau, 0), active], 1).double()
+            torch.testing.assert_close(
+                reg.active_sums, sums.index_add_(0, groups, parts), rtol=0, atol=1e-9
+            )
+            # the touched rows were re-tested against the root of the old A at the stepped values
+            mid = torch.zeros(len(classes), 2, dtype=torch.float64)
+            offsets = torch.where(was, values - eps[groups], 0)
+            mid.index_add_(0, groups, torch.stack([offsets, was], 1).double())
+            r = eps + (mid[:, 0] / (1 + mid[:, 1])).float()
+            rows = reg.slot[idx][reg.slot[idx] >= 0].long()
+            assert torch.equal(active[rows], values[rows] > r[groups[rows]])
+            retested += int(rows.numel())
+        reg.end_epoch_()  # A from the exact root of the values
+        eps = reg.eps_param.detach()
+        if len(classes) == 1:
+            root = projection_root(eps[0], values).view(1)
+        else:
+            root = projection_root(eps, values, groups=groups)
+        assert torch.equal(reg.tau_active, values > root[groups])
+        torch.testing.assert_close(reg.tau, torch.minimum(values, root.clamp_min(0)[groups]))
+    assert retested > 0

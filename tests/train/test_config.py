@@ -226,12 +226,13 @@ def test_config_selects_the_paper_preset_and_pins_what_it_resolves():
     assert (reg.projection, reg.cap_scores, reg.dual_lr_mu) == ("epoch", False, 1e-5)
     again = C.from_dict(cfg.to_dict())
     assert again.to_dict() == cfg.to_dict()
-    ours = C.from_dict({"regularizer": {"name": "fbeta"}}).regularizer
-    assert (ours.projection, ours.fbeta.dual_lr_lambda, ours.fbeta.cap_scores) == (
-        "inline",
-        0.1,
-        True,
-    )
+    ours_cfg = C.from_dict({"regularizer": {"name": "fbeta"}})
+    ours = ours_cfg.regularizer
+    # the library's projection depends on the data (tau_update auto): pinned once it is built
+    assert (ours.projection, ours.fbeta.dual_lr_lambda, ours.fbeta.cap_scores) == (None, 0.1, True)
+    reg = FBetaRegularizer(torch.tensor([0, 1, 1]), **ours.kwargs())
+    assert C.pin_resolved(ours_cfg, reg)
+    assert (ours.projection, ours.fbeta.tau_update) == ("inline", "dense")
     # a paper config switched to an alternative: the shared projection stays unset, no error
     alt = C.load(ROOT / "configs" / "smnist_mlp.yaml", ["regularizer.name=soft_fbeta"])
     assert alt.regularizer.projection is None
@@ -269,3 +270,33 @@ def test_sparse_tau_lr_is_not_the_network_lr():
     assert cfg.regularizer.fbeta.tau_lr == 0.05
     reg = FBetaRegularizer(torch.tensor([0, 1, 1]), projection="clip", tau_update="sparse_adam")
     assert reg.tau_lr == 1e-2
+
+
+def test_auto_tau_update_is_pinned_in_the_config(monkeypatch):
+    """``tau_update: auto`` (the default): the library's defaults resolve by the number of
+    positives (dense and inline below ``AUTO_SPARSE_MIN_POSITIVES``, sparse_adam and tracked from
+    it on), and ``pin_resolved`` writes the choice into the config (a resumed run rebuilds it
+    from there); an explicit projection or the paper preset keeps the dense update; fp16 with a
+    sparse update is refused."""
+    from reparam import fbeta
+
+    monkeypatch.setattr(fbeta, "AUTO_SPARSE_MIN_POSITIVES", 3)
+    labels = torch.tensor([0, 1, 1, 1, 0])
+    for given, expected in (
+        ({}, ("tracked", "sparse_adam")),
+        ({"projection": "inline"}, ("inline", "dense")),
+        ({"fbeta": {"preset": "paper"}}, ("epoch", "dense")),
+    ):
+        cfg = C.from_dict({"regularizer": {"name": "fbeta", **given}})
+        assert cfg.regularizer.fbeta.tau_update == "auto"
+        reg = FBetaRegularizer(labels, **cfg.regularizer.kwargs())
+        assert (reg.projection, reg.tau_update) == expected
+        C.pin_resolved(cfg, reg)
+        assert (cfg.regularizer.projection, cfg.regularizer.fbeta.tau_update) == expected
+        again = FBetaRegularizer(labels, **C.from_dict(cfg.to_dict()).regularizer.kwargs())
+        assert (again.projection, again.tau_update) == expected
+    small = FBetaRegularizer(labels[:3])  # 2 positives: below
+    assert (small.projection, small.tau_update) == ("inline", "dense")
+    cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "train": {"precision": "fp16"}})
+    with pytest.raises(ValueError, match=r"resolved to 'sparse_adam'.*fp16"):
+        C.pin_resolved(cfg, FBetaRegularizer(labels, **cfg.regularizer.kwargs()))

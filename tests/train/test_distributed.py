@@ -308,13 +308,21 @@ def test_two_processes_train_like_one(runs):
         assert h1["reg_eps"] == pytest.approx(h2["reg_eps"], abs=1e-5)
 
 
-@pytest.mark.parametrize("rule", ["sparse_sgd", "sparse_adam"])
-def test_sparse_tau_two_processes_train_like_one(rule, digits_smnist, tmp_path):
+@pytest.mark.parametrize(
+    "rule, projection",
+    [("sparse_sgd", "epoch"), ("sparse_adam", "epoch"), ("sparse_adam", "tracked")],
+)
+def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist, tmp_path):
     """``regularizer.fbeta.tau_update=sparse_*`` under torch.distributed: every step the processes
     exchange their batch's touched rows of tau (``share_sparse_grads_``) and take the same sparse
     step, so 2 processes end where 1 does (the projection once per epoch: the sparse modes'), and
-    both ranks hold the same state."""
-    extra = ["regularizer.fbeta.tau_update=" + rule, "regularizer.fbeta.tau_lr=1.0"]
+    both ranks hold the same state. Projection ``"tracked"``: the active set of the threshold is
+    re-tested on every process's touched rows, so it stays replicated too."""
+    extra = [
+        "regularizer.fbeta.tau_update=" + rule,
+        "regularizer.fbeta.tau_lr=1.0",
+        f"regularizer.projection={projection}",
+    ]
     found = {}
     for world in (1, 2):
         out, folder = tmp_path / f"run{world}", tmp_path / f"records{world}"
@@ -323,6 +331,7 @@ def test_sparse_tau_two_processes_train_like_one(rule, digits_smnist, tmp_path):
         found[world] = _records(folder, world)
     one, (rank0, rank1) = found[1][0]["regularizer"], found[2]
     keys = [*REG_STATE, *(("tau_adam_moments", "tau_adam_step") if rule == "sparse_adam" else ())]
+    keys += ["tau_active", "active_sums"] if projection == "tracked" else []
     for k in keys:
         torch.testing.assert_close(rank0["regularizer"][k], one[k], rtol=0, atol=1e-5, msg=k)
         assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k
@@ -332,6 +341,8 @@ def test_sparse_tau_two_processes_train_like_one(rule, digits_smnist, tmp_path):
     assert float(one["tau_param"].max() - one["tau_param"].min()) > 1e-3
     if rule == "sparse_adam":
         assert int(one["tau_adam_step"]) == 2 * N // 20
+    if projection == "tracked":  # the threshold's active set is neither empty nor everything
+        assert 0 < float(one["active_sums"][0, 1]) < one["tau_param"].numel()
 
 
 def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp_path):

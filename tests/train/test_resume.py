@@ -75,6 +75,7 @@ STOPS = {  # where run B stops, from the steps per epoch
         ("mid-epoch-2-after-a-dual-step", "epoch", "roc_auc"),
         ("mid-epoch-1-then-across-the-epoch-boundary", "step", "recall_at_precision"),
         ("mid-epoch-2-after-a-dual-step", "epoch", "fbeta-sparse_adam"),  # + model.shared_gemm
+        ("mid-epoch-1-then-across-the-epoch-boundary", "tracked", "fbeta-sparse_adam"),
     ],
 )
 def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
@@ -90,6 +91,8 @@ def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     if tau_update:  # the fast step: tau's lazy Adam state is the regularizer's, checkpointed
         extra += (f"regularizer.fbeta.tau_update={tau_update}", "model.shared_gemm=true")
         reg_state += ("tau_adam_moments", "tau_adam_step")
+    if projection == "tracked":  # the threshold's tracked active set and its sums
+        reg_state += ("tau_active", "active_sums")
     cfg = smnist_cfg(digits_smnist, tmp_path / "a", *extra)
     per_epoch = steps_per_epoch(cfg)
     stop = STOPS[where](per_epoch)

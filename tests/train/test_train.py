@@ -180,7 +180,7 @@ def test_default_run_folders_do_not_collide(digits_smnist, tmp_path, monkeypatch
     run(cfg, log=lambda *_: None)
     run(cfg, log=lambda *_: None)
     names = sorted(p.name for p in (tmp_path / "runs" / "demo").iterdir())
-    assert names == ["fbeta-a0.01-inline-seed0", "fbeta-a0.01-inline-seed0-2"]
+    assert names == ["fbeta-a0.01-auto-seed0", "fbeta-a0.01-auto-seed0-2"]
 
 
 def test_missing_data_says_how_to_build_it(tmp_path):
@@ -285,6 +285,25 @@ def test_sparse_tau_is_refused_with_fp16_and_inline(digits_smnist, tmp_path):
             "regularizer.fbeta.tau_update=sparse_sgd",
             "train.precision=fp16",
         )
-    cfg = _cfg(digits_smnist, tmp_path / "r", "regularizer.fbeta.tau_update=sparse_sgd")
+    inline = ("regularizer.fbeta.tau_update=sparse_sgd", "regularizer.projection=inline")
+    cfg = _cfg(digits_smnist, tmp_path / "r", *inline)
     with pytest.raises(ValueError, match=r"regularizer \(fbeta\): tau_update='sparse_sgd'"):
         run(cfg, log=lambda *_: None)
+
+
+def test_auto_tau_update_is_resolved_on_the_data_and_pinned(digits_smnist, tmp_path, monkeypatch):
+    """The default ``tau_update: auto``: with at least ``AUTO_SPARSE_MIN_POSITIVES`` positives the
+    run trains with a sparse tau and the tracked projection (O(B) per step), and its saved
+    config.yaml says so (a resumed run rebuilds the same regularizer from it)."""
+    from reparam import fbeta
+
+    monkeypatch.setattr(fbeta, "AUTO_SPARSE_MIN_POSITIVES", 10)
+    summary = run(_cfg(digits_smnist, tmp_path / "run"), log=lambda *_: None)
+    saved = C.load(tmp_path / "run" / "config.yaml")
+    assert (saved.regularizer.projection, saved.regularizer.fbeta.tau_update) == (
+        "tracked",
+        "sparse_adam",
+    )
+    ckpt = checkpoint.latest(tmp_path / "run")[1]
+    assert int(ckpt["regularizer"]["tau_adam_step"]) == summary["history"][-1]["steps"]
+    assert 0 < float(ckpt["regularizer"]["active_sums"][0, 1])  # rows at the threshold

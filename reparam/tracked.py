@@ -1,0 +1,163 @@
+r"""Projection mode ``"tracked"`` (docs/method.md sec. 3b): the inline projection's threshold over an
+active set kept up to date in ``O(B)`` per step.
+
+The exact projection onto ``C`` has the threshold ``e* = max(0, r)``,
+``r = (eps + sum_{i in A} tau_i) / (|A| + 1)`` over its active set ``A = {i : tau_i > r}``, and its
+Jacobian gives ``eps`` and every row of ``A`` the same share ``1 / (|A| + 1)`` of ``dL/de*``
+(docs/method.md sec. 4). Inline, the optimizer therefore moves every row of ``A`` with ``eps`` at every
+step: ``O(n)``. Here ``A`` moves with ``eps`` as one block instead: a row of ``A`` is stored as its
+offset above ``eps``, ``o_i = tau_i - eps``, so the block's move costs nothing, and
+
+.. math:: r = \epsilon + \frac{\sum_{A} o_i}{|A| + 1}
+
+from two running sums per class, ``active_sums = [sum of A's offsets, |A|]`` (float64). The loss
+sees ``e*`` and the batch's rows clipped at it; after each sparse step the touched rows are
+re-tested against the moved ``r`` (a row that joins ``A`` stores its offset, one that leaves its
+value); every epoch end re-computes ``A`` from the exact root. Rows outside ``A`` hold their value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from projections import projection_root
+
+
+class TrackedActiveSet:
+    """The state and steps of mode ``"tracked"`` for ``FBetaRegularizer`` (a mixin: it reads the
+    regularizer's ``eps_param``, ``tau_param``, ``tau_group``, ``lam`` and class layout)."""
+
+    def _init_tracked(self, n_pos: int, classes: int) -> None:
+        """``tau_active`` (bool per positive: ``A``) and ``active_sums`` (per class), kept in
+        float64 by ``ShapeObjective._apply`` (O(B) increments between epoch ends)."""
+        self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
+        self.register_buffer("active_sums", torch.zeros(classes, 2, dtype=torch.float64))
+        self._float64_buffers = ("active_sums",)
+
+    def _tracked_threshold(self, eps: Tensor) -> tuple[Tensor, Tensor]:
+        r"""``(e*, share)`` per class from the tracked active set ``A_j`` (O(P)):
+
+        .. math:: r_j = \frac{\epsilon_j + \sum_{A_j} \tau_i}{1 + |A_j|}
+                  = \epsilon_j + \frac{\sum_{A_j} o_i}{1 + |A_j|},\quad e^*_j = \max(0, r_j),
+                  \quad \mathrm{share}_j = \frac{\partial e^*_j}{\partial \epsilon_j}
+                  = \frac{\partial e^*_j}{\partial \tau_i} = \frac{1[r_j > 0]}{1 + |A_j|}
+
+        (``o_i = tau_i - eps_j`` the stored offsets): the exact projection's threshold and
+        Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (docs/method.md sec. 4).
+        Autograd carries ``share`` to ``eps``: the block's move with ``eps`` is in the offsets,
+        not in this derivative (by design, as mode ``"clip"``'s)."""
+        sums = self.active_sums.to(eps.dtype)
+        denom = 1 + sums[:, 1]
+        share = 1 / denom
+        r = eps * share + (eps * (1 - share) + sums[:, 0] / denom).detach()
+        return r.clamp_min(0), (r.detach() > 0).to(r.dtype) * share
+
+    def _tracked_root(self) -> Tensor:
+        """The threshold ``r`` per class, not clamped (``A = {tau_i > r}``), detached."""
+        sums = self.active_sums.to(self.eps_param.dtype)
+        return self.eps_param.detach() + sums[:, 0] / (1 + sums[:, 1])
+
+    def _tracked_batch(self, tau: Tensor, slots: Tensor):
+        """The batch's view for ``Fn.batch_lagrangian`` (O(B)): its rows' values (``(B,)``: the
+        offset plus ``eps`` for a row of ``A``; autograd to ``tau_param`` alone), their
+        ``lambda``, local slots (``0..B-1``, ``-1`` for a negative) and the sparse gradient's sink
+        mapped back to the rows."""
+        rows = slots.clamp_min(0)
+        shift = torch.where(self.tau_active.index_select(0, rows), self._eps_of_rows(rows), 0.0)
+        values = tau.index_select(0, rows) + shift
+        local = torch.arange(rows.numel(), device=rows.device, dtype=rows.dtype)
+        local = torch.where(slots >= 0, local, -1)
+        sink = self._tau_grad_sink
+        if sink is not None:
+            sink = partial(_sink_rows, sink, rows)
+        return values, self.lam.index_select(0, rows), local, sink
+
+    def _eps_of_rows(self, rows: Tensor) -> Tensor:
+        """``eps_param`` (detached) of each row's class (one class: a broadcast)."""
+        eps = self.eps_param.detach()
+        if eps.shape[0] == 1:
+            return eps.expand(rows.shape[0])
+        return eps.index_select(0, self.tau_group.index_select(0, rows).long())
+
+    def _tracked_values(self) -> Tensor:
+        """Every row's value: its offset + ``eps`` on ``A`` (O(n))."""
+        tau, eps = self.tau_param.detach(), self._per_row(self.eps_param.detach())
+        return torch.where(self.tau_active, tau + eps, tau)
+
+    @torch.no_grad()
+    def _set_active_(self, now: Tensor, values: Tensor) -> None:
+        """``A <- now`` (every row, O(n)): a row that joins stores its offset, one that leaves its
+        value (``values``: every row's); then ``A``'s sums."""
+        was, tau = self.tau_active, self.tau_param
+        eps = self._per_row(self.eps_param.detach())
+        tau.copy_(torch.where(now == was, tau, values.sub_(eps * now)))  # values: ours to reuse
+        was.copy_(now)
+        self._resum_active_()
+
+    @torch.no_grad()
+    def _resum_active_(self) -> None:
+        """``[sum of A's offsets, |A|]`` recomputed from ``A`` (O(n))."""
+        tau, active = self.tau_param.detach(), self.tau_active
+        if len(self.classes) == 1:  # no O(n) float64 temporaries: sums accumulate in float64
+            offsets = torch.where(active, tau, 0).sum(dtype=torch.float64)
+            self.active_sums.copy_(
+                torch.stack([offsets, active.sum(dtype=torch.float64)]).view(1, 2)
+            )
+        else:
+            parts = torch.stack([torch.where(active, tau, 0).double(), active.double()], 1)
+            self.active_sums.zero_().index_add_(0, self._groups, parts)
+
+    @torch.no_grad()
+    def _retest_all_(self) -> None:
+        """Every row re-tested against the current root ``r`` (O(n); a dense ``tau``, which the
+        optimizer moves everywhere): ``A``'s sums, then ``A = {tau_i > r}``."""
+        self._resum_active_()
+        values = self._tracked_values()
+        self._set_active_(values > self._per_row(self._tracked_root()), values)
+
+    @torch.no_grad()
+    def _refresh_active_(self) -> None:
+        """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
+        eps, values = self.eps_param.detach(), self._tracked_values()
+        if len(self.classes) == 1:
+            r = projection_root(eps[0], values).view(1)
+        else:
+            r = projection_root(eps, values, groups=self._groups)
+        self._set_active_(values > self._per_row(r), values)
+
+    @torch.no_grad()
+    def _track_step_(self, rows: Tensor, step: Callable[[], None]) -> None:
+        """Run the sparse ``step`` on ``rows`` (int, may repeat) and keep ``A`` in step in O(B):
+        each touched row counted once (sorted); ``A``'s offset sum moves by its rows' exact
+        change; then every touched row is re-tested against the moved root ``r``: one that joins
+        ``A`` stores its offset, one that leaves its value (``+/-(offset, 1)`` on the sums). The
+        batch's negatives stand at row 0 (``slots.clamp_min(0)``): that row is re-tested too, by
+        the same rule, which no row's membership contradicts."""
+        tau, active = self.tau_param, self.tau_active
+        rows = torch.sort(rows.long()).values
+        first = torch.ones_like(rows, dtype=torch.bool)
+        first[1:] = rows[1:] != rows[:-1]
+        group = self.tau_group.index_select(0, rows).long()
+        before = tau.index_select(0, rows)
+        step()
+        t = tau.index_select(0, rows)
+        was = active.index_select(0, rows)
+        self.active_sums[:, 0].index_add_(0, group, (t.double() - before.double()) * (was & first))
+        eps = self._eps_of_rows(rows)
+        values = torch.where(was, t + eps, t)
+        now = values > self._tracked_root().index_select(0, group)
+        offset = torch.where(was, t, values - eps)  # the row's offset as a member of A
+        sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
+        delta = torch.stack([sign * offset.double(), sign], 1)
+        self.active_sums.index_add_(0, group, delta)
+        tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
+        active.index_copy_(0, rows, now)
+
+
+def _sink_rows(sink, rows: Tensor, local: Tensor, touched: Tensor, grad: Tensor) -> None:
+    """A sparse gradient sink called with a batch's local slots: passes the rows they stand for."""
+    sink(rows, touched, grad)
