@@ -63,14 +63,19 @@ class ReparamRegularizer(ShapeObjective):
 
     def _effective(self, position: int) -> Tensor:
         """The value the loss uses for constrained variable ``position``: the parameter itself,
-        except in mode ``"inline"`` (its projection) and ``"clip"`` (its clipping,
-        :meth:`_clipped`), detached: write to the ``*_param``."""
+        except in mode ``"inline"`` (its projection) and ``"clip"`` / ``"tracked"`` (its clipping,
+        :meth:`_clipped`), detached: write to the ``*_param``. Computed once while ``end_epoch_``
+        reads it (until a projection writes the parameters)."""
         if self.projection not in ("inline", "clip", "tracked"):
             return getattr(self, self._constrained_names[position])
-        with torch.no_grad():
-            if self.projection in ("clip", "tracked"):
-                return self._clipped(position)
-            return self.constrained_parameters()[position].detach()
+        if self.projection in ("clip", "tracked"):
+            return self._memo(("constrained", position), lambda: self._clipped(position))
+        return self._memo(("constrained",), self._projected)[position]
+
+    @torch.no_grad()
+    def _projected(self) -> tuple[Tensor, ...]:
+        """Mode ``"inline"``: every constrained variable as the loss sees it (one projection)."""
+        return tuple(x.detach() for x in self.constrained_parameters())
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -80,6 +85,7 @@ class ReparamRegularizer(ShapeObjective):
         raw = tuple(getattr(self, name).detach() for name in self._constrained_names)
         for name, value in zip(self._constrained_names, self._project(*raw), strict=True):
             getattr(self, name).copy_(value)
+        self._forget_("constrained")
         self.projections += 1
         self.projections_epoch += 1
 
@@ -121,6 +127,10 @@ class ReparamRegularizer(ShapeObjective):
     def stats(self) -> dict[str, float | int | list | bool | None]:
         """``ShapeObjective.stats`` plus ``lambda`` and the violation of the dualized ``tau_i <= u_i``
         (over the positives with a remembered score)."""
+        with self._memo_window():
+            return self._stats_now()
+
+    def _stats_now(self) -> dict[str, float | int | list | bool | None]:
         tau, target = self._lambda_targets()
         over_u = (tau - target).clamp_min(0)[self._seen_positives()]
         return super().stats() | {

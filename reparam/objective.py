@@ -22,6 +22,7 @@ A subclass provides the loss of a batch (``_loss``), what its epoch end does (``
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -173,11 +174,8 @@ class ShapeObjective(nn.Module):
         """Call once per epoch: the objective's epoch end (projection and dual ascent for the
         reparameterized objectives, docs/method.md sec. 3b), then the epoch counters."""
         self._monitor.before_epoch_end(self.named_parameters)
-        self._split_memo = {}  # the epoch end reads each class's split several times, O(N) each
-        try:
+        with self._memo_window():
             self._end_epoch_body_()
-        finally:
-            self._split_memo = None
         self.epoch += 1
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
@@ -300,19 +298,47 @@ class ShapeObjective(nn.Module):
         }
         return out
 
-    _split_memo: dict | None = None  # class -> split, during end_epoch_ (the scores are fixed)
+    # end_epoch_ and stats() read each class's split of the scores and the constrained variables
+    # several times, O(N) / O(n) each: while they run, each is computed once (the scores are
+    # fixed; the constrained variables until a projection writes them, which calls _forget_)
+    _epoch_end_memo: dict | None = None
+
+    @contextlib.contextmanager
+    def _memo_window(self):
+        """Memoize :meth:`_memo`'s values inside the block (nested blocks share the outer one)."""
+        if self._epoch_end_memo is not None:
+            yield
+            return
+        self._epoch_end_memo = {}
+        try:
+            yield
+        finally:
+            self._epoch_end_memo = None
+
+    def _memo(self, key: tuple, compute):
+        """``compute()``, computed once per ``key`` inside :meth:`_memo_window`."""
+        memo = self._epoch_end_memo
+        if memo is None:
+            return compute()
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    def _forget_(self, kind: str) -> None:
+        """Drop the memoized values of ``kind`` (their inputs were written)."""
+        if self._epoch_end_memo is not None:
+            for key in [k for k in self._epoch_end_memo if k[0] == kind]:
+                del self._epoch_end_memo[key]
 
     def _split_scores(self, j: int = 0) -> tuple[Tensor, Tensor]:
         """Remembered scores of class ``j``'s scored positives and scored negatives (computed
-        once per class during ``end_epoch_``, which writes no score)."""
-        if self._split_memo is not None and j in self._split_memo:
-            return self._split_memo[j]
+        once per class during ``end_epoch_`` and ``stats()``, which write no score)."""
+        return self._memo(("split", j), lambda: self._split_now(j))
+
+    def _split_now(self, j: int) -> tuple[Tensor, Tensor]:
         pos = self.shape_labels == self.classes[j]
         seen = self.seen_ever
-        split = self.scores[pos & seen, j], self.scores[~pos & seen, j]
-        if self._split_memo is not None:
-            self._split_memo[j] = split
-        return split
+        return self.scores[pos & seen, j], self.scores[~pos & seen, j]
 
     _float64_buffers: tuple[str, ...] = ()  # accumulators kept in float64 (moved, never cast)
 

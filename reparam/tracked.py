@@ -97,6 +97,7 @@ class TrackedActiveSet:
         tau.copy_(torch.where(now == was, tau, values.sub_(eps * now)))  # values: ours to reuse
         was.copy_(now)
         self._resum_active_()
+        self._forget_("constrained")
 
     @torch.no_grad()
     def _resum_active_(self) -> None:

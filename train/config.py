@@ -322,6 +322,13 @@ def from_dict(raw: dict[str, Any]) -> Config:
     return cfg
 
 
+# a sparse tau update under fp16 (its own step reads the gradient the loss scale multiplies)
+_NO_FP16 = (
+    "does not support train.precision=fp16 (its gradient would carry the loss scale): use bf16 "
+    "or fp32, or tau_update=dense"
+)
+
+
 def _resolve_sparse_tau(cfg: Config) -> None:
     """F-beta's sparse ``tau`` update (``regularizer.fbeta.tau_update``) steps ``tau`` itself:
     ``tau_lr: null`` takes ``optim.regularizer_lr`` when set, else the library's default
@@ -336,11 +343,7 @@ def _resolve_sparse_tau(cfg: Config) -> None:
     if r.fbeta.tau_lr is None:  # "auto" too: used if it resolves to a sparse update
         r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
     if cfg.train.precision == "fp16" and r.fbeta.tau_update != "auto":  # "auto": pin_resolved
-        raise ValueError(
-            f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} does not support "
-            f"train.precision=fp16 (its gradient would carry the loss scale): use bf16 or fp32, "
-            f"or tau_update=dense"
-        )
+        raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
 
 
 def pin_resolved(cfg: Config, reg: object) -> bool:
@@ -356,8 +359,7 @@ def pin_resolved(cfg: Config, reg: object) -> bool:
     if r.fbeta.tau_update != "dense" and cfg.train.precision == "fp16":
         raise ValueError(
             f"regularizer.fbeta.tau_update={before[1]!r} resolved to {r.fbeta.tau_update!r} for "
-            f"these data, which does not support train.precision=fp16 (its gradient would carry "
-            f"the loss scale): use bf16 or fp32, or tau_update=dense"
+            f"these data, which {_NO_FP16}"
         )
     return (r.projection, r.fbeta.tau_update) != before
 

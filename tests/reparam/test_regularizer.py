@@ -492,3 +492,30 @@ def test_tracked_mode_follows_its_active_set_in_O_B(rule, classes):
         assert torch.equal(reg.tau_active, values > root[groups])
         torch.testing.assert_close(reg.tau, torch.minimum(values, root.clamp_min(0)[groups]))
     assert retested > 0
+
+
+def test_epoch_end_projects_inline_once_and_rereads_after_a_projection(monkeypatch):
+    """``end_epoch_`` reads ``reg.eps`` / ``reg.tau`` several times (dual step, inert check,
+    statistics): in mode ``"inline"`` each read was a projection of all of ``tau``; now one per
+    epoch end. A projection in place (mode ``"clip"``) drops what was read before it."""
+    s = torch.tensor([1, 0] * 20)
+    reg = FBetaRegularizer(s, projection="inline")
+    with torch.no_grad():
+        reg.tau_param.copy_(torch.linspace(0.5, 1.5, reg.tau_param.numel()))
+    reg.score_epoch.fill_(0)
+    calls = []
+    project = reg._project
+    monkeypatch.setattr(reg, "_project", lambda *a, **k: calls.append(1) or project(*a, **k))
+    reg.end_epoch_()
+    assert len(calls) == 1
+    reg.stats()  # outside the epoch end: computed afresh
+    assert len(calls) == 2  # stats() too: one projection
+    clip = FBetaRegularizer(s, projection="clip")
+    with torch.no_grad():
+        clip.tau_param.copy_(torch.linspace(0.5, 1.5, clip.tau_param.numel()))
+    clip._epoch_end_memo = {}
+    before = clip.tau.clone()  # clipped at eps = 1, not yet projected
+    clip.project_()
+    assert not torch.equal(clip.tau, before)  # the read after the projection is the new value
+    torch.testing.assert_close(clip.tau, clip.tau_param.detach())
+    clip._epoch_end_memo = None
