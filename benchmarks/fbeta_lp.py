@@ -10,49 +10,58 @@ from ._report import markdown_row, markdown_table
 
 
 def solve_fbeta_lp(
-    a: np.ndarray, s: np.ndarray, beta: float = 1.0, form: str = "scale_free"
+    a: np.ndarray,
+    s: np.ndarray,
+    beta: float = 1.0,
+    form: str = "scale_free",
+    groups: np.ndarray | None = None,
 ) -> tuple[float, np.ndarray, float]:
     """Optimal value and head ``(w, b)`` of LP (3') (``form="scale_free"``) or (3) (``"paper"``).
 
-    Variables ``x = [w (d), b, eps, tau (n), xi (m)]``, ``u = a w + b``, hinge ``xi_j >= eps + u_j``.
-    (3'): ``min beta^2 eps + (1/n) sum xi``, ``mean tau = 1``; (3): ``min beta^2 n eps + sum xi``,
-    ``sum tau = 1``; both with ``tau_i <= eps``, ``tau_i <= u_i``, ``eps >= 0``, ``xi >= 0``.
+    Variables ``x = [w (d), b, eps (G), tau (n), xi (m)]``, ``u = a w + b``, hinge
+    ``xi_j >= eps_g(j) + u_j``. (3'): ``min beta^2 eps + (1/n) sum xi``, ``mean tau = 1``; (3):
+    ``min beta^2 n eps + sum xi``, ``sum tau = 1``; both with ``tau_i <= eps``, ``tau_i <= u_i``,
+    ``eps >= 0``, ``xi >= 0``. ``groups`` (scale-free form; ``-1``: a sample of no group): the
+    grouped F-beta of docs/method.md sec. 12, one head for all groups and the mean over the
+    groups with a positive of each group's (3') in its own ``eps_g`` and ``tau``, its negatives
+    the group's own.
     """
-    a_pos, a_neg = a[s == 1], a[s == 0]
-    n, m, d = len(a_pos), len(a_neg), a.shape[1]
-    nv = d + 2 + n + m
-    iw, ib, ie, it, ix = 0, d, d + 1, d + 2, d + 2 + n
+    g = np.zeros(len(s), np.int64) if groups is None else np.asarray(groups, np.int64)
+    if form != "scale_free" and groups is not None:
+        raise ValueError("groups: the scale-free form only")
+    keep = g >= 0
+    present = np.unique(g[keep & (s == 1)])  # the groups with a positive: one problem each
+    slot = {int(k): i for i, k in enumerate(present)}
+    keep &= np.isin(g, present)
+    pos, neg = np.flatnonzero(keep & (s == 1)), np.flatnonzero(keep & (s == 0))
+    n, m, d, k = len(pos), len(neg), a.shape[1], len(present)
+    gp, gn = np.array([slot[int(x)] for x in g[pos]]), np.array([slot[int(x)] for x in g[neg]])
+    n_g = np.bincount(gp, minlength=k).astype(float)
+    nv = d + 1 + k + n + m
+    iw, ib, ie, it, ix = 0, d, d + 1, d + 1 + k, d + 1 + k + n
     c = np.zeros(nv)
     if form == "scale_free":
-        c[ie], c[ix:] = beta**2, 1.0 / n
+        c[ie:it], c[ix:] = beta**2 / k, 1.0 / (k * n_g[gn])
     elif form == "paper":
         c[ie], c[ix:] = beta**2 * n, 1.0
     else:
         raise ValueError(form)
-    rows, rhs = [], []
-    for i in range(n):  # tau_i - eps <= 0 ; tau_i - w.a_i - b <= 0
-        r = np.zeros(nv)
-        r[it + i], r[ie] = 1, -1
-        rows.append(r)
-        rhs.append(0)
-        r = np.zeros(nv)
-        r[it + i], r[iw:ib], r[ib] = 1, -a_pos[i], -1
-        rows.append(r)
-        rhs.append(0)
-    for j in range(m):  # eps + w.a_j + b - xi_j <= 0
-        r = np.zeros(nv)
-        r[ie], r[iw:ib], r[ib], r[ix + j] = 1, a_neg[j], 1, -1
-        rows.append(r)
-        rhs.append(0)
-    eq = np.zeros((1, nv))
-    eq[0, it:ix] = 1.0 / n if form == "scale_free" else 1.0
-    bounds = [(None, None)] * (d + 1) + [(0, None)] + [(None, None)] * n + [(0, None)] * m
+    rows = np.zeros((2 * n + m, nv))
+    r = np.arange(n)
+    rows[r, it + r], rows[r, ie + gp] = 1, -1  # tau_i - eps_g <= 0
+    rows[n + r, it + r], rows[n + r, iw:ib], rows[n + r, ib] = 1, -a[pos], -1  # tau_i <= u_i
+    r = np.arange(m)  # eps_g + w.a_j + b - xi_j <= 0
+    rows[2 * n + r, ie + gn], rows[2 * n + r, iw:ib] = 1, a[neg]
+    rows[2 * n + r, ib], rows[2 * n + r, ix + r] = 1, -1
+    eq = np.zeros((k, nv))
+    eq[gp, it + np.arange(n)] = 1.0 / n_g[gp] if form == "scale_free" else 1.0
+    bounds = [(None, None)] * (d + 1) + [(0, None)] * k + [(None, None)] * n + [(0, None)] * m
     res = linprog(
         c,
-        A_ub=np.array(rows),
-        b_ub=np.array(rhs),
+        A_ub=rows,
+        b_ub=np.zeros(len(rows)),
         A_eq=eq,
-        b_eq=[1.0],
+        b_eq=np.ones(k),
         bounds=bounds,
         method="highs",
     )
@@ -127,9 +136,22 @@ def train_head(
     return head, reg, u
 
 
-def head_quality(u, s: np.ndarray, beta: float = 1.0) -> tuple[float, float | None]:
-    """(F-beta of ``u > 0``, LP (3') objective at the best feasible eps for ``u``, or None)."""
+def head_quality(
+    u, s: np.ndarray, beta: float = 1.0, groups: np.ndarray | None = None
+) -> tuple[float, float | None]:
+    """(F-beta of ``u > 0``, LP (3') objective at the best feasible eps for ``u``, or None);
+    with ``groups``, both the mean over the groups with a positive (the objective None when a
+    group has no feasible eps)."""
     import torch
+
+    if groups is not None:
+        per = [
+            head_quality(u[torch.as_tensor(groups == k)], s[groups == k], beta)
+            for k in np.unique(groups[(groups >= 0) & (s == 1)])
+        ]
+        objs = [o for _, o in per]
+        obj = None if any(o is None for o in objs) else float(np.mean(objs))
+        return float(np.mean([f for f, _ in per])), obj
 
     from reparam import functional as fn
 

@@ -22,29 +22,49 @@ def describe(x: object) -> str:
 def shape_labels(x: object) -> Tensor:
     """The shape labels as an int64 CPU tensor ``(N,)``: accepts a tensor or numpy array of any
     integer (or bool) dtype, or a sequence of ints; rejects floats, empty and multi-dim input."""
+    t = _int_vector("shape_labels", x, "class ids")
+    if int(t.min()) < 0:
+        raise ValueError(f"shape_labels must be >= 0, got values down to {int(t.min())}")
+    return t
+
+
+def groups(x: object, n: int) -> Tensor:
+    """The group of every sample as an int64 CPU tensor ``(N,)`` (``-1``: in no group), as
+    :func:`shape_labels` accepts them; ``N`` must match the shape labels' and some sample must be
+    in a group."""
+    t = _int_vector("groups", x, "group ids")
+    if t.numel() != n:
+        raise ValueError(f"groups must have one entry per shape label ({n}), got {t.numel()}")
+    lo, hi = (int(v) for v in t.aminmax())
+    if lo < -1 or hi < 0:
+        raise ValueError(
+            f"groups must hold group ids >= 0 (-1: a sample of no group) with at least one "
+            f"sample in a group, got values in [{lo}, {hi}]"
+        )
+    return t
+
+
+def _int_vector(name: str, x: object, what: str) -> Tensor:
     if isinstance(x, Tensor):
         t = x.detach()
     elif isinstance(x, np.ndarray):
         if not (np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_):
-            raise ValueError(f"shape_labels must hold integer class ids, got {describe(x)}")
+            raise ValueError(f"{name} must hold integer {what}, got {describe(x)}")
         t = torch.from_numpy(np.ascontiguousarray(x))
     elif isinstance(x, Sequence) and not isinstance(x, str):
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in x):
-            raise ValueError(f"shape_labels must hold integer class ids, got {list(x)[:5]}...")
+            raise ValueError(f"{name} must hold integer {what}, got {list(x)[:5]}...")
         t = torch.tensor(list(x), dtype=torch.int64)
     else:
         raise ValueError(
-            f"shape_labels must be integer class ids (a tensor, numpy array or sequence of ints), "
+            f"{name} must be integer {what} (a tensor, numpy array or sequence of ints), "
             f"got {describe(x)}"
         )
     if t.is_floating_point() or t.is_complex():
-        raise ValueError(f"shape_labels must hold integer class ids, got {describe(t)}")
+        raise ValueError(f"{name} must hold integer {what}, got {describe(t)}")
     if t.dim() != 1 or t.numel() == 0:
-        raise ValueError(f"shape_labels must have shape (N,) with N > 0, got {tuple(t.shape)}")
-    t = t.cpu().long()
-    if int(t.min()) < 0:
-        raise ValueError(f"shape_labels must be >= 0, got values down to {int(t.min())}")
-    return t
+        raise ValueError(f"{name} must have shape (N,) with N > 0, got {tuple(t.shape)}")
+    return t.cpu().long()
 
 
 def number(

@@ -44,8 +44,9 @@ class ReparamRegularizer(ShapeObjective):
         projection: str,
         inline_strength: float,
         dual_lr_lambda: float,
+        groups: object = None,
     ) -> None:
-        super().__init__(shape_labels, positive_classes=positive_classes)
+        super().__init__(shape_labels, positive_classes=positive_classes, groups=groups)
         self.projection = _checks.choice("projection", projection, PROJECTION_MODES)
         self.inline_strength = _checks.number("inline_strength", inline_strength, 0)
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)

@@ -136,6 +136,15 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             sec. 11: where each is measured to pay). ``reg.tau_update`` and ``reg.projection``
             are the resolved values.
         tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step).
+        groups: ``(N,)`` integer group of every training sample (``-1``: in no group), or
+            ``None``. Given, the objective is the **grouped F-beta**, the mean over the groups of
+            each group's F-beta (a macro F-beta over images, queries or users; per image of a
+            segmentation set, the mean Dice): one problem (3') per (positive class, group with a
+            positive of it), with its own ``eps``, ``mu`` and threshold, whose negatives are the
+            group's other samples (docs/method.md sec. 12). A group with no positive of a class
+            has no F-beta for it and is skipped, as a Dice loss skips an absent class. ``stats()``
+            then reports the mean over the scored problems, ``certified_fbeta`` counting a
+            problem without a certificate as 0 (still a lower bound on the mean F-beta).
 
     After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
     remembered scores (value buckets, expected O(n)): ``reg.decision_threshold`` (per class), with
@@ -161,6 +170,7 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         preset: str | None = None,
         tau_update: str = "auto",
         tau_lr: float | None = None,
+        groups: object = None,
     ) -> None:
         given_projection = projection
         projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
@@ -176,12 +186,13 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             projection=projection,
             inline_strength=inline_strength,
             dual_lr_lambda=dual_lr_lambda,
+            groups=groups,
         )
         self.dual_lr_mu = _checks.number("dual_lr_mu", dual_lr_mu, 0)
         self.preset = preset
         self.beta = _checks.number("beta", beta, 0, strict=True)
         mu_init = _checks.number("mu_init", -(self.beta**2) if mu_init is None else mu_init)
-        p, n_pos = len(self.classes), self.pos_index.numel()
+        p, n_pos = self.n_problems, self.pos_index.numel()
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
         tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
@@ -239,8 +250,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
     # --- the loss -------------------------------------------------------------------------------
 
     def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        """``L_B`` (docs/method.md sec. 3), the mean over positive classes (one autograd node per
-        class, no batch split: ``Fn.batch_lagrangian``)."""
+        """``L_B`` (docs/method.md sec. 3), the mean over the problems (positive classes, or
+        (class, group) pairs, sec. 12) in one autograd node with no batch split
+        (``Fn.batch_lagrangian``)."""
         if self.projection == "clip":  # eps >= 0 by projecting eps itself (O(P)); the batch's rows
             # of tau are clipped at eps. Not eps.clamp_min(0) in the loss: its gradient is 0 below
             # 0, so an eps_param stepped below 0 never came back (S-MNIST MLP: eps 0 for 8 epochs)
@@ -248,60 +260,44 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
                 self.eps_param.clamp_(min=0)
         eps, tau = self.constrained_parameters()
         lam, sink, share = self.lam, self._tau_grad_sink, None
-        batch, n_samples = idx.numel(), self.n_samples
-        slots = self.slot.index_select(0, idx)
-        rows = slots  # the rows of tau (-1: a negative), for the classes
+        rows = self.slot.index_select(0, idx)  # the rows of tau (-1: a negative)
+        problem = scale = eps_weight = None
+        if self.n_problems == 1 and not self.grouped:  # the hot path: one problem, scalars
+            u, is_pos = u.view(-1), rows >= 0
+            scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
+        else:  # one entry per (sample, class column), each in its problem
+            problem, scale, eps_weight = self._batch_problems(idx)
+            rows = rows.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
+            u, problem = u.reshape(-1), problem.reshape(-1)
+            row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
+            is_pos = (rows >= 0) & (row_problem == problem)
         if self.projection == "tracked":  # the batch's rows as values; the loss sees e*
             if self.tau_update == "dense":  # the optimizer moved every row: re-test all, O(n)
                 self._retest_all_()
-            tau, lam, slots, sink = self._tracked_batch(tau, slots)
+            tau, lam, rows, sink = self._tracked_batch(tau, rows)
             eps, share = self._tracked_threshold(self.eps_param)
-        if len(self.classes) == 1:  # the hot path
-            is_pos, u = slots >= 0, u.view(-1)
-            if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
-                u = torch.where(is_pos, torch.minimum(u, eps.detach()), u)
-            scale = n_samples / (self._n_pos_list[0] * batch)
-            return self._class_term(
-                eps, tau, lam, u, self.mu, is_pos, slots.clamp_min_(0), scale, share, sink
-            )
-        cls = torch.bucketize(rows, self.class_start, right=True)  # j + 1: class j; 0: negative
-        if self.cap_scores:  # class j's positives see min(u_j, eps_j) in column j: no pull beyond
-            own = cls.unsqueeze(1) == torch.arange(1, len(self.classes) + 1, device=cls.device)
-            u = torch.where(own, torch.minimum(u, eps.detach().unsqueeze(0)), u)
-        slots = slots.clamp_min_(0)
-        terms = [
-            self._class_term(
-                eps.select(0, j),
-                tau,
-                lam,
-                u.select(1, j),
-                self.mu.select(0, j),
-                cls == j + 1,
-                slots,
-                n_samples / (n_pos * batch),
-                None if share is None else share.select(0, j),
-                sink,
-            )
-            for j, n_pos in enumerate(self._n_pos_list)
-        ]
-        return torch.stack(terms).mean()
-
-    def _class_term(self, eps, tau, lam, u, mu, is_pos, slots, scale, share, sink) -> Tensor:
+        if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
+            eps_e = eps if problem is None else eps.index_select(0, problem.clamp_min(0))
+            u = torch.where(is_pos, torch.minimum(u, eps_e.detach()), u)
+        if problem is None and share is not None:
+            share = share.view(())
         return Fn.batch_lagrangian(
-            eps,
+            eps if problem is not None else eps.view(()),
             tau,
             u,
             lam,
-            mu,
+            self.mu if problem is not None else self.mu.view(()),
             is_pos,
-            slots,
+            rows.clamp_min(0),
             beta=self.beta,
             scale=scale,
             clip=self.projection in ("clip", "tracked"),
             tau_grad_sink=sink,
             terms_fn=self._terms_fn,
             share=share,
-        ).view(())
+            problem=problem,
+            eps_weight=eps_weight,
+        )
 
     def _end_epoch_body_(self) -> None:
         """Mode ``"tracked"``: ``A`` re-computed from the exact root first (O(n)); then the
@@ -404,7 +400,7 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         return eps if position == 0 else torch.minimum(self.tau_param.detach(), self._per_row(eps))
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
-        one = len(self.classes) == 1  # the plain form is faster than one group of the grouped form
+        one = self.n_problems == 1  # the plain form is faster than one group of the grouped form
         if strength > 0:
             if one:
                 e, t = soft_project_onto_c(eps[0], tau, strength=strength)
@@ -420,8 +416,8 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         if len(self.classes) == 1:
             u = self.scores[:, 0].index_select(0, self.pos_index)
-        else:
-            u = self.scores[self.pos_index, self._groups]
+        else:  # each row's class column
+            u = self.scores[self.pos_index, self.problem_class[self._groups]]
         if self.cap_scores:
             u = torch.minimum(u, self._per_row(self.eps.detach().float()))
         return self.tau.detach().float(), u
@@ -430,9 +426,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         """``mu_j <- mu_j + dual_lr_mu (mean_{S+_j} tau - 1)`` (free multiplier of ``mean tau = 1``);
         then the F-beta-optimal threshold of the remembered scores (``decision_threshold``)."""
         self.mu.add_(self.dual_lr_mu * (self._class_mean(self.tau.detach()) - 1))
-        for j in range(len(self.classes)):
-            u_pos, u_neg = self._split_scores(j)
-            self.decision_threshold[j] = Fn.best_fbeta_threshold(u_pos, u_neg, self.beta)[0]
+        for k in range(self.n_problems):
+            u_pos, u_neg = self._split_scores(k)
+            self.decision_threshold[k] = Fn.best_fbeta_threshold(u_pos, u_neg, self.beta)[0]
         self._check_inert()
 
     def _check_inert(self) -> None:
@@ -448,7 +444,7 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
           to enforce the equality (the paper's 1e-5);
         * no certified bound: the positives' mean capped score is below 1."""
         eps, tau = self.eps.detach().float(), self.tau.detach().float()
-        p = len(self.classes)
+        p = self.n_problems
         one = torch.ones_like(eps[:1])
         moments = torch.cat([tau.mean().view(1), tau.square().mean().sqrt().view(1), one])
         now = torch.cat([eps, self.mu.float(), moments.nan_to_num()])  # no positive: mean NaN
@@ -456,17 +452,17 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         self.inert_ref.copy_(now)
         stats = self._objective_stats()
         reasons = []
+        # per class; per group, all of a class's groups together (one line, not one per group)
         for j, cls in enumerate(self.classes):
-            u_pos, u_neg = self._split_scores(j)
-            u = torch.cat([u_pos, u_neg])
+            parts = [self._split_scores(k) for k in range(p) if self._problem_class[k] == j]
+            u = torch.cat([x for pair in parts for x in pair])
             if u.numel() and (bool((u <= 0).all()) or bool((u > 0).all())):
                 side = "above" if bool((u > 0).all()) else "at or below"
                 reasons.append(
                     f"the shape node's scores of every scored training sample are {side} 0 (class "
                     f"{cls}: u in [{float(u.min()):.3g}, {float(u.max()):.3g}], lambda mean "
-                    f"{float(self.lam.mean()):.3g}): the positives are not pulled above the margin. "
-                    f"Start lambda at beta^2 with capped scores (lambda_init={self.beta**2:g}, "
-                    f"cap_scores=True), raise dual_lr_lambda, or use the library defaults (preset=None)"
+                    f"{float(self.lam.mean()):.3g}): the positives are not pulled above the "
+                    f"margin. {self._inert_remedies()}"
                 )
         if prev is not None:
             delta = (now - prev).abs()
@@ -494,6 +490,21 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             )
         self.inert = "; ".join(reasons) or None
 
+    def _inert_remedies(self) -> str:
+        """What to change when the scores sit on one side of 0: only the remedies not already in
+        effect (a run on the library defaults is not told to use them)."""
+        out = []
+        if self.cap_scores and float(self.lam.min()) >= self.beta**2 - 1e-6:
+            out.append("raise dual_lr_lambda (lambda grows by it per epoch)")
+        else:
+            out.append(
+                f"start lambda at beta^2 with capped scores (lambda_init={self.beta**2:g}, "
+                f"cap_scores=True) or raise dual_lr_lambda"
+            )
+        if self.preset is not None:
+            out.append("use the library defaults (preset=None)")
+        return "Remedies: " + "; ".join(out)
+
     def _class_mean(self, tau: Tensor) -> Tensor:
         sums = torch.zeros_like(self.mu).index_add_(0, self._groups, tau.float())
         return sums / self.n_pos
@@ -507,12 +518,12 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         ``|mean tau - 1|`` (dualized). Per-class lists when there are several classes."""
         eps, tau = self.eps.detach().float(), self.tau.detach().float()
         bounds, fbetas, at_threshold = [], [], []
-        for j in range(len(self.classes)):
-            u_pos, u_neg = self._split_scores(j)
+        for k in range(self.n_problems):
+            u_pos, u_neg = self._split_scores(k)
             scored = u_pos.numel() > 0
             bounds.append(Fn.certified_fbeta_bound(u_pos, u_neg, self.beta) if scored else None)
             fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, self.beta) if scored else None)
-            t = float(self.decision_threshold[j])
+            t = float(self.decision_threshold[k])
             at_threshold.append(
                 Fn.fbeta_of_decisions(u_pos - t, u_neg - t, self.beta) if scored else None
             )
@@ -527,7 +538,16 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             "train_fbeta_at_threshold": _mean_or_none(at_threshold),
             "inert": getattr(self, "inert", None),
         }
-        if len(self.classes) > 1:
+        if self.grouped:  # the mean over the scored problems; one without a certificate counts 0
+            scored = [k for k, f in enumerate(fbetas) if f is not None]
+            out |= {
+                "certified_fbeta": _mean_of([bounds[k] or 0.0 for k in scored]),
+                "train_fbeta": _mean_of([fbetas[k] for k in scored]),
+                "train_fbeta_at_threshold": _mean_of([at_threshold[k] for k in scored]),
+                "certified_fraction": _mean_of([float(bounds[k] is not None) for k in scored]),
+                "problems_scored": len(scored),
+            }
+        elif len(self.classes) > 1:
             out |= {
                 "eps_per_class": eps.tolist(),
                 "mu_per_class": self.mu.tolist(),
@@ -538,8 +558,14 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
 
     def extra_repr(self) -> str:
         return (
-            f"n={self.n_samples}, positives={self.n_pos.long().tolist()}, "
-            f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
+            f"n={self.n_samples}, "
+            + (
+                f"groups={self.n_groups}, problems={self.n_problems}, "
+                f"positives={int(self.n_pos.sum())}, "
+                if self.grouped
+                else f"positives={self.n_pos.long().tolist()}, "
+            )
+            + f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
             f"cap_scores={self.cap_scores}"
             + (f", preset={self.preset!r}" if self.preset else "")
             + (
@@ -548,6 +574,10 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
                 else ""
             )
         )
+
+
+def _mean_of(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def _mean_or_none(xs: list) -> float | None:

@@ -59,11 +59,13 @@ def batch_lagrangian(
     slots: Tensor,
     *,
     beta: float,
-    scale: float,
+    scale: float | Tensor,
     clip: bool = False,
     tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
     terms_fn: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None,
     share: Tensor | None = None,
+    problem: Tensor | None = None,
+    eps_weight: Tensor | None = None,
 ) -> Tensor:
     r"""``minibatch_lagrangian`` on a whole batch in one autograd node (the training hot path).
 
@@ -81,6 +83,17 @@ def batch_lagrangian(
     ``~15`` tensor ops for forward + backward instead of ``~50`` autograd nodes: the regularizer
     stays a small fraction of a training step even for a linear model (docs/results.md).
 
+    **Several problems at once** (``problem`` given; docs/method.md sec. 12: several positive
+    classes, or one problem per (class, group)): ``eps``, ``mu``, ``scale`` and ``eps_weight``
+    are per problem ``(K,)`` and entry ``e`` of the batch belongs to problem ``problem[e]``
+    (``-1``: it counts nowhere). The value is
+
+    .. math::
+        \sum_k \beta^2 w_k \epsilon_k + \sum_e s_{k(e)}\,\ell_e(\epsilon_{k(e)}, \mu_{k(e)})
+
+    (``w = eps_weight``, ``\ell_e`` the entry's term above), with the same closed-form
+    derivatives per problem; with one problem, ``w = 1`` and a scalar ``s``, it is the form above.
+
     ``tau_grad_sink``: for sparse updates of ``tau`` (``reparam.sparse``; ``tau`` then needs no
     grad): the backward calls ``tau_grad_sink(slots, is_pos, grad)`` with the gradient per batch
     entry (0 for negatives) instead of building a dense ``(n,)`` gradient -- O(B), not O(n).
@@ -92,10 +105,10 @@ def batch_lagrangian(
     ``eps``: its own gradient is ``eps``'s total divided by (clipped rows + 1), as in the exact
     projection the active set moves with the threshold (``d e* / d tau_k = 1/(|A| + 1)``, sec. 4)
     -- without it a clipped row never comes back below ``eps`` (measured: docs/method.md sec. 3b).
-    Not the derivative of the forward value for those rows, by design. ``share`` (a 0-dim tensor;
-    projection mode ``"tracked"``, where ``eps`` is the threshold ``e*`` of the tracked active set
-    ``A``): a clipped row's gradient is ``share * dL/deps`` instead, ``share = d e*/d tau_k =
-    1[r > 0] / (|A| + 1)`` -- the projection's own derivative.
+    Not the derivative of the forward value for those rows, by design. ``share`` (a 0-dim tensor,
+    or ``(K,)``; projection mode ``"tracked"``, where ``eps`` is the threshold ``e*`` of the
+    tracked active set ``A``): a clipped row's gradient is ``share * dL/deps`` instead, ``share =
+    d e*/d tau_k = 1[r > 0] / (|A| + 1)`` -- the projection's own derivative.
     """
     return _BatchLagrangian.apply(
         eps,
@@ -111,6 +124,8 @@ def batch_lagrangian(
         tau_grad_sink,
         terms_fn or batch_lagrangian_terms,
         share,
+        problem,
+        eps_weight,
     )
 
 
@@ -123,43 +138,75 @@ def batch_lagrangian_terms(
     is_pos: Tensor,
     slots: Tensor,
     beta2: float,
-    scale: float,
+    scale: float | Tensor,
     clip: bool = False,
     share: Tensor | None = None,
+    problem: Tensor | None = None,
+    eps_weight: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
     hands to ``torch.compile``): ``(L_B, dL/du, dL/dtau per batch entry, dL/deps)``, the
     derivatives per unit of incoming gradient."""
     t, lam_b = tau.index_select(0, slots), lam.index_select(0, slots)
-    z = eps + u
+    if problem is None:  # one problem: scalars
+        eps_e, mu_e, scale_e = eps, mu, scale
+    else:  # each entry its problem's; an entry of no problem (-1) weighs 0
+        k = problem.clamp_min(0)
+        eps_e, mu_e = eps.index_select(0, k), mu.index_select(0, k)
+        scale_e = torch.where(problem >= 0, scale.index_select(0, k), 0.0)
+    z = eps_e + u
     phi, dphi = torch.relu(z), (z > 0).to(z.dtype)
-    mu_lam = mu + lam_b
+    mu_lam = mu_e + lam_b
     d_eps_neg = torch.where(is_pos, 0.0, dphi)
     if clip:  # a positive row above eps is eps: its gradient goes to eps
-        over = is_pos & (t > eps)
-        t = torch.where(over, eps, t)
+        over = is_pos & (t > eps_e)
+        t = torch.where(over, eps_e, t)
         d_eps_neg = d_eps_neg + torch.where(over, mu_lam, 0.0)
         is_row = is_pos & ~over
     else:
         is_row = is_pos
     terms = torch.where(is_pos, mu_lam * t - lam_b * u, phi)
-    d_u = torch.where(is_pos, -lam_b, dphi) * scale
-    d_tau = torch.where(is_row, mu_lam * scale, 0.0)
-    d_eps = beta2 + scale * d_eps_neg.sum()
+    d_u = torch.where(is_pos, -lam_b, dphi) * scale_e
+    d_tau = torch.where(is_row, mu_lam * scale_e, 0.0)
+    if problem is None:
+        d_eps = beta2 + scale * d_eps_neg.sum()
+        loss = beta2 * eps + scale * terms.sum()
+    else:
+        d_eps = beta2 * eps_weight + torch.zeros_like(eps).index_add_(0, k, scale_e * d_eps_neg)
+        loss = beta2 * (eps_weight * eps).sum() + (scale_e * terms).sum()
     if clip:  # the clipped rows move with eps, as the active set moves with the projection's e*
-        d_tau = torch.where(
-            over, d_eps / (over.sum() + 1) if share is None else d_eps * share, d_tau
-        )
-    return beta2 * eps + scale * terms.sum(), d_u, d_tau, d_eps
+        if problem is None:
+            follow = d_eps / (over.sum() + 1) if share is None else d_eps * share
+        else:
+            counted = over & (problem >= 0)
+            n_over = torch.zeros_like(eps).index_add_(0, k, counted.to(eps.dtype))
+            follow = (d_eps / (n_over + 1) if share is None else d_eps * share).index_select(0, k)
+        d_tau = torch.where(over, follow, d_tau)
+    return loss, d_u, d_tau, d_eps
 
 
 class _BatchLagrangian(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, sink, terms_fn, share
+        ctx,
+        eps,
+        tau,
+        u,
+        lam,
+        mu,
+        is_pos,
+        slots,
+        beta2,
+        scale,
+        clip,
+        sink,
+        terms_fn,
+        share,
+        problem,
+        eps_weight,
     ):
         loss, d_u, d_tau, d_eps = terms_fn(
-            eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, share
+            eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, share, problem, eps_weight
         )
         ctx.save_for_backward(slots, d_u, d_tau, d_eps, is_pos)
         ctx.n_tau, ctx.sink = tau.shape[0], sink
@@ -175,7 +222,7 @@ class _BatchLagrangian(torch.autograd.Function):
             grad_tau = d_tau.new_zeros(ctx.n_tau).index_add_(0, slots, g * d_tau)
         elif ctx.sink is not None:
             ctx.sink(slots, is_pos, g * d_tau)
-        return (grad_eps, grad_tau, grad_u) + (None,) * 10
+        return (grad_eps, grad_tau, grad_u) + (None,) * 12
 
 
 def best_feasible_eps(u_pos: Tensor) -> Tensor | None:

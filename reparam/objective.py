@@ -55,42 +55,76 @@ class ShapeObjective(nn.Module):
     # is refused with a message (there are no migrations before 1.0).
     _version = 2  # 2: compact index dtypes, seen_ever derived from score_epoch, no class_of
 
-    def __init__(self, shape_labels: object, *, positive_classes: Sequence[int]) -> None:
+    def __init__(
+        self, shape_labels: object, *, positive_classes: Sequence[int], groups: object = None
+    ) -> None:
         super().__init__()
         labels = _checks.shape_labels(shape_labels)  # validated as int64, then stored compactly
         classes = _checks.positive_classes(positive_classes)
         n_total = labels.numel()
+        group_of = None if groups is None else _checks.groups(groups, n_total)
         index = _index_dtype(n_total)  # rows of tau and dataset indices: int32 below 2**31
         slot = torch.full((n_total,), -1, dtype=index)
-        pos_index, group, counts = [], [], []
+        # the problems: one per (positive class, group) with a positive; their rows of tau are
+        # contiguous, class by class, group by group (one group: the classes themselves)
+        rows, row_problem, counts, problem_class, problem_group = [], [], [], [], []
+        n_groups = 1 if group_of is None else int(group_of.max()) + 1
         for j, c in enumerate(classes):
-            idx = (labels == c).nonzero()[:, 0]
-            n_neg = n_total - idx.numel()
-            if idx.numel() == 0 or n_neg == 0:
-                raise ValueError(
-                    f"shape_labels must contain positives and negatives for every positive class: "
-                    f"class {c} has {idx.numel()} positive and {n_neg} negative samples "
-                    f"(labels present: {sorted(set(labels.tolist()))})"
-                )
+            pos = labels == c
+            if group_of is None:
+                idx, g = pos.nonzero()[:, 0], torch.zeros(int(pos.sum()), dtype=torch.int64)
+                n_neg = n_total - idx.numel()
+                if idx.numel() == 0 or n_neg == 0:
+                    raise ValueError(
+                        f"shape_labels must contain positives and negatives for every positive "
+                        f"class: class {c} has {idx.numel()} positive and {n_neg} negative "
+                        f"samples (labels present: {sorted(set(labels.tolist()))})"
+                    )
+            else:  # the class's positives in a group, ordered by group (stable: by index within)
+                idx = (pos & (group_of >= 0)).nonzero()[:, 0]
+                if idx.numel() == 0:
+                    raise ValueError(
+                        f"shape_labels must contain a positive of every positive class in some "
+                        f"group: class {c} has none (groups >= 0 hold labels "
+                        f"{sorted(set(labels[group_of >= 0].tolist()))})"
+                    )
+                g, order = torch.sort(group_of[idx], stable=True)
+                idx = idx[order]
+            per_group = torch.bincount(g, minlength=n_groups)
+            present = per_group.nonzero()[:, 0]  # groups with a positive of class c
+            problem = torch.full((n_groups,), -1, dtype=torch.int64)
+            problem[present] = len(counts) + torch.arange(present.numel())
             slot[idx] = (sum(counts) + torch.arange(idx.numel())).to(index)
-            pos_index.append(idx.to(index))
-            group.append(torch.full((idx.numel(),), j, dtype=_smallest_int(len(classes) - 1)))
-            counts.append(idx.numel())
+            rows.append(idx.to(index))
+            row_problem.append(problem[g])
+            counts += per_group[present].tolist()
+            problem_class += [j] * present.numel()
+            problem_group.append(present)
+        k = len(counts)
         self.classes = classes
         # State per training sample (docs/method.md sec. 11): the smallest exact dtypes
         self.register_buffer("shape_labels", labels.to(_smallest_int(int(labels.max())), copy=True))
         self.register_buffer("slot", slot)  # dataset index -> row of tau, or -1
-        self.register_buffer("pos_index", torch.cat(pos_index))  # row of tau -> dataset index
-        self.register_buffer("tau_group", torch.cat(group))  # row of tau -> class j (int8: P < 128)
-        # the first row of each class: bucketize(slot, class_start, right=True) is j + 1 for a
-        # positive of class j and 0 for a negative (a sample's class without a per-sample buffer)
+        self.register_buffer("pos_index", torch.cat(rows))  # row of tau -> dataset index
+        # row of tau -> its problem (one group: its class j; int8 while there are < 128)
+        self.register_buffer("tau_group", torch.cat(row_problem).to(_smallest_int(k - 1)))
+        # the first row of each problem: bucketize(slot, class_start, right=True) is k + 1 for a
+        # positive of problem k and 0 for a negative (a sample's problem without a per-sample buffer)
         starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0).to(index)
         self.register_buffer("class_start", starts, persistent=False)
         self.register_buffer("n_pos", torch.tensor(counts, dtype=torch.float32))
         self._n_pos_list = [float(c) for c in counts]  # fixed by shape_labels: no sync per step
-        self._n_neg_list = [float(n_total - c) for c in counts]
-        p = len(classes)
-        self.register_buffer("scores", torch.zeros(n_total, p))  # remembered u, one column/class
+        self._problem_class = problem_class  # problem k -> its class's column j
+        self._problem_group = torch.cat(problem_group).tolist()  # problem k -> its group g
+        self.n_groups = n_groups
+        if group_of is None:
+            self._n_neg_list = [float(n_total - c) for c in counts]
+        else:
+            self._init_groups(group_of, labels, classes, problem_class)
+        self.register_buffer(
+            "problem_class", torch.tensor(problem_class, dtype=torch.int64), persistent=False
+        )
+        self.register_buffer("scores", torch.zeros(n_total, len(classes)))  # u, one column/class
         # epoch (value of ``epoch`` then) in which each score was recorded; -1: never (seen_ever)
         self.register_buffer("score_epoch", torch.full((n_total,), -1, dtype=torch.int32))
         self.register_buffer("epoch", torch.zeros((), dtype=torch.int32))  # epochs completed
@@ -99,6 +133,74 @@ class ShapeObjective(nn.Module):
         self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
         self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
+
+    def _init_groups(
+        self, group_of: Tensor, labels: Tensor, classes: tuple[int, ...], problem_class: list[int]
+    ) -> None:
+        """The per-group layout (``groups`` given): ``sample_group`` (``-1``: a sample of no
+        group, never counted), the group sizes ``m_g``, each problem's negatives
+        ``m_g - n_k``, the table ``problem_of[j, g + 1]`` (the problem of class ``j`` in group
+        ``g``, ``-1`` if it has no positive; column 0: no group) and each group's samples as
+        one range of ``group_order`` (the epoch end's per-problem splits in O(N) in all)."""
+        g = group_of
+        self.register_buffer("sample_group", g.to(_smallest_int(self.n_groups - 1)))
+        valid = g >= 0
+        sizes = torch.bincount(g[valid], minlength=self.n_groups)
+        problem_size = sizes[torch.tensor(self._problem_group, dtype=torch.int64)].float()
+        self.register_buffer("problem_size", problem_size, persistent=False)  # m_k: its group's
+        self._n_valid = int(valid.sum())
+        table = torch.full((len(classes), self.n_groups + 1), -1, dtype=torch.int64)
+        groups_of_problems = torch.tensor(self._problem_group, dtype=torch.int64)
+        table[torch.tensor(problem_class, dtype=torch.int64), groups_of_problems + 1] = (
+            torch.arange(len(problem_class))
+        )
+        self.register_buffer("problem_of", table, persistent=False)
+        self._n_neg_list = [
+            float(sizes[gk]) - n
+            for gk, n in zip(self._problem_group, self._n_pos_list, strict=True)
+        ]
+        order = torch.sort(g, stable=True).indices[g.numel() - self._n_valid :]  # -1s first
+        self.register_buffer("group_order", order.to(_index_dtype(g.numel())), persistent=False)
+        self._group_start = [0, *torch.cumsum(sizes, 0).tolist()]
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the objective is per group (``groups`` given): one problem per (class, group)."""
+        return hasattr(self, "sample_group")
+
+    @property
+    def n_problems(self) -> int:
+        """``K``: the problems, one per (positive class, group with a positive of it)."""
+        return len(self._n_pos_list)
+
+    def _entry_problems(self, idx: Tensor) -> Tensor:
+        """``(B, P)`` int64: the problem of each (batch sample, class column) pair, ``-1`` where
+        the sample's group has no positive of the class or the sample is in no group."""
+        g = self.sample_group.index_select(0, idx).long() + 1
+        return self.problem_of.index_select(1, g).t()
+
+    def _batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``(problem (B, P), scale (K,), eps_weight (K,))`` of a batch, for the mean over the
+        ``K`` problems of each problem's Lagrangian (docs/method.md sec. 12):
+
+        .. math:: L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}
+                  \frac{b_k}{m_k} + \frac{N}{B n_k} \sum_{e \in B_k} \ell_e\Big]
+
+        with ``b_k`` of problem ``k``'s ``m_k`` samples (its group's; all ``N`` with no groups)
+        in the batch, so ``E[b_k N / (B m_k)] = 1``: ``eps_k`` is pulled down only while its group
+        is in the batch (with no groups, ``b_k = B``, ``m_k = N``: ``beta^2 eps_k`` at every step).
+        ``N``, ``B``: the samples in a group (all, with no groups), overall and in the batch."""
+        k = self.n_problems
+        if not self.grouped:
+            problem = torch.arange(k, device=idx.device).expand(idx.numel(), k)
+            f = self.n_samples / (idx.numel() * k)
+            return problem, self.n_pos.reciprocal() * f, torch.full_like(self.n_pos, 1 / k)
+        problem = self._entry_problems(idx)
+        in_group = (self.sample_group.index_select(0, idx) >= 0).sum()
+        f = self._n_valid / (in_group.clamp_min(1) * k)
+        kept = (problem >= 0).to(self.n_pos.dtype).reshape(-1)
+        present = torch.zeros_like(self.n_pos).index_add_(0, problem.clamp_min(0).reshape(-1), kept)
+        return problem, f / self.n_pos, f * present / self.problem_size
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -330,15 +432,24 @@ class ShapeObjective(nn.Module):
             for key in [k for k in self._epoch_end_memo if k[0] == kind]:
                 del self._epoch_end_memo[key]
 
-    def _split_scores(self, j: int = 0) -> tuple[Tensor, Tensor]:
-        """Remembered scores of class ``j``'s scored positives and scored negatives (computed
-        once per class during ``end_epoch_`` and ``stats()``, which write no score)."""
-        return self._memo(("split", j), lambda: self._split_now(j))
+    def _split_scores(self, k: int = 0) -> tuple[Tensor, Tensor]:
+        """Remembered scores of problem ``k``'s scored positives and scored negatives (one group:
+        problem ``k`` is class ``k``; computed once per problem during ``end_epoch_`` and
+        ``stats()``, which write no score)."""
+        return self._memo(("split", k), lambda: self._split_now(k))
 
-    def _split_now(self, j: int) -> tuple[Tensor, Tensor]:
-        pos = self.shape_labels == self.classes[j]
-        seen = self.seen_ever
-        return self.scores[pos & seen, j], self.scores[~pos & seen, j]
+    def _split_now(self, k: int) -> tuple[Tensor, Tensor]:
+        j = self._problem_class[k]
+        if not self.grouped:
+            pos = self.shape_labels == self.classes[j]
+            seen = self._memo(("seen",), lambda: self.seen_ever)
+            return self.scores[pos & seen, j], self.scores[~pos & seen, j]
+        g = self._problem_group[k]
+        members = self.group_order[self._group_start[g] : self._group_start[g + 1]]
+        seen = self.score_epoch.index_select(0, members) >= 0
+        pos = self.shape_labels.index_select(0, members) == self.classes[j]
+        u = self.scores[:, j].index_select(0, members)
+        return u[pos & seen], u[~pos & seen]
 
     _float64_buffers: tuple[str, ...] = ()  # accumulators kept in float64 (moved, never cast)
 

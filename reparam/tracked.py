@@ -103,7 +103,7 @@ class TrackedActiveSet:
     def _resum_active_(self) -> None:
         """``[sum of A's offsets, |A|]`` recomputed from ``A`` (O(n))."""
         tau, active = self.tau_param.detach(), self.tau_active
-        if len(self.classes) == 1:  # no O(n) float64 temporaries: sums accumulate in float64
+        if self.n_problems == 1:  # no O(n) float64 temporaries: sums accumulate in float64
             offsets = torch.where(active, tau, 0).sum(dtype=torch.float64)
             self.active_sums.copy_(
                 torch.stack([offsets, active.sum(dtype=torch.float64)]).view(1, 2)
@@ -124,7 +124,7 @@ class TrackedActiveSet:
     def _refresh_active_(self) -> None:
         """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
         eps, values = self.eps_param.detach(), self._tracked_values()
-        if len(self.classes) == 1:
+        if self.n_problems == 1:
             r = projection_root(eps[0], values).view(1)
         else:
             r = projection_root(eps, values, groups=self._groups)

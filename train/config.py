@@ -129,6 +129,8 @@ class OptimConfig:
     schedule: Literal["constant", "poly"] = "constant"  # poly: lr * (1 - step / total_steps) ** 0.9
 
 
+# the constructor's data, not options: the trainer passes them from the data set
+DATA_ARGUMENTS = ("shape_labels", "groups")
 # options the reparameterized objectives share (the alternatives take none of them)
 COMMON = ("projection", "inline_strength")
 # the library's choices for options its signatures type as ``str``
@@ -148,7 +150,7 @@ def options_section(cls: type) -> type:
     from the library, and the regularizer is built from the section as it is."""
     fields = []
     for p, hint in options(cls).values():
-        if p.name == "shape_labels" or p.name in COMMON:
+        if p.name in DATA_ARGUMENTS or p.name in COMMON:
             continue
         hint = Literal[CHOICES[p.name]] if p.name in CHOICES else hint
         if typing.get_origin(hint) is collections.abc.Sequence:
