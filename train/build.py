@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .config import REGULARIZERS, Config, RegularizerConfig
 
@@ -53,15 +53,32 @@ def run_folder(cfg: Config) -> Path:
     return out
 
 
-def build_regularizer(r: RegularizerConfig, shape_labels: torch.Tensor) -> nn.Module | None:
+def build_regularizer(
+    r: RegularizerConfig, shape_labels: torch.Tensor, groups: torch.Tensor | None = None
+) -> nn.Module | None:
     """The regularizer ``r.name`` with its options (``None`` for ``none``); a bad option is a
-    ``ValueError`` naming its config key."""
+    ``ValueError`` naming its config key. ``groups``: per-sample groups (``target: pixels``: each
+    pixel's image)."""
     if r.name == "none":
         return None
     try:
-        return REGULARIZERS[r.name](shape_labels, **r.kwargs())
+        extra = {} if groups is None else {"groups": groups}
+        return REGULARIZERS[r.name](shape_labels, **r.kwargs(), **extra)
     except ValueError as e:
         raise ValueError(f"regularizer ({r.name}): {e}") from e
+
+
+def pixel_scores(logits: Tensor, classes: list[int]) -> Tensor:
+    r"""``(B, H, W, P)``: each pixel's one-vs-rest margin for each class ``c`` of ``classes``,
+    ``u_c = z_c - max_{c' != c} z_{c'}`` (``z`` the logits), so ``u_c > 0`` exactly where the
+    argmax decides ``c``: the F-beta of ``u > 0`` over an image's pixels is its Dice of class
+    ``c`` (``regularizer.target: pixels``)."""
+    z = logits.float().movedim(1, -1)  # (B, H, W, C)
+    top = z.topk(2, dim=-1)
+    first, second = top.values.unbind(-1)
+    own = z[..., classes]  # (B, H, W, P)
+    wins = top.indices[..., :1] == torch.tensor(classes, device=z.device)
+    return own - torch.where(wins, second.unsqueeze(-1), first.unsqueeze(-1))
 
 
 def shape_score_columns(positive_classes: list[int]) -> int:

@@ -180,6 +180,10 @@ class _RegularizerBase:
 
     name: Literal[("none", *REGULARIZERS)] = "none"
     alpha: float = 1e-3
+    # what the objective scores: the shape node (the paper's extra output, one score per image)
+    # or, segmentation with F-beta, the pixels of each image (the grouped F-beta, one problem per
+    # image: the mean per-image Dice; docs/segmentation.md), scored by the logits' margins
+    target: Literal["shape_node", "pixels"] = "shape_node"
     # null: each objective's own default (F-beta: its preset's, ``regularizer.fbeta.preset``)
     projection: Literal[PROJECTION_MODES] | None = _default(FBetaRegularizer, "projection")
     inline_strength: float = _default(FBetaRegularizer, "inline_strength")
@@ -320,6 +324,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
     cfg = _build(Config, raw, "")
     _validate(cfg)
     _resolve_defaults(cfg.regularizer)
+    _resolve_pixel_target(cfg)
     _resolve_sparse_tau(cfg)
     return cfg
 
@@ -346,6 +351,29 @@ def _resolve_sparse_tau(cfg: Config) -> None:
         r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
     if cfg.train.precision == "fp16" and r.fbeta.tau_update != "auto":  # "auto": pin_resolved
         raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
+
+
+def _resolve_pixel_target(cfg: Config) -> None:
+    """``regularizer.target: pixels``: F-beta on segmentation only; its ``tau_update: auto``
+    becomes ``sparse_adam`` at every size (n is every training pixel, 1.8M at 60x80 and 7M at
+    120x160: the O(B) state, with the tracked projection), pinned in the saved config."""
+    r = cfg.regularizer
+    if r.target != "pixels":
+        return
+    if r.name != "fbeta" or not cfg.data.segmentation:
+        raise ValueError(
+            f"regularizer.target=pixels needs regularizer.name=fbeta and a segmentation data set "
+            f"(the grouped F-beta per image), got regularizer.name={r.name!r}, "
+            f"data.kind={cfg.data.kind!r}"
+        )
+    if r.fbeta.tau_update == "auto":
+        r.fbeta.tau_update = "sparse_adam"
+    if r.projection == "inline" and r.fbeta.tau_update != "dense":
+        raise ValueError(
+            "regularizer.target=pixels with regularizer.projection=inline: every pixel's tau "
+            "enters each step's projection (O(n) per step); use regularizer.projection=tracked "
+            "(or null: the library's O(B) choice)"
+        )
 
 
 def pin_resolved(cfg: Config, reg: object) -> bool:

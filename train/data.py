@@ -78,9 +78,11 @@ class SegmentationCacheDataset(Dataset):
         limit: int | None = None,
         augment: JointAugment | None = None,
         seed: int = 0,
+        pixel_index: bool = False,
     ) -> None:
         self.dir = Path(root) / split
         self.seed = seed
+        self.pixel_index = pixel_index  # also yield each output pixel's dataset index
         shape = np.load(self.dir / "shape.npy")
         self.n = len(shape) if limit is None else min(limit, len(shape))
         self.shape_labels = torch.from_numpy(shape[: self.n].astype(np.int64))
@@ -108,21 +110,47 @@ class SegmentationCacheDataset(Dataset):
         back = np.searchsorted(order, i.numpy())
         image = torch.from_numpy(np.ascontiguousarray(images[order][back])).permute(0, 3, 1, 2)
         label = torch.from_numpy(np.ascontiguousarray(labels[order][back]))
+        h, w = label.shape[-2:]
+        # each output pixel's position in its image (y * W + x), moved by the augmentation with
+        # the image: flips and crops move pixels, scale jitter resamples them (NEAREST: an output
+        # pixel is its nearest source pixel, a source pixel may appear 0-4 times); padding is 255
+        # in the label, so the loop drops those pixels (docs/segmentation.md)
+        where = torch.arange(h * w, dtype=torch.int32).view(1, h, w).expand(len(i), h, w)
         if self.augment is not None:
             # the random draws are a function of (seed, the batch's indices): the same with any
             # number of loader workers and after a resume; the global RNG is left untouched
             batch_seed = np.random.SeedSequence([self.seed, *i.tolist()]).generate_state(1)[0]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(batch_seed))
-                pairs = [self.augment.pair(a, b) for a, b in zip(image, label, strict=True)]
-            image = torch.stack([p[0] for p in pairs])
-            label = torch.stack([p[1] for p in pairs])
-        return {
+                # one draw per sample whatever is transformed: with or without the pixel index,
+                # the images and labels are the same (tests/train/test_pixel_objective.py)
+                more = [(c,) if self.pixel_index else () for c in where]
+                out = [
+                    self.augment.pair(a, b, *c) for a, b, c in zip(image, label, more, strict=True)
+                ]
+            image = torch.stack([p[0] for p in out])
+            label = torch.stack([p[1] for p in out])
+            if self.pixel_index:
+                where = torch.stack([p[2] for p in out])
+        batch = {
             "index": i,
             "image": image.contiguous(),
             "label": label,
             "shape": self.shape_labels[i],
         }
+        if self.pixel_index:
+            batch["pixel"] = i.view(-1, 1, 1) * (h * w) + where.long()
+        return batch
+
+    def pixel_problem(self) -> tuple[Tensor, Tensor]:
+        """The training pixels as the samples of a per-image objective: ``(labels, groups)``,
+        both ``(N H W,)`` int64 in dataset-pixel order (image ``i``'s pixel ``(y, x)`` is
+        ``i H W + y W + x``, the index the batches' ``pixel`` holds): each pixel's class, and its
+        image as its group (``-1`` for an unlabelled pixel: in no group)."""
+        labels = torch.from_numpy(np.array(self._open()[1][: self.n], dtype=np.int64)).reshape(-1)
+        groups = torch.arange(self.n).repeat_interleave(labels.numel() // max(self.n, 1))
+        unlabelled = labels == IGNORE_INDEX
+        return labels.masked_fill(unlabelled, 0), groups.masked_fill(unlabelled, -1)
 
 
 class JointAugment:
@@ -168,13 +196,14 @@ class JointAugment:
         """``v2`` semantics: ``tv_tensors.Image`` / ``tv_tensors.Mask`` in, the same types out."""
         return self.transform()(image, mask)
 
-    def pair(self, image: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Plain tensors ``(3, H, W)``, ``(H, W)`` in and out."""
+    def pair(self, image: Tensor, mask: Tensor, *more: Tensor) -> tuple[Tensor, ...]:
+        """Plain tensors ``(3, H, W)``, ``(H, W)`` in and out; ``more`` masks ``(H, W)`` (a pixel
+        index map) get the same draw (resized NEAREST, padded with 255)."""
         transform = self.transform()  # applies the import cure before torchvision is imported
         from torchvision import tv_tensors
 
-        out = transform(tv_tensors.Image(image), tv_tensors.Mask(mask))
-        return out[0].as_subclass(Tensor), out[1].as_subclass(Tensor)
+        out = transform(tv_tensors.Image(image), tv_tensors.Mask(mask), *map(tv_tensors.Mask, more))
+        return tuple(x.as_subclass(Tensor) for x in out)
 
 
 def segmentation_augment(cfg: DataConfig, size: tuple[int, int]) -> JointAugment | None:
@@ -200,11 +229,12 @@ class DataBundle:
         return self.train.shape_labels
 
 
-def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
+def load_data(cfg: DataConfig, seed: int = 0, pixel_index: bool = False) -> DataBundle:
     """Read the prepared cache for ``cfg.kind`` (first ``*_subset`` samples when set); ``seed``
-    drives the training augmentations (COCO-Stuff)."""
+    drives the training augmentations (COCO-Stuff); ``pixel_index``: training batches also hold
+    each pixel's dataset index (``pixel``, segmentation only)."""
     if cfg.segmentation:
-        return _load_segmentation(cfg, seed)
+        return _load_segmentation(cfg, seed, pixel_index)
     if cfg.kind != "smnist":
         raise ValueError(f"data.kind must be 'smnist' or 'segmentation', got {cfg.kind!r}")
     splits, meta = smnist.load(cfg.path)
@@ -221,12 +251,12 @@ def load_data(cfg: DataConfig, seed: int = 0) -> DataBundle:
     return DataBundle(out["train"], out["test"], meta, num_classes=10, image_shape=canvas)
 
 
-def _load_segmentation(cfg: DataConfig, seed: int) -> DataBundle:
+def _load_segmentation(cfg: DataConfig, seed: int, pixel_index: bool = False) -> DataBundle:
     _, meta = segmentation.load(cfg.path)  # validates the cache (complete, files present)
     size = tuple(meta["image_size"])
     select, report = segmentation.eval_splits(meta)
     train = SegmentationCacheDataset(
-        cfg.path, "train", cfg.train_subset, segmentation_augment(cfg, size), seed
+        cfg.path, "train", cfg.train_subset, segmentation_augment(cfg, size), seed, pixel_index
     )
     test = SegmentationCacheDataset(cfg.path, report, cfg.test_subset)
     val = SegmentationCacheDataset(cfg.path, select) if select != report else None

@@ -36,6 +36,7 @@ from .build import (
     build_optimizer,
     build_regularizer,
     build_scheduler,
+    pixel_scores,
     resolve_device,
     run_folder,
     seed_everything,
@@ -101,6 +102,7 @@ class Setup:
     groups: GroupWeighting | None  # train.group_weighting
     state: TrainState
     written: Tensor | None  # bool (N,): samples whose score this process wrote since the last merge
+    pixel_classes: list[int] | None  # target pixels: the classes whose margins the objective scores
     last_checkpoint: str
     reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
 
@@ -133,10 +135,14 @@ def setup(
         torch.set_num_threads(cfg.train.num_threads)
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.train.device, ctx.local_rank if ctx.enabled else None)
-    data = load_data(cfg.data, cfg.train.seed)
+    pixels = cfg.regularizer.target == "pixels" and cfg.regularizer.name != "none"
+    data = load_data(cfg.data, cfg.train.seed, pixel_index=pixels)
     shape_columns = shape_score_columns(cfg.regularizer.positive_classes())
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
-    reg = build_regularizer(cfg.regularizer, data.train_shape_labels)
+    # target pixels: the samples are the training pixels, each image a group (grouped F-beta)
+    labels, groups = data.train.pixel_problem() if pixels else (data.train_shape_labels, None)
+    reg = build_regularizer(cfg.regularizer, labels, groups)
+    del labels, groups
     if reg is not None and config_mod.pin_resolved(cfg, reg) and resume is None and ctx.is_main:
         config_mod.save(cfg, out / "config.yaml")  # what "auto" chose for these data
     reg = reg.to(device) if reg is not None else None
@@ -203,9 +209,7 @@ def setup(
             state.totals[:3] = 0  # the saved sums are over all processes already: count them once
     # each process remembers the scores of its own samples; they are merged before a dual step
     written = (
-        torch.zeros(len(data.train), dtype=torch.bool, device=device)
-        if ctx.enabled and reg
-        else None
+        torch.zeros(reg.n_samples, dtype=torch.bool, device=device) if ctx.enabled and reg else None
     )
     return Setup(
         out,
@@ -223,6 +227,7 @@ def setup(
         groups,
         state,
         written,
+        cfg.regularizer.positive_classes() if pixels else None,
         "none yet" if found is None else str(found[0]),
         list(reg.parameters()) if reg is not None else [],
     )
@@ -316,7 +321,8 @@ def _train(
             _write_epoch(s, cfg, writer, row, images, per_image)
         guard.last_checkpoint = save_checkpoint(state, s.out, cfg, ctx, written)
         log(reporting.epoch_line(row))
-        for warning in reporting.warnings(row, cfg.regularizer.name if reg is not None else None):
+        on_node = s.pixel_classes is None
+        for warning in reporting.warnings(row, cfg.regularizer.name if reg else None, on_node):
             log(f"warning: {warning}")
         if stop:
             log(f"stopped after global step {state.global_step} (train.stop_after_steps)")
@@ -436,6 +442,10 @@ def train_step(
     guard.unread += not check
     loss, reg_loss = task, None
     if reg is not None:
+        if s.pixel_classes is not None:  # the pixels' margins; unlabelled and padded ones dropped
+            labelled = y != IGNORE_INDEX
+            u = pixel_scores(logits, s.pixel_classes)[labelled]
+            idx = batch["pixel"].to(device, non_blocking=True)[labelled]
         # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
         reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
         loss = task + alpha * reg_loss
@@ -505,7 +515,7 @@ def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None
         num_groups=_num_groups(s.data),
         segmentation=cfg.data.segmentation,
         precision=cfg.train.precision,
-        threshold=_learned_threshold(s.reg),
+        threshold=_learned_threshold(s.reg) if s.pixel_classes is None else None,
     )
     test = evaluate(s.model, s.test_loader, keep_images=cfg.train.log_images, **kwargs)
     images, per_image = test.pop("_images", None), test.pop("_per_image", None)

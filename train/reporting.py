@@ -82,14 +82,17 @@ def epoch_line(row: dict[str, Any]) -> str:
     return line
 
 
-def warnings(row: dict[str, Any], regularizer: str | None) -> list[str]:
+def warnings(row: dict[str, Any], regularizer: str | None, on_shape_node: bool = True) -> list[str]:
     """What the epoch's figures say is wrong with the regularizer (``regularizer``: its name, or
     ``None`` without one): its own inertness diagnosis (``reg_inert``, from ``stats()``), else a
-    shape node that decides one group for every test sample."""
+    shape node that decides one group for every test sample (only when the regularizer trains
+    the shape node: ``on_shape_node``)."""
     if regularizer is None:
         return []
     if row.get("reg_inert"):
         return [f"the regularizer looks inert: {row['reg_inert']}"]
+    if not on_shape_node:
+        return []
     rate = row.get("test_shape_positive_rate")
     if rate in (0.0, 1.0):
         side = "big" if rate else "small"
