@@ -54,7 +54,36 @@ METHODS = {
     "soft-F1": ("regularizer.name=soft_fbeta",),
     "group-balanced": ("train.group_weighting=balanced",),
     "group DRO": ("train.group_weighting=dro",),  # Sagawa et al.'s step 0.01 (train.dro_step)
+    # issue 30: the losses a segmentation user reaches for (smp's), the project's per-image F-beta
+    # on the pixels, and a full-resolution decoder; each at the weight 1 a loss term gets
+    "Dice": ("train.loss=dice",),
+    "Lovasz per image": ("train.loss=lovasz", "train.loss_per_image=true"),
+    "Lovasz per image + CE": (
+        "train.loss=lovasz",
+        "train.loss_per_image=true",
+        "train.loss_ce_weight=1.0",
+    ),
+    "focal": ("train.loss=focal",),
+    "median-frequency CE": ("train.class_weights=median_frequency",),
+    "per-image F-beta": (
+        "regularizer.name=fbeta",
+        "regularizer.target=pixels",
+        "regularizer.alpha=1.0",
+        "regularizer.fbeta.preset=null",
+    ),
+    "U-Net": ("model.name=unet",),
 }
+# the arms of issue 30's screening at 60x80 (the earlier study's best two for reference: the
+# F-beta defaults on the shape node and group DRO, already run)
+SCREEN = (
+    "Dice",
+    "Lovasz per image",
+    "Lovasz per image + CE",
+    "focal",
+    "median-frequency CE",
+    "per-image F-beta",
+    "U-Net",
+)
 
 
 def cache(task: str, size: tuple[int, int]) -> str:
@@ -76,7 +105,10 @@ def jobs(
         config, _, _, task_epochs = TASKS[task]
         for seed in seeds:
             for method in methods:
-                key = f"{task}-{method.replace(' ', '_').replace(',', '')}-seed{seed}"
+                name = method.replace(" ", "_").replace(",", "")
+                # 60x80, the first study's size, keeps its keys (its archived runs)
+                at = "" if size == (60, 80) else f"{size[0]}x{size[1]}-"
+                key = f"{task}-{at}{name}-seed{seed}"
                 overrides = (
                     *METHODS[method],
                     f"data.path={cache(task, size)}",
