@@ -6,6 +6,8 @@ writing one resumes from the previous. A checkpoint holds everything an exact re
 optimizer, lr schedule, gradient scaler, regularizer (eps, tau, lambda, mu, scores, counters), the
 RNG states (python, numpy, torch, CUDA), the sampler's position (epoch, step in epoch, generator
 state at the epoch's start), the metrics history and the resolved config.
+``checkpoints/best.pt`` (``train.run_info``) sits next to them: the weights of the epoch the run
+selects, for ``train.predict``; not a resume point, not counted or pruned here.
 """
 
 from __future__ import annotations

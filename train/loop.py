@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from . import checkpoint, distributed, reporting
+from . import checkpoint, distributed, reporting, run_info
 from . import config as config_mod
 from .build import (
     autocast_dtype,
@@ -357,6 +357,10 @@ def _regularizer_epoch_end(s: Setup) -> float:
 
 
 def _announce(s: Setup, cfg: Config, ctx: distributed.Context, log: Callable[..., object]) -> None:
+    """The run on the console, and (rank 0) in ``run.json``: what ``train.predict`` needs besides
+    ``config.yaml`` (train/run_info.py)."""
+    if ctx.is_main:
+        run_info.write(s.out, s.data, cfg)
     log(
         f"run folder {s.out}; {len(s.data.train)} train / {len(s.data.test)} test samples; "
         f"device {s.device}; {ctx.world} process(es); precision {cfg.train.precision}"
@@ -406,6 +410,7 @@ def _write_epoch(
     if per_image is not None and reporting.selected_epoch(s.state.history) == epoch:
         with atomic_path(s.out / "per_image_test.npz") as tmp:  # the selected epoch's
             write_npz(tmp, {**per_image, "epoch": torch.tensor([epoch]).numpy()})
+    run_info.save_best(s.state, s.out, cfg)  # checkpoints/best.pt: the selected epoch's weights
     reporting.log_scalars(writer, row, epoch)
     writer.flush()
     metrics = reporting.summary(s.state.history, cfg)

@@ -111,13 +111,20 @@ def log_scalars(writer: Any, row: dict[str, Any], epoch: int) -> None:
             writer.add_scalar(k.replace("_", "/", 1), v, epoch)
 
 
-def colorize(labels: Tensor, num_classes: int) -> Tensor:
-    """``(B, H, W)`` class indices -> uint8 ``(B, 3, H, W)``: a fixed color per class (a seeded
-    palette, the same in every run), black for the ignore index."""
+def class_palette(num_classes: int) -> Tensor:
+    """uint8 ``(num_classes + 1, 3)``: a fixed colour per class (a seeded palette, the same in every
+    run and for every data set), then black (the ignore index's)."""
     palette = torch.randint(
         40, 256, (num_classes + 1, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
     )
     palette[num_classes] = 0
+    return palette
+
+
+def colorize(labels: Tensor, num_classes: int) -> Tensor:
+    """``(B, H, W)`` class indices -> uint8 ``(B, 3, H, W)``: a fixed color per class
+    (:func:`class_palette`), black for the ignore index."""
+    palette = class_palette(num_classes)
     labels = labels.long()
     idx = torch.where(labels == IGNORE, num_classes, labels.clamp(0, num_classes - 1))
     return palette[idx].permute(0, 3, 1, 2)

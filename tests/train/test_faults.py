@@ -114,12 +114,13 @@ def test_training_killed_mid_checkpoint_resumes_from_the_previous_one_exactly(
     cfg = smnist_cfg(digits_smnist, tmp_path / "a")
     per_epoch = steps_per_epoch(cfg)
     run(cfg, log=quiet)
-    # checkpoints at steps 5, 10, per_epoch, 15, ...: the 4th write (mid-epoch 2) hangs, SIGKILL
+    # checkpoints at steps 5, 10, per_epoch, 15, ... (the epoch's end also writes best.pt, before
+    # its step checkpoint): the 5th torch.save, step 15 (mid-epoch 2), hangs; SIGKILL
     out, marker = tmp_path / "b", tmp_path / "stuck"
     assert 10 < per_epoch < 15
     args = smnist_args(digits_smnist, out, "train.checkpoint_every=5")
     code = "from train.__main__ import main\nmain(sys.argv[4:])\n"
-    _kill_when_stuck(code, [str(marker), "4", "4096", *args], marker)
+    _kill_when_stuck(code, [str(marker), "5", "4096", *args], marker)
     assert [p.name for p in checkpoint.listing(out)] == [
         checkpoint.path_for(out, s).name for s in (per_epoch, 10)
     ]

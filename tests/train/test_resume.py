@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train import checkpoint
+from train import checkpoint, run_info
 from train import config as C
 from train.__main__ import main
 from train.loop import run
@@ -191,6 +191,8 @@ def test_checkpoint_every_writes_mid_epoch_checkpoints_prunes_and_resumes_exactl
 
     def recording_save(obj, path):
         save_atomic(obj, path)
+        if Path(path).name == run_info.BEST:  # the selected epoch's weights, not a step checkpoint
+            return
         saved.append((obj["global_step"], obj["epoch"], obj["step_in_epoch"]))
         shutil.copy(path, keep / f"{len(saved)}.pt")  # every checkpoint as it was written
 
