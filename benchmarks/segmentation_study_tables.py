@@ -12,7 +12,7 @@ import numpy as np
 from data_prep import camvid
 
 from ._report import markdown_table, mean_sd, save_figure, subplots
-from .segmentation_study import METHODS, TASKS
+from .segmentation_study_spec import METHODS, TASKS
 from .sweep import Job, metrics
 
 Runs = dict[tuple[str, str], list[dict]]  # (task, method) -> the metrics of each finished seed

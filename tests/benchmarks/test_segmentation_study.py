@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_grid_is_task_major_and_every_method_shares_data_seed_and_epochs():
     grid = study.jobs(None, [0, 1], ["sky", "all"], list(study.METHODS), size=(60, 80))
     assert len(grid) == 2 * 2 * len(study.METHODS)
-    assert [t for t, *_ in grid] == ["sky"] * 14 + ["all"] * 14  # the first task finishes first
+    per_task = 2 * len(study.METHODS)
+    assert [t for t, *_ in grid] == ["sky"] * per_task + ["all"] * per_task  # sky finishes first
     keys = [job.key for *_, job in grid]
     assert len(set(keys)) == len(keys)
     for task, _, job in grid:
@@ -65,7 +66,7 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     )
     assert kept == [
         f"{k}/{n}"
-        for k in ("sky-baseline-seed0", "sky-group_DRO-seed0")
+        for k in ("sky-32x48-baseline-seed0", "sky-32x48-group_DRO-seed0")  # size in the key
         for n in ("config.yaml", "metrics.json", "per_image_test.npz")
     ]
     shutil.rmtree(tmp_path / "runs")  # a later session: the archived runs count as done

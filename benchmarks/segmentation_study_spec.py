@@ -1,0 +1,89 @@
+"""What ``benchmarks.segmentation_study`` compares: its tasks, methods (arms), and the grid of
+(task, method, seed) runs. Imported by the study's runner and its tables (one way: no cycle)."""
+
+from __future__ import annotations
+
+from .sweep import Job
+
+TASKS = {  # task -> (config, cache prefix, data_prep.camvid task, epochs)
+    # epochs: where the baseline's val mIoU has levelled off at 60x80 (the figure's left panels)
+    "sky": ("configs/camvid_sky.yaml", "data/camvid-sky", "sky", 15),
+    "all": ("configs/camvid.yaml", "data/camvid", "all", 40),
+}
+# method -> overrides: the same data, seeds, epochs and model for every method; one setting each
+METHODS = {
+    "baseline": (),
+    "fbeta defaults": ("regularizer.name=fbeta", "regularizer.fbeta.preset=null"),
+    "fbeta paper + lambda_init 1, capped": (
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=paper",
+        "regularizer.fbeta.lambda_init=1.0",
+        "regularizer.fbeta.cap_scores=true",
+    ),
+    "roc_auc": ("regularizer.name=roc_auc",),
+    "soft-F1": ("regularizer.name=soft_fbeta",),
+    "group-balanced": ("train.group_weighting=balanced",),
+    "group DRO": ("train.group_weighting=dro",),  # Sagawa et al.'s step 0.01 (train.dro_step)
+    # issue 30: the losses a segmentation user reaches for (smp's), the project's per-image F-beta
+    # on the pixels, and a full-resolution decoder; each at the weight 1 a loss term gets
+    "Dice": ("train.loss=dice",),
+    "Lovasz per image": ("train.loss=lovasz", "train.loss_per_image=true"),
+    "Lovasz per image + CE": (
+        "train.loss=lovasz",
+        "train.loss_per_image=true",
+        "train.loss_ce_weight=1.0",
+    ),
+    "focal": ("train.loss=focal",),
+    "median-frequency CE": ("train.class_weights=median_frequency",),
+    "per-image F-beta": (
+        "regularizer.name=fbeta",
+        "regularizer.target=pixels",
+        "regularizer.alpha=1.0",
+        "regularizer.fbeta.preset=null",
+    ),
+    "U-Net": ("model.name=unet",),
+}
+# the arms of issue 30's screening at 60x80 (the earlier study's best two for reference: the
+# F-beta defaults on the shape node and group DRO, already run)
+SCREEN = (
+    "Dice",
+    "Lovasz per image",
+    "Lovasz per image + CE",
+    "focal",
+    "median-frequency CE",
+    "per-image F-beta",
+    "U-Net",
+)
+
+
+def cache(task: str, size: tuple[int, int]) -> str:
+    """The cache folder of ``task`` at ``size`` (H, W)."""
+    return f"{TASKS[task][1]}-{size[0]}x{size[1]}"
+
+
+def jobs(
+    epochs: int | None,
+    seeds: list[int],
+    tasks: list[str],
+    methods: list[str],
+    size: tuple[int, int] = (60, 80),
+) -> list[tuple[str, str, Job]]:
+    """``(task, method, job)`` of every run of the grid, task by task and seed by seed (an
+    interrupted sweep has every method at the first seeds of the first task)."""
+    out = []
+    for task in tasks:
+        config, _, _, task_epochs = TASKS[task]
+        for seed in seeds:
+            for method in methods:
+                name = method.replace(" ", "_").replace(",", "")
+                # 60x80, the first study's size, keeps its keys (its archived runs)
+                at = "" if size == (60, 80) else f"{size[0]}x{size[1]}-"
+                key = f"{task}-{at}{name}-seed{seed}"
+                overrides = (
+                    *METHODS[method],
+                    f"data.path={cache(task, size)}",
+                    f"train.epochs={epochs or task_epochs}",
+                    f"train.seed={seed}",
+                )
+                out.append((task, method, Job(key, config, overrides)))
+    return out
