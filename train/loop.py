@@ -46,17 +46,25 @@ from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
 from .evaluation import evaluate
 from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
+from .losses import TaskLoss, build_task_loss
 from .models import build_model
 from .nonfinite import NonFiniteGuard
 from .state import TrainState, check_format
 
 
 def task_loss(
-    logits: Tensor, y: Tensor, groups: GroupWeighting | None = None, shape: Tensor | None = None
+    logits: Tensor,
+    y: Tensor,
+    groups: GroupWeighting | None = None,
+    shape: Tensor | None = None,
+    criterion: TaskLoss | None = None,
 ) -> Tensor:
     """Cross-entropy; pixels labelled ``IGNORE_INDEX`` do not count (a batch with no labelled
     pixel gives 0, not NaN). With ``groups`` (``train.group_weighting``), the per-pixel (per-sample)
-    terms weighted over the samples' shape groups ``shape`` (train/groups.py)."""
+    terms weighted over the samples' shape groups ``shape`` (train/groups.py). With ``criterion``
+    (``train.loss`` / ``train.class_weights`` set, train/losses.py), that loss instead."""
+    if criterion is not None:
+        return criterion(logits, y)
     if groups is not None:
         per_term = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="none")
         return groups.loss(per_term, shape, y != IGNORE_INDEX if logits.dim() > 2 else None)
@@ -103,6 +111,7 @@ class Setup:
     written: Tensor | None  # bool (N,): samples whose score this process wrote since the last merge
     last_checkpoint: str
     reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
+    criterion: TaskLoss | None = None  # train.loss / class_weights; None: task_loss's cross-entropy
 
 
 def setup(
@@ -134,6 +143,7 @@ def setup(
     seed_everything(cfg.train.seed)
     device = resolve_device(cfg.train.device, ctx.local_rank if ctx.enabled else None)
     data = load_data(cfg.data, cfg.train.seed)
+    criterion = build_task_loss(cfg, data)
     shape_columns = shape_score_columns(cfg.regularizer.positive_classes())
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     reg = build_regularizer(cfg.regularizer, data.train_shape_labels)
@@ -225,6 +235,7 @@ def setup(
         written,
         "none yet" if found is None else str(found[0]),
         list(reg.parameters()) if reg is not None else [],
+        criterion=criterion.to(device) if criterion is not None else None,
     )
 
 
@@ -358,6 +369,8 @@ def _announce(s: Setup, cfg: Config, ctx: distributed.Context, log: Callable[...
     )
     if s.reg is not None:
         log(f"regularizer: alpha={cfg.regularizer.alpha:g} {s.reg.extra_repr()}")
+    if s.criterion is not None:
+        log(f"task loss: {s.criterion.extra_repr()}")
 
 
 def _epoch_row(
@@ -427,7 +440,7 @@ def train_step(
     x, y, idx = (batch[key].to(device, non_blocking=True) for key in ("image", "label", "index"))
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         logits, u = s.net(x)
-        task = task_loss(logits, y.long(), s.groups, batch["shape"])
+        task = task_loss(logits, y.long(), s.groups, batch["shape"], s.criterion)
     u = u.float()
     ok = guard.record(k, task, u)
     if check and not guard.read(ok):
