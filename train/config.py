@@ -15,6 +15,7 @@ import collections.abc
 import copy
 import dataclasses
 import inspect
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,8 @@ from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, Pairwis
 from reparam.baselines.objectives import NEWTON
 from reparam.fbeta import DEFAULT_TAU_LR
 from reparam.sparse import TAU_UPDATES
+
+from .losses import CLASS_WEIGHT_RULES, CLASS_WEIGHTED_LOSSES, PER_IMAGE_LOSSES, TASK_LOSSES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
 # ``regularizer.<name>``, the options the reparameterized objectives share are in ``regularizer``
@@ -249,6 +252,15 @@ class TrainConfig:
     # (weight N / (G N_g) per group) or online group DRO (Sagawa et al. 2020) with step dro_step
     group_weighting: Literal["none", "balanced", "dro"] = "none"
     dro_step: float = 0.01
+    # the task loss (train/losses.py; docs/segmentation.md, "Task losses and class weights"):
+    # cross-entropy, or a segmentation_models_pytorch loss (segmentation only) ...
+    loss: Literal[TASK_LOSSES] = "cross_entropy"
+    # ... plus this times the cross-entropy (0: the smp loss alone; loss != cross_entropy only)
+    loss_ce_weight: float = 0.0
+    loss_per_image: bool = False  # lovasz: the loss of each image, averaged (smp's per_image)
+    # segmentation: class weights from the training labels' pixel counts, for the cross-entropy
+    # and the smp losses that take them (all but lovasz)
+    class_weights: Literal[CLASS_WEIGHT_RULES] = "none"
     progress: bool = True  # tqdm bar (shown only on a terminal)
     log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
 
@@ -549,6 +561,50 @@ def _validate(cfg: Config) -> None:
     if cfg.model.name == "mlp" and (not cfg.model.hidden or min(cfg.model.hidden) < 1):
         raise ValueError(
             f"model.hidden must be a non-empty list of widths >= 1, got {cfg.model.hidden}"
+        )
+    _validate_task_loss(cfg)
+
+
+def _validate_task_loss(cfg: Config) -> None:
+    """``train.loss``, ``loss_ce_weight``, ``loss_per_image``, ``class_weights``: a setting that
+    would be ignored, or that the data or ``train.group_weighting`` cannot take, is an error."""
+    t = cfg.train
+    if not (math.isfinite(t.loss_ce_weight) and t.loss_ce_weight >= 0):
+        raise ValueError(
+            f"train.loss_ce_weight must be a finite number >= 0, got {t.loss_ce_weight!r}"
+        )
+    if t.loss == "cross_entropy" and t.loss_ce_weight != 0:
+        raise ValueError(
+            f"train.loss_ce_weight={t.loss_ce_weight!r} applies only with another train.loss (the "
+            "task loss is train.loss + train.loss_ce_weight * cross-entropy); with "
+            "train.loss=cross_entropy leave it at 0"
+        )
+    if t.loss_per_image and t.loss not in PER_IMAGE_LOSSES:
+        raise ValueError(
+            f"train.loss_per_image=true applies only to train.loss in {PER_IMAGE_LOSSES} (smp's "
+            f"per_image), got train.loss={t.loss!r}; leave it false"
+        )
+    if not cfg.data.segmentation:
+        for key, value, default in (
+            ("loss", t.loss, "cross_entropy"),
+            ("class_weights", t.class_weights, "none"),
+        ):
+            if value != default:
+                raise ValueError(
+                    f"train.{key}={value!r} is for segmentation; data.kind {cfg.data.kind!r} "
+                    f"trains with train.{key}={default!r}"
+                )
+    if t.class_weights != "none" and t.loss not in CLASS_WEIGHTED_LOSSES and t.loss_ce_weight == 0:
+        raise ValueError(
+            f"train.class_weights={t.class_weights!r} with train.loss={t.loss!r} needs "
+            f"train.loss_ce_weight > 0: smp's {t.loss} loss takes no class weights, so they "
+            "would weigh nothing (they weigh the cross-entropy term)"
+        )
+    if t.group_weighting != "none" and (t.loss != "cross_entropy" or t.class_weights != "none"):
+        raise ValueError(
+            f"train.group_weighting={t.group_weighting!r} reweights the per-pixel cross-entropy "
+            "terms: it needs train.loss='cross_entropy' and train.class_weights='none', got "
+            f"train.loss={t.loss!r}, train.class_weights={t.class_weights!r}"
         )
 
 

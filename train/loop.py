@@ -47,17 +47,25 @@ from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
 from .evaluation import evaluate
 from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
+from .losses import TaskLoss, build_task_loss
 from .models import build_model
 from .nonfinite import NonFiniteGuard
 from .state import TrainState, check_format
 
 
 def task_loss(
-    logits: Tensor, y: Tensor, groups: GroupWeighting | None = None, shape: Tensor | None = None
+    logits: Tensor,
+    y: Tensor,
+    groups: GroupWeighting | None = None,
+    shape: Tensor | None = None,
+    criterion: TaskLoss | None = None,
 ) -> Tensor:
     """Cross-entropy; pixels labelled ``IGNORE_INDEX`` do not count (a batch with no labelled
     pixel gives 0, not NaN). With ``groups`` (``train.group_weighting``), the per-pixel (per-sample)
-    terms weighted over the samples' shape groups ``shape`` (train/groups.py)."""
+    terms weighted over the samples' shape groups ``shape`` (train/groups.py). With ``criterion``
+    (``train.loss`` / ``train.class_weights`` set, train/losses.py), that loss instead."""
+    if criterion is not None:
+        return criterion(logits, y)
     if groups is not None:
         per_term = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="none")
         return groups.loss(per_term, shape, y != IGNORE_INDEX if logits.dim() > 2 else None)
@@ -105,6 +113,7 @@ class Setup:
     pixel_classes: list[int] | None  # target pixels: the classes whose margins the objective scores
     last_checkpoint: str
     reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
+    criterion: TaskLoss | None = None  # train.loss / class_weights; None: task_loss's cross-entropy
 
 
 def setup(
@@ -137,6 +146,7 @@ def setup(
     device = resolve_device(cfg.train.device, ctx.local_rank if ctx.enabled else None)
     pixels = cfg.regularizer.target == "pixels" and cfg.regularizer.name != "none"
     data = load_data(cfg.data, cfg.train.seed, pixel_index=pixels)
+    criterion = build_task_loss(cfg, data)
     shape_columns = shape_score_columns(cfg.regularizer.positive_classes())
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     # target pixels: the samples are the training pixels, each image a group (grouped F-beta)
@@ -230,6 +240,7 @@ def setup(
         cfg.regularizer.positive_classes() if pixels else None,
         "none yet" if found is None else str(found[0]),
         list(reg.parameters()) if reg is not None else [],
+        criterion=criterion.to(device) if criterion is not None else None,
     )
 
 
@@ -368,6 +379,8 @@ def _announce(s: Setup, cfg: Config, ctx: distributed.Context, log: Callable[...
     )
     if s.reg is not None:
         log(f"regularizer: alpha={cfg.regularizer.alpha:g} {s.reg.extra_repr()}")
+    if s.criterion is not None:
+        log(f"task loss: {s.criterion.extra_repr()}")
 
 
 def _epoch_row(
@@ -438,7 +451,7 @@ def train_step(
     x, y, idx = (batch[key].to(device, non_blocking=True) for key in ("image", "label", "index"))
     with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
         logits, u = s.net(x)
-        task = task_loss(logits, y.long(), s.groups, batch["shape"])
+        task = task_loss(logits, y.long(), s.groups, batch["shape"], s.criterion)
     u = u.float()
     ok = guard.record(k, task, u)
     if check and not guard.read(ok):
