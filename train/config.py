@@ -15,7 +15,6 @@ import collections.abc
 import copy
 import dataclasses
 import inspect
-import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -39,7 +38,7 @@ from reparam.baselines.objectives import NEWTON
 from reparam.fbeta import DEFAULT_TAU_LR
 from reparam.sparse import TAU_UPDATES
 
-from .losses import CLASS_WEIGHT_RULES, CLASS_WEIGHTED_LOSSES, PER_IMAGE_LOSSES, TASK_LOSSES
+from .losses import CLASS_WEIGHT_RULES, TASK_LOSSES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
 # ``regularizer.<name>``, the options the reparameterized objectives share are in ``regularizer``
@@ -562,50 +561,9 @@ def _validate(cfg: Config) -> None:
         raise ValueError(
             f"model.hidden must be a non-empty list of widths >= 1, got {cfg.model.hidden}"
         )
-    _validate_task_loss(cfg)
+    from .losses import validate_task_loss  # the task loss's own rules, next to it
 
-
-def _validate_task_loss(cfg: Config) -> None:
-    """``train.loss``, ``loss_ce_weight``, ``loss_per_image``, ``class_weights``: a setting that
-    would be ignored, or that the data or ``train.group_weighting`` cannot take, is an error."""
-    t = cfg.train
-    if not (math.isfinite(t.loss_ce_weight) and t.loss_ce_weight >= 0):
-        raise ValueError(
-            f"train.loss_ce_weight must be a finite number >= 0, got {t.loss_ce_weight!r}"
-        )
-    if t.loss == "cross_entropy" and t.loss_ce_weight != 0:
-        raise ValueError(
-            f"train.loss_ce_weight={t.loss_ce_weight!r} applies only with another train.loss (the "
-            "task loss is train.loss + train.loss_ce_weight * cross-entropy); with "
-            "train.loss=cross_entropy leave it at 0"
-        )
-    if t.loss_per_image and t.loss not in PER_IMAGE_LOSSES:
-        raise ValueError(
-            f"train.loss_per_image=true applies only to train.loss in {PER_IMAGE_LOSSES} (smp's "
-            f"per_image), got train.loss={t.loss!r}; leave it false"
-        )
-    if not cfg.data.segmentation:
-        for key, value, default in (
-            ("loss", t.loss, "cross_entropy"),
-            ("class_weights", t.class_weights, "none"),
-        ):
-            if value != default:
-                raise ValueError(
-                    f"train.{key}={value!r} is for segmentation; data.kind {cfg.data.kind!r} "
-                    f"trains with train.{key}={default!r}"
-                )
-    if t.class_weights != "none" and t.loss not in CLASS_WEIGHTED_LOSSES and t.loss_ce_weight == 0:
-        raise ValueError(
-            f"train.class_weights={t.class_weights!r} with train.loss={t.loss!r} needs "
-            f"train.loss_ce_weight > 0: smp's {t.loss} loss takes no class weights, so they "
-            "would weigh nothing (they weigh the cross-entropy term)"
-        )
-    if t.group_weighting != "none" and (t.loss != "cross_entropy" or t.class_weights != "none"):
-        raise ValueError(
-            f"train.group_weighting={t.group_weighting!r} reweights the per-pixel cross-entropy "
-            "terms: it needs train.loss='cross_entropy' and train.class_weights='none', got "
-            f"train.loss={t.loss!r}, train.class_weights={t.class_weights!r}"
-        )
+    validate_task_loss(cfg)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -26,6 +26,7 @@ lazily (after the torchvision import cure), so the config can read the option tu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -292,3 +293,46 @@ def build_task_loss(cfg: Config, data: DataBundle) -> TaskLoss | None:
         per_image=t.loss_per_image,
         class_weights=training_class_weights(cfg, data),
     )
+
+
+def validate_task_loss(cfg: Config) -> None:
+    """``train.loss``, ``loss_ce_weight``, ``loss_per_image``, ``class_weights``: a setting that
+    would be ignored, or that the data or ``train.group_weighting`` cannot take, is an error."""
+    t = cfg.train
+    if not (math.isfinite(t.loss_ce_weight) and t.loss_ce_weight >= 0):
+        raise ValueError(
+            f"train.loss_ce_weight must be a finite number >= 0, got {t.loss_ce_weight!r}"
+        )
+    if t.loss == "cross_entropy" and t.loss_ce_weight != 0:
+        raise ValueError(
+            f"train.loss_ce_weight={t.loss_ce_weight!r} applies only with another train.loss (the "
+            "task loss is train.loss + train.loss_ce_weight * cross-entropy); with "
+            "train.loss=cross_entropy leave it at 0"
+        )
+    if t.loss_per_image and t.loss not in PER_IMAGE_LOSSES:
+        raise ValueError(
+            f"train.loss_per_image=true applies only to train.loss in {PER_IMAGE_LOSSES} (smp's "
+            f"per_image), got train.loss={t.loss!r}; leave it false"
+        )
+    if not cfg.data.segmentation:
+        for key, value, default in (
+            ("loss", t.loss, "cross_entropy"),
+            ("class_weights", t.class_weights, "none"),
+        ):
+            if value != default:
+                raise ValueError(
+                    f"train.{key}={value!r} is for segmentation; data.kind {cfg.data.kind!r} "
+                    f"trains with train.{key}={default!r}"
+                )
+    if t.class_weights != "none" and t.loss not in CLASS_WEIGHTED_LOSSES and t.loss_ce_weight == 0:
+        raise ValueError(
+            f"train.class_weights={t.class_weights!r} with train.loss={t.loss!r} needs "
+            f"train.loss_ce_weight > 0: smp's {t.loss} loss takes no class weights, so they "
+            "would weigh nothing (they weigh the cross-entropy term)"
+        )
+    if t.group_weighting != "none" and (t.loss != "cross_entropy" or t.class_weights != "none"):
+        raise ValueError(
+            f"train.group_weighting={t.group_weighting!r} reweights the per-pixel cross-entropy "
+            "terms: it needs train.loss='cross_entropy' and train.class_weights='none', got "
+            f"train.loss={t.loss!r}, train.class_weights={t.class_weights!r}"
+        )

@@ -124,7 +124,7 @@ def test_regularizer_section_is_the_constructor_signature():
     section = C.RegularizerConfig()
     for name, cls in C.REGULARIZERS.items():
         # the constructor's options, a **options forwarded to the base expanded (rate objectives)
-        params = {k: p for k, (p, _) in C.options(cls).items() if k != "shape_labels"}
+        params = {k: p for k, (p, _) in C.options(cls).items() if k not in C.DATA_ARGUMENTS}
         assert all(p.kind is p.KEYWORD_ONLY for p in params.values()), name
         kwargs = dataclasses.replace(section, name=name).kwargs()
         unset = {k for k in C.COMMON if getattr(section, k) is None}  # the objective's default
