@@ -519,3 +519,14 @@ def test_epoch_end_projects_inline_once_and_rereads_after_a_projection(monkeypat
     assert not torch.equal(clip.tau, before)  # the read after the projection is the new value
     torch.testing.assert_close(clip.tau, clip.tau_param.detach())
     clip._epoch_end_memo = None
+
+
+def test_inert_message_names_only_remedies_not_in_effect():
+    """A run on the library defaults is not told to use them (issue 30: CamVid sky at epoch 1
+    advised "preset=None" to a run already on it); the paper preset is."""
+    s = torch.tensor([1, 0] * 10)
+    below = torch.where(s == 1, -0.5, -2.0)
+    defaults = _one_epoch(FBetaRegularizer(s), below)["inert"]
+    assert "at or below 0" in defaults and "preset=None" not in defaults
+    paper = _one_epoch(FBetaRegularizer(s, preset="paper"), below)["inert"]
+    assert "preset=None" in paper
