@@ -10,23 +10,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import segmentation_study as study
+from benchmarks.segmentation_study import __main__ as cli
+from benchmarks.segmentation_study import spec
+from benchmarks.segmentation_study.timing import timing
 from tests.data_prep.test_camvid import write_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_grid_is_task_major_and_every_method_shares_data_seed_and_epochs():
-    grid = study.jobs(None, [0, 1], ["sky", "all"], list(study.METHODS), size=(60, 80))
-    assert len(grid) == 2 * 2 * len(study.METHODS)
-    per_task = 2 * len(study.METHODS)
+    grid = spec.jobs(None, [0, 1], ["sky", "all"], list(spec.METHODS), size=(60, 80))
+    assert len(grid) == 2 * 2 * len(spec.METHODS)
+    per_task = 2 * len(spec.METHODS)
     assert [t for t, *_ in grid] == ["sky"] * per_task + ["all"] * per_task  # sky finishes first
     keys = [job.key for *_, job in grid]
     assert len(set(keys)) == len(keys)
     for task, _, job in grid:
         shared = [o for o in job.overrides if o.startswith(("data.", "train.epochs", "train.seed"))]
-        epochs = study.TASKS[task][3]
-        assert shared[0] == f"data.path={study.cache(task, (60, 80))}"
+        epochs = spec.TASKS[task][3]
+        assert shared[0] == f"data.path={spec.cache(task, (60, 80))}"
         assert shared[1:] == [f"train.epochs={epochs}", f"train.seed={job.key[-1]}"]
 
 
@@ -56,36 +58,48 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
         "baseline",
         "group DRO",
     ]
-    assert study.main(["run", *args]) == 0
+    assert cli.main(["run", *args]) == 0
     assert "2 of 2 runs to do" in capsys.readouterr().out
-    assert study.main(["run", *args]) == 0  # finished runs are reused
+    assert cli.main(["run", *args]) == 0  # finished runs are reused
     assert "0 of 2 runs to do" in capsys.readouterr().out
-    assert study.main(["archive", *args, "--archive", "kept"]) == 0  # figures only, no checkpoints
+    assert cli.main(["archive", *args, "--archive", "kept"]) == 0  # figures only, no checkpoints
     kept = sorted(
         p.relative_to(tmp_path / "kept").as_posix() for p in (tmp_path / "kept").rglob("*.*")
     )
     assert kept == [
-        f"{k}/{n}"
-        for k in ("sky-32x48-baseline-seed0", "sky-32x48-group_DRO-seed0")  # size in the key
-        for n in ("config.yaml", "metrics.json", "per_image_test.npz")
+        "floor-sky-32x48.json",  # the cache's 1-pixel boundary floor, for a clone without it
+        *(
+            f"{k}/{n}"
+            for k in ("sky-32x48-baseline-seed0", "sky-32x48-group_DRO-seed0")  # size in the key
+            for n in ("config.yaml", "metrics.json", "per_image_test.npz")
+        ),
     ]
+    assert cli.main(["picture", *args, "--best", "group DRO"]) == 0  # from the runs' checkpoints
+    assert (tmp_path / "figs" / "segmentation_study_smallest_sky_32x48.png").stat().st_size > 0
     shutil.rmtree(tmp_path / "runs")  # a later session: the archived runs count as done
-    assert study.main(["run", *args, "--archive", "kept"]) == 0
+    assert cli.main(["run", *args, "--archive", "kept"]) == 0
     assert "0 of 2 runs to do" in capsys.readouterr().out
-    text = (tmp_path / "figs" / "segmentation_study.md").read_text()
+    study = text = (tmp_path / "figs" / "segmentation_study.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith(("| baseline", "| group DRO"))]
     assert len(rows) == 2 and all("| 1/1 |" in r for r in rows)
+    assert "| ground truth dilated by 1 pixel |" in text  # read against the floor
     assert (tmp_path / "figs" / "segmentation_study.png").stat().st_size > 0
     with pytest.raises(SystemExit):
-        study.main(["run", "--runs", "runs"])  # run without --camvid: a usage error
+        cli.main(["run", "--runs", "runs"])  # run without --camvid: a usage error
     # a grid with other settings (2 epochs) does not take the 1-epoch runs for its own
-    assert study.main(["table", *args, "--epochs", "2"]) == 0
+    assert cli.main(["table", *args, "--epochs", "2"]) == 0
     assert "| baseline |" not in (tmp_path / "figs" / "segmentation_study.md").read_text()
-    timing = study.timing(2, "sky", (32, 48))
-    rows = {line.split(" | ")[0].strip("| "): line for line in timing.splitlines()}
-    assert set(study.METHODS) | {"none", "balanced", "dro"} <= set(rows)
+    text = timing(2, "sky", (32, 48))
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()}
+    assert set(spec.METHODS) | {"cross-entropy (baseline)"} <= set(rows)
     assert rows["baseline"].endswith("| 1.000 |")
-    assert timing.count("| fbeta defaults |") == 2  # the step ratio and its own work
+    assert text.count("| fbeta defaults |") == 2  # the step ratio and its own work
+    assert text.count("| per-image F-beta |") == 2  # the step ratio and its own work on the pixels
+    for loss in ("Dice", "Lovasz per image + CE", "focal", "median-frequency CE", "group DRO"):
+        assert text.count(f"| {loss} |") == 2  # the step ratio and the task loss's cost
+    shutil.rmtree(tmp_path / "data")  # a clone without the cache: the archived floor
+    assert cli.main(["table", *args, "--archive", "kept"]) == 0
+    assert (tmp_path / "figs" / "segmentation_study.md").read_text() == study
 
 
 def test_inert_table_reads_regularized_and_plain_runs(tmp_path):
@@ -163,7 +177,7 @@ def test_a_shorter_run_of_the_job_is_extended_to_the_same_training(tmp_path, dig
 
 
 def test_plateau_reports_block_means_and_the_last_slope():
-    from benchmarks.segmentation_study_tables import plateau
+    from benchmarks.segmentation_study.tables import plateau
 
     rising = [{"history": [{"val_miou": 0.1 * e} for e in range(10)]}]
     flat = [{"history": [{"val_miou": 0.5} for _ in range(10)]}] * 2

@@ -1,0 +1,172 @@
+"""The time of a training step of every arm of the segmentation study, interleaved on CamVid
+batches, and the share of it that each task loss and each objective's own work take."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import warnings
+
+from .._report import markdown_table
+from .spec import METHODS, TASKS, cache
+
+
+def timing(steps: int, task: str, size: tuple[int, int]) -> str:
+    """Median step time of each method / the baseline's, steps interleaved, on CamVid batches."""
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        # steps only, no epoch ends: the objectives' "no end_epoch_()" warning is expected here
+        warnings.filterwarnings("ignore", "[^:]*: .* since the last end_epoch_", RuntimeWarning)
+        return _timing(steps, task, size, tmp)
+
+
+def _timing(steps: int, task: str, size: tuple[int, int], tmp: str) -> str:
+    import torch
+
+    from train import config as config_mod
+    from train import distributed
+    from train.loop import setup, train_step
+    from train.nonfinite import NonFiniteGuard
+
+    torch.set_num_threads(2)
+    config = TASKS[task][0]
+    trainers = {}
+    for method, overrides in METHODS.items():
+        cfg = config_mod.load(
+            config,
+            [
+                *overrides,
+                f"data.path={cache(task, size)}",
+                "train.checkpoint=false",
+                f"train.out={tmp}/" + method.replace(" ", "_"),
+            ],
+        )
+        s = setup(cfg, distributed.Context(), None, lambda *_: None)
+        guard = NonFiniteGuard("stop", False, "none")
+        s.state.begin_epoch(s.device)
+        guard.begin_epoch(1, s.state.totals)
+        trainers[method] = (s, guard, cfg, iter(s.train_loader))
+    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    for k in range(steps + 3):
+        for method, (s, guard, cfg, it) in trainers.items():
+            batch = next(it, None)
+            if batch is None:
+                it = iter(s.train_loader)
+                trainers[method] = (s, guard, cfg, it)
+                batch = next(it)
+            t0 = time.perf_counter()
+            train_step(s, batch, k + 1, guard, cfg.regularizer.alpha, None, check=False)
+            if k >= 3:  # warm-up
+                times[method].append(time.perf_counter() - t0)
+    base = statistics.median(times["baseline"])
+    rows = [
+        [m, f"{statistics.median(ts):.3f}", f"{statistics.median(ts) / base:.3f}"]
+        for m, ts in times.items()
+    ]
+    tables = [
+        markdown_table(["method", "step (s)", "/ baseline"], rows),
+        _loss_cost(trainers, base),
+        _regularizer_cost(trainers, base),
+    ]
+    return (
+        f"CamVid {task}, batch 8, {size[0]}x{size[1]}, 2 threads, median of {steps} interleaved steps\n"
+        + "\n\n".join(tables)
+    )
+
+
+def _batch(s) -> dict:
+    """One training batch of trainer ``s``'s own loader (the pixel objective's carries ``pixel``)."""
+    return next(iter(s.train_loader))
+
+
+def _loss_cost(trainers: dict, step: float, reps: int = 100) -> str:
+    """Each method's task loss, forward + backward on one batch's logits (``train.loss``,
+    ``train.class_weights``, ``train.group_weighting``; the baseline: cross-entropy), interleaved:
+    its time, its share of the baseline step and its extra over cross-entropy."""
+    import torch
+
+    from train.loop import task_loss
+
+    s = trainers["baseline"][0]
+    batch = _batch(s)
+    with torch.no_grad():
+        logits = s.model(batch["image"])[0]
+    y, shape = batch["label"].long(), batch["shape"]
+    losses = {"baseline": trainers["baseline"][0]}
+    losses |= {
+        m: t[0]
+        for m, t in trainers.items()
+        if t[0].criterion is not None or t[0].groups is not None
+    }
+    times: dict[str, list[float]] = {m: [] for m in losses}
+    for _ in range(reps):
+        for method, own in losses.items():
+            x = logits.detach().requires_grad_()
+            t0 = time.perf_counter()
+            task_loss(x, y, own.groups, shape, own.criterion).backward()
+            times[method].append(time.perf_counter() - t0)
+    medians = {m: statistics.median(ts) for m, ts in times.items()}
+    ce = medians["baseline"]
+    rows = [
+        [
+            "cross-entropy (baseline)" if m == "baseline" else m,
+            f"{t * 1e3:.2f}",
+            f"{t / step * 100:.2f} %",
+            f"{(t - ce) * 1e3:+.2f}",
+            f"{(t - ce) / step * 100:+.2f} %",
+        ]
+        for m, t in medians.items()
+    ]
+    header = ["task loss, fwd + bwd", "ms", "/ baseline step", "extra ms", "extra / baseline step"]
+    return markdown_table(header, rows)
+
+
+def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
+    """Each objective's own work in a step, interleaved: forward + backward of its loss (on random
+    shape scores of the batch's images; for ``target: pixels`` on the batch's pixel margins, their
+    computation from the logits included), an Adam step on its parameters, ``after_step_``; its
+    share of the baseline step."""
+    import torch
+
+    from train.build import pixel_scores
+    from train.data import IGNORE_INDEX
+
+    regs = {m: t[0] for m, t in trainers.items() if t[0].reg is not None}
+    inputs = {}
+    for method, s in regs.items():
+        batch = _batch(s)
+        if s.pixel_classes is None:
+            inputs[method] = (None, batch["index"])
+        else:
+            with torch.no_grad():
+                logits = s.model(batch["image"])[0]
+            labelled = batch["label"] != IGNORE_INDEX
+            inputs[method] = (logits, labelled, batch["pixel"][labelled])
+    optimizers = {  # soft-F1 has no parameters of its own
+        m: torch.optim.Adam(s.reg.parameters(), 1e-2) if list(s.reg.parameters()) else None
+        for m, s in regs.items()
+    }
+    times: dict[str, list[float]] = {m: [] for m in regs}
+    for k in range(reps):
+        u = torch.randn(8, generator=torch.Generator().manual_seed(k))
+        for method, s in regs.items():
+            t0 = time.perf_counter()
+            if s.pixel_classes is None:
+                idx = inputs[method][1]
+                x = u[: len(idx)].clone().requires_grad_()
+            else:
+                logits, labelled, idx = inputs[method]
+                x = pixel_scores(logits.detach().requires_grad_(), s.pixel_classes)[labelled]
+            opt = optimizers[method]
+            if opt is not None:
+                opt.zero_grad()
+            s.reg(x, idx).backward()
+            if opt is not None:
+                opt.step()
+            s.reg.after_step_()
+            times[method].append(time.perf_counter() - t0)
+    medians = {method: statistics.median(ts) for method, ts in times.items()}
+    return markdown_table(
+        ["objective's own work per step", "ms", "/ baseline step"],
+        [[m, f"{t * 1e3:.2f}", f"{t / step * 100:.2f} %"] for m, t in medians.items()],
+    )
