@@ -6,6 +6,7 @@
     python -m benchmarks.segmentation_study timing --camvid <CamVid dir>             # cost per step
     python -m benchmarks.segmentation_study archive   # finished runs' figures into docs/figures/
     python -m benchmarks.segmentation_study picture --tasks sky --size 120 160 --best U-Net
+    python -m benchmarks.segmentation_study floor --camvid <CamVid dir> --tasks sky --size 360 480
 
 ``run`` builds the CamVid caches (``data_prep.camvid``: sky vs rest, the paper's experiment 2; the
 11 classes with experiment 3's shape label) at ``--size`` and trains every (task, method, seed) of
@@ -23,6 +24,8 @@ per-image sky IoU against the image's sky fraction). ``archive`` keeps the finis
 each cache's floor in the repository. ``timing`` measures one training step of each method against
 the baseline's, interleaved, on CamVid batches, and each task loss's and objective's share of it.
 ``picture`` draws the six test images with the least sky: image, baseline, ``--best``, truth.
+``floor`` builds the caches of ``--tasks`` at ``--size``, keeps their 1-pixel boundary floor in
+``--archive`` and writes ``segmentation_study_floor.md`` with every floor kept there.
 
 Modules, imported one way: ``spec`` (what is compared) <- ``floor``, ``timing`` <- ``tables`` <-
 ``picture`` <- ``__main__`` (this CLI).
@@ -38,7 +41,7 @@ from pathlib import Path
 from data_prep import camvid
 
 from ..sweep import archive, restore, run_jobs
-from .floor import save_floors
+from .floor import floor_report, save_floors
 from .picture import picture
 from .spec import METHODS, SIZES, TASKS, cache, jobs
 from .tables import ARCHIVED, table
@@ -47,7 +50,7 @@ from .timing import timing
 
 def _arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("run", "table", "timing", "archive", "picture"))
+    p.add_argument("what", choices=("run", "table", "timing", "archive", "picture", "floor"))
     p.add_argument("--camvid", type=Path, help="run, timing: the CamVid folder (SegNet layout)")
     p.add_argument("--runs", type=Path, default=Path("runs/segmentation_study"))
     p.add_argument(
@@ -81,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     size = tuple(a.size)
     grid = jobs(a.epochs, a.seeds, a.tasks, a.methods, size)
-    if a.what in ("run", "timing"):
+    if a.what in ("run", "timing", "floor"):
         if a.camvid is None:
             p.error(f"{a.what} needs --camvid <the CamVid folder (SegNet layout)>")
         for task in a.tasks:
@@ -96,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         command += f"{a.tasks[0]} --size {size[0]} {size[1]} --steps {a.steps}"
         path = a.out / f"segmentation_study_timing_{a.tasks[0]}_{size[0]}x{size[1]}.md"
         path.write_text(f"<!-- {command} -->\n{text}\n")
+        print(text)
+        return 0
+    if a.what == "floor":
+        save_floors(a.archive, [size])
+        text = floor_report(a.archive)
+        a.out.mkdir(parents=True, exist_ok=True)
+        command = "python -m benchmarks.segmentation_study floor --camvid <CamVid dir> --tasks "
+        command += "sky all --size H W (each size in the table; archive adds the study's)"
+        (a.out / "segmentation_study_floor.md").write_text(f"<!-- {command} -->\n{text}\n")
         print(text)
         return 0
     if a.what == "picture":

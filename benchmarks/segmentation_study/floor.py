@@ -23,9 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_prep.camvid import CLASS_NAMES
 from train.metrics import GroupedSegmentationConfusion
 
-from .spec import TASKS, cache
+from .._report import markdown_table
+from .spec import SMALL_CLASSES, TASKS, cache
 
 IGNORE = 255
 MOVES = ((0, 1), (0, -1), (1, 0), (-1, 0))  # (rows, columns): right, left, down, up
@@ -134,3 +136,40 @@ def floors(archive: Path, sizes: list[tuple[int, int]]) -> dict[tuple[str, tuple
             elif kept.is_file():
                 out[(task, size)] = json.loads(kept.read_text())
     return out
+
+
+def small_classes(iou: list[float | None], classes: list[str]) -> float | None:
+    """The mean IoU of CamVid's small-object classes (``SMALL_CLASSES``; ``None`` if a task has
+    none of them or one is undefined)."""
+    values = [iou[classes.index(c)] for c in SMALL_CLASSES if c in classes]
+    return None if not values or None in values else float(np.mean(values))
+
+
+def floor_report(archive: Path) -> str:
+    """Every archived floor (``floor-<task>-<H>x<W>.json``), task by task, size by size: the
+    markdown table of the gap and mIoU of the ground truth dilated / shifted by one pixel."""
+    rows = []
+    found = []
+    for path in archive.glob("floor-*-*x*.json"):
+        task, size = path.stem.split("-")[1:]
+        found.append((task, tuple(int(v) for v in size.split("x")), path))
+    for task, size, path in sorted(found):
+        fl = json.loads(path.read_text())
+        d, s = fl["dilation"], fl["shift"]
+        gaps = [m["miou_gap"] for m in fl["shift_moves"]]
+        classes = list(CLASS_NAMES) if len(d["iou"]) == len(CLASS_NAMES) else ["rest", "sky"]
+        small = [small_classes(x["iou"], classes) for x in (d, s)]
+        rows.append(
+            [
+                f"{task}, {size[0]}x{size[1]}",
+                f"{d['miou']:.3f}",
+                f"{d['miou_gap']:.3f}",
+                f"{s['miou']:.3f}",
+                f"{s['miou_gap']:.3f}",
+                f"{min(gaps):.3f}-{max(gaps):.3f}",
+                *("-" if v is None else f"{v:.3f}" for v in small),
+            ]
+        )
+    header = ["task, size", "dilated: mIoU", "gap", "shifted: mIoU", "gap", "gap of each shift"]
+    header += ["small classes: dilated", "shifted"]
+    return markdown_table(header, rows)

@@ -16,8 +16,8 @@ from data_prep import camvid
 
 from .._report import markdown_table, mean_sd, save_figure, subplots
 from ..sweep import Job, metrics
-from .floor import floors
-from .spec import METHODS, SMALL_CLASSES, TASKS
+from .floor import floors, small_classes
+from .spec import METHODS, TASKS
 
 ARCHIVED = ("metrics.json", "config.yaml", "per_image_test.npz")  # a finished run's figures
 Size = tuple[int, int]
@@ -61,13 +61,6 @@ def _classes(ms: list[dict]) -> list[str]:
         return json.loads(meta.read_text())["class_names"]
     n = len(ms[0]["selected"]["test_iou"])
     return list(camvid.CLASS_NAMES) if n == len(camvid.CLASS_NAMES) else ["rest", "sky"][:n]
-
-
-def small_classes(iou: list[float | None], classes: list[str]) -> float | None:
-    """The mean IoU of CamVid's small-object classes (``SMALL_CLASSES``; ``None`` if a task has
-    none of them or one is undefined)."""
-    values = [iou[classes.index(c)] for c in SMALL_CLASSES if c in classes]
-    return None if not values or None in values else float(np.mean(values))
 
 
 def _row(task: str, method: str, ms: list[dict], seeds: int) -> list[str]:

@@ -100,6 +100,9 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     shutil.rmtree(tmp_path / "data")  # a clone without the cache: the archived floor
     assert cli.main(["table", *args, "--archive", "kept"]) == 0
     assert (tmp_path / "figs" / "segmentation_study.md").read_text() == study
+    assert cli.main(["floor", *args, "--archive", "kept"]) == 0  # rebuilds the cache, keeps it
+    report = (tmp_path / "figs" / "segmentation_study_floor.md").read_text()
+    assert "| sky, 32x48 |" in report and report.startswith("<!-- python -m benchmarks.")
 
 
 def test_inert_table_reads_regularized_and_plain_runs(tmp_path):
