@@ -178,6 +178,7 @@ def table(root: Path, grids: Grids, seeds: int, out: Path, archive: Path) -> str
                     f"\n### {where}: per-class test IoU (mean over seeds)\n",
                     _per_class(found),
                 ]
+    lines.append(f"\n{_cpu_time(runs)}")
     text = "\n".join(lines) + "\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "segmentation_study.md").write_text(
@@ -190,6 +191,28 @@ def table(root: Path, grids: Grids, seeds: int, out: Path, archive: Path) -> str
 
 
 PLOTTED_CURVES = ("baseline", "U-Net", "per-image F-beta")
+
+
+def _cpu_time(runs: Runs) -> str:
+    """The study's CPU time: every finished run's training, evaluation and epoch-end seconds (one
+    thread a run), by size and task."""
+    parts, total = [], 0.0
+    for size in sorted({s for _, s, _ in runs}):
+        for task in TASKS:
+            ms = [m for (t, s, _), group in runs.items() if (t, s) == (task, size) for m in group]
+            secs = sum(
+                h["train_seconds"] + h["eval_seconds"] + h["epoch_end_seconds"]
+                for m in ms
+                for h in m["history"]
+            )
+            if ms:
+                parts.append(f"{task} {size[0]}x{size[1]} {secs / 3600:.2f} h ({len(ms)} runs)")
+                total += secs
+    return (
+        f"CPU time of the runs in these tables (one thread each): {total / 3600:.2f} h; "
+        + ("; ".join(parts) or "none yet")
+        + "."
+    )
 
 
 def _plot(runs: Runs, fls: dict, path: Path) -> None:
