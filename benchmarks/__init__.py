@@ -1,1 +1,2 @@
-"""Benchmark scripts: each prints a table of ratios measured in one run and writes a plot."""
+"""The studies behind docs/: one module or package each (spec <- run <- tables <- __main__), listed
+with their commands, outputs and CPU times in benchmarks/README.md."""

@@ -1,8 +1,8 @@
 """How the benchmarks write what they measured: ``mean ± sd`` cells, markdown tables, figures.
 
-``mean_sd`` formats a column of per-seed values; ``markdown_table`` / ``markdown_row`` write the
-tables of the ``.md`` reports; ``subplots`` and ``save_figure`` make and save a matplotlib figure
-on the Agg backend (no display needed).
+``mean_sd`` formats a column of per-seed values (``percent``: fractions, in percent);
+``markdown_table`` / ``markdown_row`` write the tables of the ``.md`` reports; ``subplots`` and
+``save_figure`` make and save a matplotlib figure on the Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ def mean_sd(values: Iterable[float | None], fmt: str = ".3f", scale: float = 1.0
     if stats is None:
         return "n/a"
     return f"{stats[0]:{fmt}} ± {stats[1]:{fmt}}"
+
+
+def percent(values: list[float | None]) -> str:
+    """``mean ± sd`` of fractions in percent, two decimals (``n/a`` if there are none)."""
+    return mean_sd(values, ".2f", 100.0)
 
 
 def markdown_row(cells: Sequence[str]) -> str:

@@ -2,7 +2,7 @@
 
     python -m benchmarks.projection_modes --jobs 2 --out docs/figures     # resumable
 
-The runs of ``benchmarks.compare_fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
+The runs of ``benchmarks.compare.fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
 seeds 0-2) for the library's defaults (``projection="inline"``, exact; dual steps 0.1; capped) and
 for the same settings with the projection after every optimizer step (``step``), once per epoch
 (``epoch``, Algorithm 3's place), never (``none``), the batch's rows clipped at ``eps`` with the
@@ -12,7 +12,7 @@ head's step 1e-2 and at 1e-3), the inline projection's threshold over a tracked 
 ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of ``u > 0``,
 the certified F1 bound and the LP gap of the final scores (the (3') objective at their best feasible
 ``eps``, relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1
-over the last 20 epochs and the seconds per epoch. Runs are shared with ``compare_fixed``
+over the last 20 epochs and the seconds per epoch. Runs are shared with ``compare.fixed``
 (``--runs``).
 """
 
@@ -25,10 +25,12 @@ from functools import partial
 from pathlib import Path
 
 from ._report import markdown_table, mean_sd, save_figure, subplots
-from .compare_fixed import BATCH, EPOCHS, MODE_FAMILIES, SEEDS, _key, _save
+from .compare.fixed.run import record_name, run_one, save_record
+from .compare.fixed.spec import BATCH, EPOCHS, MODE_FAMILIES, SEEDS
+from .compare.fixed.tables import references
 from .sweep import run_pool
 
-DEFAULTS = ("reparam F-beta, inline, capped", 0.1)  # compare_fixed's family at its default step
+DEFAULTS = ("reparam F-beta, inline, capped", 0.1)  # compare.fixed's family at its default step
 PROBLEMS = ("2-D, 40/60", "20-D, 200/300", "10-D, 50/950")
 ARMS = [DEFAULTS, *((family, None) for family in MODE_FAMILIES)]
 
@@ -88,9 +90,6 @@ def plot(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .compare_fixed_run import run_one
-    from .compare_fixed_tables import references
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, default=Path("runs/compare_fixed"))
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
@@ -98,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.runs.mkdir(parents=True, exist_ok=True)
     jobs = [(pr, f, v, s, BATCH, EPOCHS) for pr in PROBLEMS for f, v in ARMS for s in SEEDS]
-    todo = [j for j in jobs if not (a.runs / _key(*j)).is_file()]
+    todo = [j for j in jobs if not (a.runs / record_name(*j)).is_file()]
     print(f"{len(todo)} runs to do", flush=True)
-    run_pool(run_one, todo, a.jobs, partial(_save, a.runs))
-    records = [json.loads((a.runs / _key(*j)).read_text()) for j in jobs]
+    run_pool(run_one, todo, a.jobs, partial(save_record, a.runs))
+    records = [json.loads((a.runs / record_name(*j)).read_text()) for j in jobs]
     optima = {problem: references(problem)["lp_optimum"] for problem in PROBLEMS}
     text = (
         "<!-- python -m benchmarks.projection_modes --jobs 2 -->\n"

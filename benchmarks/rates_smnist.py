@@ -20,9 +20,9 @@ from typing import Any
 
 from data_prep import smnist
 
-from ._report import markdown_table, mean_sd
-from .smnist_results import TUNED, _run_one, finished, percent
-from .sweep import metrics, run_pool
+from ._report import markdown_table, mean_sd, percent
+from .smnist_results import TUNED
+from .sweep import finished, metrics, run_pool, seconds_per_epoch, train_once
 
 CONFIG = "configs/smnist_mlp.yaml"
 COMMON = ["regularizer.alpha=1e-3", "regularizer.projection=inline"]
@@ -93,7 +93,7 @@ REFERENCE = "F-beta (inline, 0.1/0.1)"  # the time per epoch is relative to this
 
 def _row(name: str, ms: list[dict[str, Any]], ref_epoch: float | None) -> list[str]:
     f = [m["final"] for m in ms]
-    rel = [_per_epoch(m) / ref_epoch for m in ms] if ref_epoch else []
+    rel = [seconds_per_epoch(m) / ref_epoch for m in ms] if ref_epoch else []
     return [
         name,
         mean_sd([x["test_shape_precision"] for x in f]),
@@ -129,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         if metrics(out := _folder(a.runs, name, seed)) is None and not a.table_only
     ]
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
-    run_pool(_run_one, todo, a.jobs, lambda _, done: print("done", done, flush=True))
+    run_pool(train_once, todo, a.jobs, lambda _, done: print("done", done, flush=True))
     finals = {name: finished([_folder(a.runs, name, s) for s in a.seeds]) for name, _ in variants}
     finals = {name: ms for name, ms in finals.items() if ms}
     ref = finals.get(REFERENCE)
-    ref_epoch = statistics.mean(_per_epoch(m) for m in ref) if ref else None
+    ref_epoch = statistics.mean(seconds_per_epoch(m) for m in ref) if ref else None
     table = markdown_table(HEADER, [_row(name, ms, ref_epoch) for name, ms in finals.items()])
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "rates_smnist.md").write_text(
@@ -142,12 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(table)
     return 0
-
-
-def _per_epoch(metrics: dict) -> float:
-    """Training seconds per epoch (training pass + epoch end), mean over the run."""
-    h = metrics["history"]
-    return sum(r["train_seconds"] + r["epoch_end_seconds"] for r in h) / len(h)
 
 
 if __name__ == "__main__":

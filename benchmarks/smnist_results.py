@@ -20,8 +20,8 @@ from typing import Any
 
 from data_prep import smnist
 
-from ._report import markdown_table, mean_sd, save_figure, subplots
-from .sweep import metrics, run_pool
+from ._report import markdown_table, mean_sd, percent, save_figure, subplots
+from .sweep import finished, metrics, run_pool, train_once
 
 PAPER = ["regularizer.fbeta.dual_lr_lambda=1e-3", "regularizer.fbeta.dual_lr_mu=1e-5"]
 TUNED = [
@@ -70,32 +70,6 @@ def grid(mlp_epochs: int) -> list[tuple[str, str, list[str]]]:
             )
         )
     return out
-
-
-def _run_one(args: tuple[str, list[str], str]) -> str:
-    config_path, overrides, out = args
-    import torch
-
-    from train import config as config_mod
-    from train.loop import run
-
-    torch.set_num_threads(1)
-    cfg = config_mod.load(
-        config_path,
-        [*overrides, f"train.out={out}", "train.progress=false", "train.checkpoint=false"],
-    )
-    run(cfg, log=lambda *_: None)
-    return out
-
-
-def percent(values: list[float | None]) -> str:
-    """``mean ± sd`` of fractions in percent, two decimals (``n/a`` if there are none)."""
-    return mean_sd(values, ".2f", 100.0)
-
-
-def finished(folders: list[Path]) -> list[dict[str, Any]]:
-    """The ``metrics.json`` of the runs in ``folders`` that finished all their epochs."""
-    return [m for f in folders if (m := metrics(f)) is not None]
 
 
 def _folder(runs: Path, name: str, seed: int) -> Path:
@@ -166,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
-    run_pool(_run_one, todo, a.jobs, lambda _, done: print("done", done, flush=True))
+    run_pool(train_once, todo, a.jobs, lambda _, done: print("done", done, flush=True))
     rows, curves = [], {}
     for name, _, overrides in variants:
         ms = finished([_folder(a.runs, name, seed) for seed in a.seeds])

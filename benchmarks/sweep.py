@@ -9,7 +9,8 @@ with fewer epochs is extended to the job's (resumed from its last checkpoint wit
 constant lr schedule does not depend on the number of epochs); ``archive`` keeps the
 figures of finished runs elsewhere and ``restore`` brings them back, so a sweep also resumes across
 sessions and machines. ``run_pool`` is the process pool under it, also for the scripts whose runs
-are not trainer runs (each skips its finished runs itself and hands ``run_pool`` the rest).
+are not trainer runs or not resumed (each skips its finished runs itself, ``finished``, and hands
+``run_pool`` the rest, e.g. ``train_once``: one trainer run from the start).
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ def metrics(out: Path, job: Job | None = None) -> dict[str, Any] | None:
     return m if done and (job is None or agrees(config, job.overrides)) else None
 
 
+def finished(folders: list[Path]) -> list[dict[str, Any]]:
+    """The ``metrics.json`` of the runs in ``folders`` that finished all their epochs."""
+    return [m for f in folders if (m := metrics(f)) is not None]
+
+
+def seconds_per_epoch(metrics: dict) -> float:
+    """Training seconds per epoch (training pass + epoch end) of a run's ``metrics.json``, mean
+    over the run."""
+    h = metrics["history"]
+    return sum(r["train_seconds"] + r["epoch_end_seconds"] for r in h) / len(h)
+
+
 def agrees(config: dict[str, Any], overrides: Iterable[str]) -> bool:
     """Whether the resolved ``config`` has the value of every ``key=value`` override (YAML-typed,
     as ``python -m train`` reads them)."""
@@ -82,6 +95,24 @@ def _train(job: Job, root: Path) -> str:
         shutil.rmtree(out, ignore_errors=True)
         cfg = config_mod.load(job.config, [*job.overrides, *quiet, f"train.out={out}"])
         run(cfg, log=lambda *_: None)
+    return out
+
+
+def train_once(args: tuple[str, list[str], str]) -> str:
+    """Train ``(config, overrides, run folder)`` from the start, one thread, no checkpoints: the
+    job of ``run_pool`` for the studies that skip their finished runs themselves."""
+    config_path, overrides, out = args
+    import torch
+
+    from train import config as config_mod
+    from train.loop import run
+
+    torch.set_num_threads(1)
+    cfg = config_mod.load(
+        config_path,
+        [*overrides, f"train.out={out}", "train.progress=false", "train.checkpoint=false"],
+    )
+    run(cfg, log=lambda *_: None)
     return out
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import overhead, projection, reg_step, segmentation
+from benchmarks import overhead, reg_step
+from benchmarks.projection import __main__ as projection
+from benchmarks.segmentation import __main__ as segmentation
 
 
 def test_projection_benchmark_quick(tmp_path, capsys):

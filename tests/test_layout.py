@@ -4,7 +4,9 @@
   (``../shared``), and the method note that docstrings cite exists with the cited sections.
 * One-way imports: the library (``projections`` <- ``reparam`` <- ``reparam.baselines``) imports no
   application package and nothing but torch and numpy from outside (optional peers lazily); ``train`` never imports ``data_prep`` or ``benchmarks``
-  (it meets the builders only through the cache formats in ``train.caches``).
+  (it meets the builders only through the cache formats in ``train.caches``). No circles:
+  ``tests/test_import_cycles.py``.
+* Findable studies: every benchmark study has its command in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -159,6 +161,26 @@ def test_benchmark_scripts_stay_short():
                     if (n := node.end_lineno - node.lineno + 1) > 60:
                         long.append(f"{f}: {node.name} {n} lines")
     assert not long, long
+
+
+def test_every_benchmark_study_has_a_row_in_the_benchmarks_readme():
+    """A study is a module of benchmarks/ that defines ``main`` and runs it as ``__main__`` (an
+    alias only imports it); benchmarks/README.md gives each one's command."""
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    missing = []
+    for f in _tracked():
+        if not (f.startswith("benchmarks/") and f.endswith(".py")):
+            continue
+        tree = ast.parse((ROOT / f).read_text())
+        defines_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
+        if not (defines_main and "__main__" in ast.unparse(tree.body[-1])):
+            continue
+        name = f.removesuffix(".py").removesuffix("/__main__").replace("/", ".")
+        package, _, last = name.rpartition(".")
+        pattern = rf"python -m ({re.escape(name)}|{re.escape(package)} {re.escape(last)})(?![\w.])"
+        if not re.search(pattern, readme):
+            missing.append(name)
+    assert not missing, f"studies without a row in benchmarks/README.md: {missing}"
 
 
 def test_fbeta_takes_about_a_dozen_options():

@@ -1,4 +1,6 @@
-"""The command line: ``python -m data_prep.cocostuff --root DIR --setup stuff --out DIR ...``.
+"""Build COCO-Stuff segmentation caches with shape labels: the sky task and all classes (docs/method.md sec. 6).
+
+The command line: ``python -m data_prep.cocostuff --root DIR --setup stuff --out DIR ...``.
 
 Exit code 0 on success, 2 with ``error: <message>`` on stderr for bad options or inputs.
 """
@@ -9,14 +11,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import __doc__ as package_doc
 from .build import prepare
 from .options import INTERPOLATIONS, SETUPS, Options
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m data_prep.cocostuff", description=package_doc.split("\n\n")[0]
+        prog="python -m data_prep.cocostuff", description=__doc__.split("\n\n")[0]
     )
     p.add_argument("--root", type=Path, help="COCO-Stuff folder (annotations/, train2017/, ...)")
     p.add_argument("--annotations", type=Path, help="folder with stuff_{train,val}2017.json")

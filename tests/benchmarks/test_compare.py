@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import compare, compare_fixed
+from benchmarks.compare import __main__ as compare
+from benchmarks.compare.fixed import spec as fixed
 
 
 def test_dispatcher_rejects_an_unknown_part(capsys):
@@ -19,10 +20,10 @@ def test_fixed_quick_tabulates_every_method_against_the_references(tmp_path):
     args = ["fixed", "--quick", "--jobs", "2", "--runs", str(runs), "--out", str(out)]
     assert compare.main(args) == 0
     records = [json.loads(f.read_text()) for f in runs.glob("*.json")]
-    n_runs = sum(len(family.grid) for family in compare_fixed.FAMILIES.values())
+    n_runs = sum(len(family.grid) for family in fixed.FAMILIES.values())
     assert len(records) == n_runs  # every family at every grid value, seed 0
     text = (out / "compare_fixed.md").read_text()
-    for family in compare_fixed.FAMILIES:
+    for family in fixed.FAMILIES:
         assert f"| {family} |" in text, family
     assert "LP-optimal head (HiGHS)" in text and "learned threshold" in text
     reparam = [r for r in records if r["family"].startswith("reparam F-beta")]
@@ -35,7 +36,7 @@ def test_fixed_quick_tabulates_every_method_against_the_references(tmp_path):
 
 
 def test_smnist_quick_trains_every_shape_term_through_the_trainer(tmp_path, digits_smnist):
-    from benchmarks import compare_smnist
+    from benchmarks.compare import smnist
 
     out = tmp_path / "out"
     args = [
@@ -53,7 +54,7 @@ def test_smnist_quick_trains_every_shape_term_through_the_trainer(tmp_path, digi
     assert compare.main(args) == 0
     text = (out / "compare_smnist.md").read_text()
     assert "### linear, logits" in text
-    for method in compare_smnist.METHODS:
+    for method in smnist.METHODS:
         assert f"| {method} |" in text, method
     row = next(line for line in text.splitlines() if line.startswith("| reparam F-beta, defaults"))
     assert "n/a" not in row.split("|")[7]  # F-beta's test F1 at its learned threshold

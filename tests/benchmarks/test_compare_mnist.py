@@ -1,4 +1,4 @@
-"""``benchmarks.compare_mnist --quick`` runs offline and writes its tables and plot (no timing asserted)."""
+"""``python -m benchmarks.compare mnist --quick`` runs offline and writes its tables and plot (no timing asserted)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import compare_mnist
+from benchmarks.compare.mnist import __main__ as cli
+from benchmarks.compare.mnist import spec
 
 REAL_MNIST = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist"
 
@@ -43,7 +44,7 @@ def test_the_smnist_reader_reads_the_fake_files(tmp_path):
 def test_imbalanced_subset_hits_the_ratio():
     digits = np.random.default_rng(0).integers(0, 10, 2000)
     for ratio in (0.91, 0.5, 0.3):
-        keep = compare_mnist.imbalanced_subset(digits, ratio, np.random.default_rng(1))
+        keep = spec.imbalanced_subset(digits, ratio, np.random.default_rng(1))
         assert abs((digits[keep] <= 4).mean() - ratio) < 0.01
         assert len(np.unique(keep)) == len(keep)
 
@@ -66,19 +67,19 @@ def test_quick_writes_tables_and_plot_with_every_method(tmp_path, source):
         "--out",
         str(out),
     ]
-    assert compare_mnist.main(argv) == 0
+    assert cli.main(argv) == 0
     text = (out / "compare_mnist.md").read_text()
-    for label, _ in compare_mnist.METHODS.values():
+    for label, _ in spec.METHODS.values():
         assert text.count(label) >= 4, label  # AUC, F1 / acc, share, time tables
     assert "u > t" in text and "x CE" in text and "--quick" in text.splitlines()[0]
     assert ("Official MNIST files" in text) == (source == "real")
     assert (out / "compare_mnist.png").stat().st_size > 0
     records = [json.loads(p.read_text()) for p in sorted(runs.glob("*.json"))]
-    assert len(records) == len(compare_mnist.METHODS)
-    assert all(r["iterations_done"] == compare_mnist.QUICK_ITERATIONS for r in records)
+    assert len(records) == len(spec.METHODS)
+    assert all(r["iterations_done"] == spec.QUICK_ITERATIONS for r in records)
     # resumes: nothing left to run, and --table-only rebuilds the same tables
     (out / "compare_mnist.md").unlink()
-    assert compare_mnist.main([*argv, "--table-only"]) == 0
+    assert cli.main([*argv, "--table-only"]) == 0
     assert (out / "compare_mnist.md").read_text() == text
 
 
@@ -88,13 +89,13 @@ def test_pesg_decays_passed_in_one_epoch_keep_the_weights_finite():
     import torch
 
     labels = torch.tensor([1, 0] * 64)
-    model = compare_mnist.mlp(0)
-    method = compare_mnist.make_method("libauc_pesg", model, labels)
+    model = spec.mlp(0)
+    method = spec.make_method("libauc_pesg", model, labels)
     x, idx = torch.rand(128, 784), torch.arange(128)
     for _ in range(2):
         method.opt.zero_grad()
         method.loss(model(x)[:, 0], idx).backward()
         method.opt.step()
         method.end_epoch(10, 10)  # past 50 % and 75 % of a 10-iteration run
-    assert method.opt.param_groups[0]["lr"] == pytest.approx(compare_mnist.PESG["lr"] / 100)
+    assert method.opt.param_groups[0]["lr"] == pytest.approx(spec.PESG["lr"] / 100)
     assert all(torch.isfinite(p).all() for p in model.parameters())

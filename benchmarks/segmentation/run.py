@@ -1,21 +1,23 @@
-"""The training-step half of ``benchmarks.segmentation``: what the regularizer costs a step of
-DeepLabV3+ / ResNet-18 on COCO-Stuff's scale, and the step time of the paper configs' models."""
+"""The measurements of the segmentation benchmark: loader throughput (the cache against decoding
+every sample), what the regularizer costs a training step of DeepLabV3+ / ResNet-18 on COCO-Stuff's
+scale, and the step time of the paper configs' models."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
-COCO_TRAIN_IMAGES = 118287
-SIZE = (106, 160)  # H, W of the timed steps
+import torch
+from torch.utils.data import Dataset
+
+from .spec import COCO_TRAIN_IMAGES, PAPER_MODELS, SIZE
 
 
 def _trainer(classes: int, tau_update: str | None) -> tuple[Any, Any, Any]:
     """``(model, regularizer or None, SGD)``: DeepLabV3+ / ResNet-18 from seed 0 and, unless
     ``tau_update`` is ``None``, an F-beta regularizer (mode ``epoch``) over COCO-Stuff train."""
-    import torch
-
     from reparam import FBetaRegularizer
     from train.config import ModelConfig
     from train.models import build_model
@@ -35,8 +37,6 @@ def _trainer(classes: int, tau_update: str | None) -> tuple[Any, Any, Any]:
 
 def _step(trainer: tuple[Any, Any, Any], x: Any, y: Any, k: int) -> float:
     """Seconds of one training step (forward, loss, backward, SGD, ``after_step_``)."""
-    import torch
-
     from train.loop import task_loss
 
     model, reg, opt = trainer
@@ -57,8 +57,6 @@ def _step(trainer: tuple[Any, Any, Any], x: Any, y: Any, k: int) -> float:
 def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[str, float]:
     """Median step times of the baseline, the regularized trainer (``tau`` stepped densely) and
     the sparse one, interleaved after 2 warm-up rounds; the epoch end of the regularized one."""
-    import torch
-
     torch.set_num_threads(threads)
     rules = {"base": None, "reg": "dense", "sparse": "sparse_adam"}
     trainers = {name: _trainer(classes, rule) for name, rule in rules.items()}
@@ -95,8 +93,6 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
 def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
     """Seconds per regularized training step (forward, backward, SGD) of the paper configs'
     models on this CPU at 106x160 (median of ``steps`` after one warm-up)."""
-    import torch
-
     from reparam import FBetaRegularizer
     from train.config import ModelConfig
     from train.loop import task_loss
@@ -104,16 +100,7 @@ def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
 
     torch.set_num_threads(threads)
     out = []
-    for label, name, encoder, batch, classes in (
-        (
-            "DeepLabV3+ resnet50 (cocostuff_deeplabv3plus.yaml), batch 8",
-            "deeplabv3plus",
-            "resnet50",
-            8,
-            92,
-        ),
-        ("SegNet vgg16_bn (coco_sky_segnet.yaml), batch 7 (paper)", "segnet", "vgg16_bn", 7, 2),
-    ):
+    for label, name, encoder, batch, classes in PAPER_MODELS:
         torch.manual_seed(0)
         model = build_model(
             ModelConfig(name=name, encoder=encoder, encoder_weights=None), (106, 160), classes
@@ -133,3 +120,99 @@ def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
             times.append(time.perf_counter() - start)
         out.append((label, statistics.median(times[1:])))
     return out
+
+
+class DecodePerSample(Dataset):
+    """The same batches as the cache, made from the JPEG + RLE masks of every sample (the
+    ``data_prep.cocostuff`` jobs) by the trainer's augmentation."""
+
+    def __init__(self, jobs: list[Any], augment: Any) -> None:
+        self.jobs, self.augment = jobs, augment
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __getitem__(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        from torchvision import tv_tensors
+
+        from data_prep import cocostuff
+
+        images, labels = [], []
+        for i in idx:
+            image, label, _ = cocostuff.process_image(self.jobs[i])
+            a, b = self.augment(
+                tv_tensors.Image(torch.tensor(image).permute(2, 0, 1)),
+                tv_tensors.Mask(torch.from_numpy(label)),
+            )
+            images.append(a.as_subclass(torch.Tensor))
+            labels.append(b.as_subclass(torch.Tensor))
+        return {"image": torch.stack(images), "label": torch.stack(labels)}
+
+
+def _rate(ds: Dataset, samples: int, batch: int, workers: int, epochs: int) -> float:
+    """Images/s over one long pass of ``samples`` random images (as inside a real epoch of 118k
+    images: no per-epoch worker restart), the median of ``epochs`` passes after a warm-up pass."""
+    from train.data import ResumableBatchSampler
+
+    order = torch.utils.data.RandomSampler(
+        ds, replacement=True, num_samples=samples, generator=torch.Generator().manual_seed(0)
+    )
+    loader = torch.utils.data.DataLoader(
+        ds,
+        sampler=ResumableBatchSampler(order, batch),
+        batch_size=None,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
+    rates = []
+    for _ in range(epochs + 1):
+        start = time.perf_counter()
+        n = sum(len(b["image"]) for b in loader)
+        rates.append(n / (time.perf_counter() - start))
+    return statistics.median(rates[1:])
+
+
+def loader_throughput(
+    root: Path | None,
+    n_images: int,
+    photo_size: tuple[int, int],
+    workers: int,
+    batch: int,
+    epochs: int,
+    tmp: Path,
+) -> dict[str, float]:
+    """Images/s through a loader of the cache and of decoding every sample, and the cache's
+    preparation time (on a generated COCO-Stuff when ``root`` is ``None``)."""
+    import numpy as np
+
+    from data_prep import cocostuff
+    from train.config import DataConfig
+    from train.data import SegmentationCacheDataset, segmentation_augment
+
+    if root is None:
+        from data_prep.cocostuff_synthetic import write_synthetic_cocostuff
+
+        root = write_synthetic_cocostuff(tmp / "coco", n_train=n_images, n_val=2, size=photo_size)
+    options = cocostuff.Options(
+        out=tmp / "cache", root=root, setup="stuff", limit=n_images, workers=workers
+    )
+    start = time.perf_counter()
+    cocostuff.prepare(options, log=lambda *_: None)
+    prep_s = time.perf_counter() - start
+    augment = segmentation_augment(DataConfig(kind="cocostuff", hflip=True), tuple(options.size))
+    cached = SegmentationCacheDataset(options.out, "train", augment=augment)
+    inputs = cocostuff.find_inputs(options)
+    src = cocostuff.read_split(inputs.annotations["train"], options)
+    keep = set(np.load(Path(options.out) / "train" / "image_ids.npy").tolist())
+    jobs = [
+        j for j in cocostuff.make_jobs("train", src, inputs, options, 92) if j.record["id"] in keep
+    ]
+    cache_rate = _rate(cached, 32 * n_images, batch, workers, epochs)
+    decode_rate = _rate(DecodePerSample(jobs, augment), 2 * n_images, batch, workers, epochs)
+    return {
+        "images": len(jobs),
+        "cache": cache_rate,
+        "decode": decode_rate,
+        "ratio": cache_rate / decode_rate,
+        "prep_s": prep_s,
+    }

@@ -1,5 +1,5 @@
-"""The references, the tables and the plot of ``benchmarks.compare_fixed`` (``compare_fixed.md``:
-per method its default setting and its best grid value, mean ± sd over seeds)."""
+"""The references, the tables and the plot of part 1 of the comparison (``compare_fixed.md``: per
+method its default setting and its best grid value, mean ± sd over seeds)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
+from benchmarks._report import markdown_table, mean_sd, save_figure, subplots
+from benchmarks._timing import machine_line
+from benchmarks.fbeta_lp import solve_fbeta_lp
 from reparam import functional as Fn
 from reparam import rate_functional as R
 
-from ._report import markdown_table, mean_sd, save_figure, subplots
-from ._timing import machine_line
-from .compare_fixed import (
+from .spec import (
     AUC_FAMILIES,
     BATCH,
     BATCH_STUDY,
@@ -27,7 +28,6 @@ from .compare_fixed import (
     MU_FAMILIES,
     problem_data,
 )
-from .fbeta_lp import solve_fbeta_lp
 
 Runs = dict[tuple[str, str, Any, int], list[dict]]  # (problem, family, value, batch) -> records
 BEST_SETTING = [

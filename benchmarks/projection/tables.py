@@ -1,13 +1,15 @@
-"""The tables and the plot of ``benchmarks.projection`` (one vector, near the memory limit, against
-a generic QP solver, batched against qpth)."""
+"""The report and the plot of the projection benchmark (one vector, near the memory limit, against a
+generic QP solver, batched against qpth)."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from ._report import markdown_table, save_figure, subplots
-from ._timing import fmt_ms
+from benchmarks._report import markdown_table, save_figure, subplots
+from benchmarks._timing import fmt_ms, machine_line
+
+from .spec import SOFT_STRENGTH
 
 
 def _power(n: int) -> str:
@@ -105,6 +107,24 @@ def batched_table(b: dict | None) -> str:
         f"{b['max abs diff']:.1e}",
     ]
     return markdown_table(header, [row])
+
+
+def report(
+    rows: list[dict], mem: list[dict], qp: dict, b: dict | None, device: str, repeats: int
+) -> str:
+    """The markdown of ``projection.md``: the four tables under the machine's line."""
+    return "\n\n".join(
+        [
+            f"# Projection benchmark\n\n{machine_line(device)}; median of {repeats} runs; "
+            f"soft strength {SOFT_STRENGTH}; n/a = backend not installed or above its size limit.",
+            "## One vector of n coordinates\n\n" + sizes_table(rows),
+            "## Near the memory limit\n\nOne vector, float32, eps = 0; each method timed in turn "
+            "with one torch.minimum pass (interleaved), medians; ratios within each pairing.\n\n"
+            + memory_table(mem),
+            "## Generic QP solver\n\n" + qp_table(qp),
+            "## Batched\n\n" + batched_table(b),
+        ]
+    )
 
 
 def plot(rows: list[dict], path: Path) -> None:

@@ -23,14 +23,11 @@ import statistics
 import sys
 from pathlib import Path
 
+from benchmarks._report import markdown_table, mean_sd, percent
+from benchmarks._timing import machine_line
+from benchmarks.sweep import finished, metrics, run_pool, seconds_per_epoch, train_once
 from data_prep import smnist
 from train.files import write_text_atomic
-
-from ._report import markdown_table, mean_sd
-from ._timing import machine_line
-from .rates_smnist import _per_epoch
-from .smnist_results import _run_one, finished, percent
-from .sweep import metrics, run_pool
 
 ALPHA = "regularizer.alpha=1e-3"
 REFERENCE = "reparam F-beta, defaults (inline, 0.1/0.1, capped)"  # time per epoch relative to it
@@ -105,7 +102,9 @@ def _folder(runs: Path, setting: str, method: str, seed: int) -> Path:
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare smnist", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--mnist-dir", type=Path, default=Path("data/mnist"))
     p.add_argument("--data", type=Path, default=Path("data/smnist"))
     p.add_argument("--data-few-big", type=Path, default=Path("data/smnist-f0.1"))
@@ -165,11 +164,15 @@ def _table(runs: Path, setting: str, seeds: list[int]) -> str:
     """One setting's table: every method with finished runs (in ``METHODS``' order)."""
     found = {m: finished([_folder(runs, setting, m, s) for s in seeds]) for m in METHODS}
     found = {m: ms for m, ms in found.items() if ms}
-    ref = statistics.mean(_per_epoch(m) for m in found[REFERENCE]) if REFERENCE in found else None
+    ref = (
+        statistics.mean(seconds_per_epoch(m) for m in found[REFERENCE])
+        if REFERENCE in found
+        else None
+    )
     rows = []
     for method, ms in found.items():
         f = [m["final"] for m in ms]
-        rel = [_per_epoch(m) / ref for m in ms] if ref else []
+        rel = [seconds_per_epoch(m) / ref for m in ms] if ref else []
         rows.append(
             [
                 method,
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             smnist.prepare(a.data_few_big, smnist.Options(fraction=0.1), mnist_dir=a.mnist_dir)
     todo = [] if a.table_only else _todo(a, epochs)
     print(f"{len(todo)} runs to do", flush=True)
-    run_pool(_run_one, todo, a.jobs, lambda _, done: print("done", done, flush=True))
+    run_pool(train_once, todo, a.jobs, lambda _, done: print("done", done, flush=True))
     text = "\n".join(_table(a.runs, setting, a.seeds) for setting in a.settings)
     a.out.mkdir(parents=True, exist_ok=True)
     settings = " ".join(f'"{x}"' for x in a.settings)

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import sys
 
-PARTS = {"fixed": "compare_fixed", "mnist": "compare_mnist", "smnist": "compare_smnist"}
+PARTS = {  # part -> the module of its command line
+    "fixed": "benchmarks.compare.fixed.__main__",
+    "mnist": "benchmarks.compare.mnist.__main__",
+    "smnist": "benchmarks.compare.smnist",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     import importlib
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if not argv or argv[0] not in PARTS:
         print(__doc__, file=sys.stderr)
         got = argv[0] if argv else "nothing"
@@ -26,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: the first argument must be one of {tuple(PARTS)}, got {got!r}", file=sys.stderr
         )
         return 2
-    module = importlib.import_module(f"benchmarks.{PARTS[argv[0]]}")
+    module = importlib.import_module(PARTS[argv[0]])
     return module.main(argv[1:])
 
 

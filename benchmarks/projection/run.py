@@ -1,31 +1,20 @@
-"""Projection benchmark: exact (sort, linear, tree) and soft Pi_C vs torch.sort, one elementwise
-pass, a generic QP solver, qpth.
-
-    python -m benchmarks.projection                  # full run (~3 min on 2 cores), writes the plot
-    python -m benchmarks.projection --quick          # small sizes, seconds (smoke test)
-
-Prints four tables measured in one run and writes ``projection.md`` and ``projection.png`` into
-``--out``. Targets (issue 2): linear at n = 1e6 <= 0.1 x torch.sort; exact at n = 1e4 >= 1000x
-faster than the generic QP solver; batched 64 x 256 >= 100x faster than qpth. Issue 15: one
-vector at n = 1e6 and 1e7 (float32) in <= 3x the time of one ``torch.minimum(tau, e)`` pass.
-"""
+"""The measurements of the projection benchmark: every projection's time on one vector of ``n``
+coordinates, near the memory limit against one elementwise pass, against a generic QP solver
+(cvxpy) and, batched, against qpth."""
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks._timing import machine_line, median_seconds
-from benchmarks.projection_tables import batched_table, memory_table, plot, qp_table, sizes_table
+from benchmarks._timing import median_seconds
 from projections import project_onto_c, soft_project_onto_c
 from projections.soft import DIFFSORT_MAX_N
 
-SOFT_STRENGTH = 1e-2
+from .spec import SOFT_STRENGTH
 
 
 def _data(n: int, device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,54 +164,3 @@ def time_batched(rows: int, n: int, repeats: int) -> dict | None:
         out[f"ours {m} fwd"] = median_seconds(lambda m=m: ours(m), repeats=max(repeats, 50))
     out["ours sort fwd+bwd"] = median_seconds(ours_fwd_bwd, repeats=max(repeats, 50))
     return out
-
-
-def main(argv: list[str] | None = None) -> str:
-    """Measure, print and write ``projection.md`` and ``projection.png``; returns the markdown."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
-    ap.add_argument("--sizes", type=str, default=None, help="comma list, e.g. 1e3,1e4")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/out"))
-    args = ap.parse_args(argv)
-    if args.sizes:
-        sizes = [int(float(s)) for s in args.sizes.split(",")]
-    else:
-        sizes = [1_000, 10_000] if args.quick else [10**k for k in range(3, 8)]
-    repeats = args.repeats or (2 if args.quick else 7)
-    qp_n = 1_000 if args.quick else 10_000
-    batch = (8, 64) if args.quick else (64, 256)
-    args.out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(0)
-
-    print(
-        f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs.\n",
-        flush=True,
-    )
-    rows = time_sizes(sizes, repeats, args.device)
-    mem_sizes = [10_000, 100_000] if args.quick else [1_000_000, 10_000_000]
-    mem = time_memory_limit(mem_sizes, 3 if args.quick else 31, args.device)
-    qp = time_qp_solver(qp_n, 3 if args.quick else 5)
-    b = time_batched(*batch, repeats=3 if args.quick else 5)
-    report = "\n\n".join(
-        [
-            f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs; "
-            f"soft strength {SOFT_STRENGTH}; n/a = backend not installed or above its size limit.",
-            "## One vector of n coordinates\n\n" + sizes_table(rows),
-            "## Near the memory limit\n\nOne vector, float32, eps = 0; each method timed in turn "
-            "with one torch.minimum pass (interleaved), medians; ratios within each pairing.\n\n"
-            + memory_table(mem),
-            "## Generic QP solver\n\n" + qp_table(qp),
-            "## Batched\n\n" + batched_table(b),
-        ]
-    )
-    print("\n" + report.split("\n\n", 2)[2])
-    (args.out / "projection.md").write_text(report + "\n")
-    plot(rows, args.out / "projection.png")
-    print(f"\nwrote {args.out / 'projection.md'} and {args.out / 'projection.png'}")
-    return report
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""One run of ``benchmarks.compare_mnist``: one method trains the MLP at one positive ratio and
+"""One run of part 2 of the comparison: one method trains the MLP at one positive ratio and
 seed; its record (the test metrics, the seconds per iteration, the loss curve) is a JSON file."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from benchmarks._timing import machine_line
 from reparam import functional as Fn
 from reparam import rate_functional as R
 from train.files import write_text_atomic
 
-from ._timing import machine_line
-from .compare_mnist import BATCH, HIDDEN, LR, Method, Records, make_method, mlp, prepare
+from .spec import BATCH, HIDDEN, LR, Method, Records, make_method, mlp, prepare
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""The tables and the plot of ``benchmarks.compare_mnist`` (mean ± sd over seeds per ratio and
+"""The tables and the plot of part 2 of the comparison (mean ± sd over seeds per ratio and
 method; seconds per iteration against cross-entropy; AUC and F1 against the ratio)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ._report import markdown_table, mean_and_sd, mean_sd, save_figure, subplots
-from .compare_mnist import BATCH, LR, METHODS, PAPER_SECONDS, PESG, Records
+from benchmarks._report import markdown_table, mean_and_sd, mean_sd, save_figure, subplots
+
+from .spec import BATCH, LR, METHODS, PAPER_SECONDS, PESG, Records
 
 
 def _cell(xs: list[float | None], n_seeds: int, scale: float = 100.0, fmt: str = ".2f") -> str:

@@ -1,11 +1,14 @@
-"""One run of ``benchmarks.compare_fixed``: a linear head trained by one method on one problem, and
-the record of it (training F1 and AUC per epoch, the LP gap, the thresholds, time per epoch)."""
+"""One run of part 1 of the comparison: a linear head trained by one method on one problem, and the
+record of it (training F1 and AUC per epoch, the LP gap, the thresholds, time per epoch), saved as a
+JSON file named by ``record_name``."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,8 +16,9 @@ from torch import Tensor
 
 from reparam import functional as Fn
 from reparam import rate_functional as R
+from train.files import write_text_atomic
 
-from .compare_fixed import LR, make_objective, problem_data
+from .spec import LR, make_objective, problem_data
 
 
 def _train(
@@ -95,3 +99,17 @@ def run_one(args: tuple[str, str, Any, int, int, int]) -> dict[str, Any]:
         t = float(objective.decision_threshold[0])
         record["f1_learned_threshold"] = Fn.fbeta_of_decisions(u[pos] - t, u[~pos] - t, 1.0)
     return record
+
+
+def record_name(problem: str, family: str, value: Any, seed: int, batch: int, epochs: int) -> str:
+    """The file name of a run's record under the runs folder."""
+    safe = "".join(
+        c if c.isalnum() else "_" for c in f"{problem}-{family}-{value}-b{batch}-e{epochs}"
+    )
+    return f"{safe}-s{seed}.json"
+
+
+def save_record(runs: Path, job: tuple, record: dict[str, Any]) -> None:
+    """Write the record of a finished run (atomically) and say so."""
+    write_text_atomic(json.dumps(record) + "\n", runs / record_name(*job))
+    print("done", record_name(*job), f"F1 {record['f1']:.3f}", flush=True)
