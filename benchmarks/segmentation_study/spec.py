@@ -44,6 +44,11 @@ METHODS = {
     ),
     "U-Net": ("model.name=unet",),
 }
+# a method's settings that depend on the task: on the 11 classes, the per-image F-beta scores every
+# class of every image (a macro F-beta over the (class, image) pairs), not the default one class
+TASK_OVERRIDES = {
+    ("all", "per-image F-beta"): ("regularizer.fbeta.positive_classes=[0,1,2,3,4,5,6,7,8,9,10]",),
+}
 SIZES = ((60, 80), (120, 160))  # (H, W) of the caches the study trains at
 # the 11-class task at 120x160 gets a from-scratch recipe strong enough to segment small things:
 # scale jitter [0.5, 2] then a crop back to 120x160 (mmsegmentation's ratio range), the poly
@@ -93,6 +98,7 @@ def jobs(
                 overrides = (
                     *recipe,
                     *METHODS[method],
+                    *TASK_OVERRIDES.get((task, method), ()),
                     f"data.path={cache(task, size)}",
                     f"train.epochs={epochs or task_epochs}",
                     f"train.seed={seed}",
