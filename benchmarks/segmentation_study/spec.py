@@ -43,6 +43,15 @@ METHODS = {
         "regularizer.fbeta.preset=null",
     ),
     "U-Net": ("model.name=unet",),
+    # what moved something in the 60x80 screening (median-frequency CE: the small classes; Lovasz
+    # per image + CE: mIoU; docs/segmentation.md), each with the full-resolution decoder
+    "U-Net + median-frequency CE": ("model.name=unet", "train.class_weights=median_frequency"),
+    "U-Net + Lovasz per image + CE": (
+        "model.name=unet",
+        "train.loss=lovasz",
+        "train.loss_per_image=true",
+        "train.loss_ce_weight=1.0",
+    ),
 }
 # a method's settings that depend on the task: on the 11 classes, the per-image F-beta scores every
 # class of every image (a macro F-beta over the (class, image) pairs), not the default one class
