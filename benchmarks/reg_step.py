@@ -124,10 +124,11 @@ def segment_times(
     def parts(u, idx):
         yield
         u, idx = _checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
+        rows = _checks.rows(reg.slot, idx)
         yield
         reg._remember_(u, idx)
         yield
-        loss = reg._loss(u, idx)
+        loss = reg._loss(u, idx, rows)
         yield
         opt.zero_grad(set_to_none=True)
         loss.backward()
