@@ -22,12 +22,13 @@ the same formula and runs ``gradcheck`` in float64.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from ._constants import constant
 
 
 def batch_lagrangian(
@@ -202,7 +203,7 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, s
     mu_lam = lam_b + mu  # a positive row's dL/dtau per unit of s
     if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
         u_pos = torch.minimum(u, eps)
-        d_pos = lam_b * torch.heaviside(eps - u, _constant(0.5, u))
+        d_pos = lam_b * torch.heaviside(eps - u, constant(0.5, u))
     else:
         u_pos, d_pos = u, lam_b
     d_u = torch.where(is_pos, d_pos.neg(), dphi)
@@ -213,10 +214,10 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, s
         t = torch.minimum(t, eps)  # a negative's t is not used
         counts = counts.addcmul_(mu_lam, over)
     terms = torch.where(is_pos, torch.addcmul(mu_lam * t, lam_b, u_pos, value=-1), torch.relu(z))
-    ones = _constant(1.0, terms, (1, terms.shape[0]))
+    ones = constant(1.0, terms, (1, terms.shape[0]))
     # beta^2 eps + s sum(terms) and beta^2 + s sum(counts) as matrix-vector products: one op each
     loss = torch.addmv(eps, ones, terms, beta=beta2, alpha=scale).view(())
-    d_eps = torch.addmv(_constant(1.0, eps, (1,)), ones, counts, beta=beta2, alpha=scale)
+    d_eps = torch.addmv(constant(1.0, eps, (1,)), ones, counts, beta=beta2, alpha=scale)
     if eps.dim() == 0:
         d_eps = d_eps.view(())
     d_tau = mu_lam * is_pos
@@ -241,7 +242,7 @@ def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, shar
     d_eps_neg = torch.where(is_pos, 0.0, dphi)
     if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
         u_pos = torch.minimum(u, eps_e)
-        d_pos = -lam_b * torch.heaviside(eps_e - u, _constant(0.5, u))
+        d_pos = -lam_b * torch.heaviside(eps_e - u, constant(0.5, u))
     else:
         u_pos, d_pos = u, -lam_b
     if clip:  # a positive row above eps is eps: its gradient goes to eps
@@ -262,13 +263,3 @@ def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, shar
         follow = (d_eps / (n_over + 1) if share is None else d_eps * share).index_select(0, k)
         d_tau = torch.where(over, follow, d_tau)
     return loss, d_u, d_tau, d_eps, 1.0
-
-
-def _constant(value: float, like: Tensor, shape: tuple[int, ...] = ()) -> Tensor:
-    """A tensor of ``value`` in ``like``'s dtype and device, made once per shape (read-only)."""
-    return _constant_of(value, like.dtype, like.device, shape)
-
-
-@functools.lru_cache(maxsize=64)
-def _constant_of(value, dtype, device, shape) -> Tensor:
-    return torch.full(shape, value, dtype=dtype, device=device)
