@@ -198,3 +198,49 @@ def test_training_runs_equal_the_old_composition(options, monkeypatch):
     assert new_state.keys() == old_state.keys()
     for name, value in old_state.items():
         torch.testing.assert_close(new_state[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# Dispatched tensor operations of one steady step (paper preset, B = 100; the backward without
+# zero_grad). Before issue 31: reg(u, idx) 44, backward 12; after_step_ sparse_sgd 17, lazy Adam 39.
+OP_BUDGET = {
+    "dense": {"forward": 26, "backward": 10, "after_step_": 0},
+    "sparse_sgd": {"forward": 26, "backward": 10, "after_step_": 10},
+    "sparse_adam": {"forward": 26, "backward": 10, "after_step_": 32},
+}
+
+
+@pytest.mark.parametrize("tau_update", list(OP_BUDGET))
+def test_a_step_dispatches_no_more_operations_than_measured(tau_update):
+    """The per-step cost is its dispatched tensor operations (docs/figures/reg_step.md): a
+    change that adds one to the hot path shows here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    labels = torch.zeros(1000, dtype=torch.int64)
+    labels[::2] = 1
+    reg = FBetaRegularizer(labels, preset="paper", tau_update=tau_update)
+    opt = torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):  # the last one counted: a steady step
+        idx = torch.randperm(1000, generator=gen)[:100]
+        u = torch.randn(100, generator=gen).requires_grad_()
+        counts = {}
+        with Count() as c:
+            loss = reg(u, idx)
+        counts["forward"] = c.ops
+        opt.zero_grad(set_to_none=True)
+        with Count() as c:
+            loss.backward()
+        counts["backward"] = c.ops
+        opt.step()
+        with Count() as c:
+            reg.after_step_()
+        counts["after_step_"] = c.ops
+    for part, budget in OP_BUDGET[tau_update].items():
+        assert counts[part] <= budget, (part, counts)
