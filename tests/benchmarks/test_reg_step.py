@@ -1,5 +1,5 @@
-"""``benchmarks.reg_step --no-sizes --against REF``: the parts of a step and the linear S-MNIST
-step, this checkout against the library at a git revision (issue 31's before / after)."""
+"""``benchmarks.reg_step --no-sizes --against REF``: the parts of a step at S-MNIST's size, this
+checkout against the library at a git revision, interleaved (issue 31's before / after)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,8 @@ def test_parts_against_a_revision_quick(tmp_path):
     argv = ["--no-sizes", "--against", "HEAD", "--steps", "2", "--out", str(tmp_path)]
     assert reg_step.main(argv) == 0
     text = (tmp_path / "reg_step_parts.md").read_text()
-    assert "--no-sizes --against HEAD" in text and "load average" in text
-    for title in [*reg_step.AGAINST_MODES, "Linear S-MNIST step, paper preset"]:
-        assert title in text
-    assert (
-        "| input checks |" in text
-        and "| reg(u, idx) |" in text
-        and "regularized / baseline" in text
-    )
+    assert "--against HEAD" in text and "--no-sizes" in text and "load average" in text
+    for mode in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)"):
+        assert f"| {mode} at HEAD | {mode} | {mode}: now / before |" in text
+    for part in [*reg_step.SEGMENTS, "total"]:
+        assert f"| {part} |" in text
