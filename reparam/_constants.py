@@ -12,7 +12,10 @@ from torch import Tensor
 
 def constant(value: float | tuple[float, ...], like: Tensor, shape: tuple[int, ...] = ()) -> Tensor:
     """``value`` in ``like``'s dtype and device: a float filled into ``shape``, or a tuple as a
-    vector. Shared: never write to it."""
+    vector. Shared: never write to it. Inside ``torch.compile`` a fresh one (the compiler folds
+    it into its kernel; it does not trace the cache)."""
+    if torch.compiler.is_compiling():
+        return _make.__wrapped__(value, shape, like.dtype, like.device)
     return _make(value, shape, like.dtype, like.device)
 
 

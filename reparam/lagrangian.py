@@ -12,8 +12,8 @@ For one problem, with ``scale = N / (n B)``, ``phi(z) = max(0, z)`` and ``phi'(z
     (j \in B^-),\quad \partial_\epsilon = \beta^2 + s \textstyle\sum_{B^-} \phi',\quad
     \partial_{\tau_k} = s \textstyle\sum_{i \in B^+: slot_i = k} (\mu + \lambda_k).
 
-The forward computes the value and these derivatives per unit of incoming gradient in ~20 tensor
-operations on ``B``-long vectors; the backward multiplies them by the incoming gradient (and, for a
+The forward computes the value and these derivatives per unit of incoming gradient in 16 tensor
+operations on ``B``-long vectors (one problem, docs/method.md sec. 11); the backward multiplies them by the incoming gradient (and, for a
 dense ``tau``, adds the batch's rows into an ``(n,)`` zero vector). The projection modes that reach
 this path and ``cap_scores`` change the formula as documented at :func:`batch_lagrangian`.
 ``tests/reparam/test_lagrangian.py`` checks value and gradients against the autograd composition of
@@ -30,6 +30,8 @@ from torch import Tensor
 
 from ._constants import constant
 
+Terms = tuple[Tensor, Tensor, Tensor, Tensor, float]  # L_B, d_u, d_tau, dL/deps, their factor
+
 
 def batch_lagrangian(
     eps: Tensor,
@@ -45,7 +47,7 @@ def batch_lagrangian(
     clip: bool = False,
     cap: bool = False,
     tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
-    terms_fn: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]] | None = None,
+    terms_fn: Callable[..., Terms] | None = None,
     share: Tensor | None = None,
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
@@ -55,7 +57,8 @@ def batch_lagrangian(
     Same value as ``functional.minibatch_lagrangian(eps, tau[slots[is_pos]], lam[slots[is_pos]],
     u[is_pos], mu, u[~is_pos])`` without splitting the batch: ``tau`` and ``lam`` are the full
     per-positive vectors, ``slots`` the batch's positions in them (any valid index for a
-    negative). ``eps`` and ``mu``: 0-dim or ``(1,)`` (the gradient of ``eps`` has its shape).
+    negative). ``eps`` and ``mu``: 0-dim or ``(1,)`` (the gradient of ``eps`` has its shape),
+    ``scale = N / (n B)`` a float.
 
     ``cap``: the positives' score is ``min(u_i, eps)`` (``eps`` detached; ``cap_scores``,
     docs/method.md sec. 10): its derivative is ``-s lambda_i`` below ``eps``, ``0`` above and half
@@ -121,7 +124,7 @@ class _Step(NamedTuple):
     problem: Tensor | None
     eps_weight: Tensor | None
     sink: Callable[[Tensor, Tensor, Tensor], None] | None
-    terms_fn: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
+    terms_fn: Callable[..., Terms]
 
 
 class _BatchLagrangian(torch.autograd.Function):
@@ -180,7 +183,7 @@ def lagrangian_terms(
     share: Tensor | None = None,
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> Terms:
     """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
     hands to ``torch.compile``): ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
     gradient ``g``, ``dL/deps`` (shaped like ``eps``), and ``dL/du = f d_u``, ``dL/dtau = f d_tau``
@@ -194,7 +197,7 @@ def lagrangian_terms(
 
 def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share):
     """:func:`lagrangian_terms` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
-    float): ~17 operations on ``B``-long vectors; without ``clip``, ``d_u`` and ``d_tau`` per unit
+    float): 16 operations on ``B``-long vectors; without ``clip``, ``d_u`` and ``d_tau`` per unit
     of ``scale`` (the backward multiplies the incoming gradient by it once)."""
     t = tau.index_select(0, slots)
     lam_b = lam.index_select(0, slots)
