@@ -3,27 +3,37 @@
     python -m benchmarks.reg_step --out docs/figures            # ~1 min on 2 cores
     python -m benchmarks.reg_step --device cuda --out docs/figures
 
-One step is what the regularizer adds to a training step: ``reg(u, idx)`` (the minibatch ``L_B``),
-its backward, the optimizer step of the regularizer's parameters and ``reg.after_step_()``, for
-random batches of ``B`` samples of a binary problem with ``n`` positives and ``n`` negatives.
-Compared: ``tau`` stepped densely by a fused Adam (the trainer's optimizer; every row every step),
-and the sparse rules ``sparse_adam`` / ``sparse_sgd`` (reparam.sparse: the batch's rows only); all
-with the paper's ``projection="epoch"`` (the epoch end is timed separately: once per epoch). Also
-the library default ``projection="inline"`` with dense ``tau``, whose loss projects every ``tau``.
-The modes step in turn (rotating order) so that drift of a shared machine hits all alike;
-``--compile`` adds the sparse modes with ``reg.compile()`` (the ``L_B`` math compiled). Prints the median step time per ``n`` and
-the ratio to ``n = 1e3`` (target: <= 1.2 at 1e6).
+One step: ``reg(u, idx)`` (the minibatch ``L_B``), its backward, the optimizer step of the
+regularizer's parameters and ``reg.after_step_()``, for random batches of ``B`` samples with ``n``
+positives and ``n`` negatives; ``tau`` stepped densely by a fused Adam (the trainer's optimizer),
+or by the sparse rules (reparam.sparse: the batch's rows only), with the paper's projection
+``epoch`` (the epoch end timed apart); also the default ``inline`` projection with a dense ``tau``.
+What is compared steps in turn (rotating order), so that drift of a shared machine hits all alike;
+``--compile`` adds the sparse modes with ``reg.compile()``. Prints the median step per ``n`` and the
+ratio to the first (target: <= 1.2). On the CPU also one step at S-MNIST's size taken apart
+(median us and dispatched operations of each part, at a steady step); ``--against REF`` adds the
+same for ``reparam`` at git revision ``REF``, interleaved in one process (issue 31's before /
+after): ``--against 2a53c72 --no-sizes``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import io
+import os
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks._report import markdown_table, save_figure, subplots
 from benchmarks._timing import machine_line
@@ -35,216 +45,241 @@ MODES = {  # name -> FBetaRegularizer options
     "sparse_sgd (epoch)": dict(projection="epoch", tau_update="sparse_sgd"),
     "dense Adam (inline)": dict(projection="inline", tau_update="dense"),
 }
+SEGMENTS = ("input checks", "score memory", "L_B forward", "backward", "optimizer", "after_step_")
+SMNIST = 55930  # S-MNIST's positives (and as many negatives here)
+COUNT_AT = 4  # the step whose dispatched operations are counted: a steady one, not the first
+ROOT = Path(__file__).resolve().parents[1]
+_COPIES: list[tempfile.TemporaryDirectory] = []  # --against's copies of reparam, for this process
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the tensor operations dispatched inside the ``with`` block (``ops``)."""
+
+    ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def interleave(arms: dict, batches, names: tuple[str, ...], steps: int) -> tuple[dict, dict]:
+    """Step every arm (label -> ``make(*batch)``, a generator that yields once before its step
+    and once after each part in ``names``) on the same ``batches(k)``, in rotating order: 10
+    warm-up steps, then ``steps`` timed. Returns the seconds of each part per arm and the
+    dispatched operations of each part at step ``COUNT_AT`` (not timed)."""
+    times = {a: {name: [] for name in names} for a in arms}
+    ops: dict = {a: {} for a in arms}
+    order = list(arms)
+    for k in range(steps + 10):
+        batch = batches(k)
+        for a in order[k % len(order) :] + order[: k % len(order)]:
+            step = arms[a](*batch)
+            next(step)
+            for name in names:
+                t0 = time.perf_counter()
+                with OpCount() if k == COUNT_AT else contextlib.nullcontext() as counter:
+                    next(step)
+                if counter is not None:
+                    ops[a][name] = counter.ops
+                elif k >= 10:
+                    times[a][name].append(time.perf_counter() - t0)
+    return times, ops
+
+
+def _whole(reg, opt, u0, idx, sync=lambda: None):
+    """The regularizer's step as one part."""
+    u = u0.clone().requires_grad_()
+    sync()
+    yield
+    loss = reg(u, idx)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    reg.after_step_()
+    sync()
+    yield
+
+
+def _segments(lib, reg, opt, u0, idx):
+    """The regularizer's step part by part (``SEGMENTS``), the forward taken apart as
+    ``ShapeObjective.forward`` does it: input checks (the scores'; the indices' through the gather
+    of the batch's rows, which before issue 31 ``_checks.batch`` checked and ``_loss`` made)."""
+    u = u0.clone().requires_grad_()
+    yield
+    u, idx = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
+    rows = (lib._checks.rows(reg.slot, idx),) if hasattr(lib._checks, "rows") else ()
+    yield
+    reg._remember_(u, idx)
+    yield
+    loss = reg._loss(u, idx, *rows)
+    yield
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    yield
+    opt.step()
+    yield
+    reg.after_step_()
+    yield
+
+
+def _batches(n: int, batch: int, device: str = "cpu"):
+    """``batches(k)``: scores on ``device`` and random dataset indices (on the CPU, as a
+    DataLoader gives them)."""
+    gen = torch.Generator().manual_seed(0)
+    return lambda k: (
+        torch.randn(batch, generator=gen).to(device),
+        torch.randperm(n, generator=gen)[:batch],
+    )
+
+
+def _us(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1e6
+
+
+def _labels(n_pos: int) -> torch.Tensor:
+    labels = torch.zeros(2 * n_pos, dtype=torch.int64)
+    labels[::2] = 1
+    return labels
 
 
 def step_times(
     n_pos: int, batch: int, modes: dict[str, dict], device: str, steps: int
 ) -> dict[str, dict[str, float]]:
     """Median seconds of one regularizer step (forward, backward, optimizer, after_step_) and of
-    one epoch end per mode, for ``n_pos`` positives and as many negatives. The modes take their
-    steps in turn (rotating order), so drift of a shared machine hits all of them alike."""
-    labels = torch.zeros(2 * n_pos, dtype=torch.int64)
-    labels[::2] = 1
-    gen = torch.Generator().manual_seed(0)
-    order = torch.randperm(2 * n_pos, generator=gen)
-    u_all = torch.randn(2 * n_pos, generator=gen).to(device)
+    one epoch end per mode, for ``n_pos`` positives and as many negatives, the modes in turn."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    runs = {}
+    arms, runs = {}, {}
     for name, options in modes.items():
         options = dict(options)
         compiled = options.pop("compile", False)
-        reg = FBetaRegularizer(labels, preset="paper", **options).to(device)
+        reg = FBetaRegularizer(_labels(n_pos), preset="paper", **options).to(device)
         if compiled:
             reg.compile()
         runs[name] = (reg, torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True))
-    times: dict[str, list[float]] = {name: [] for name in modes}
-    names = list(modes)
-    for k in range(steps + 10):  # 10 warm-up steps (and compilation)
-        start = (k * batch) % (2 * n_pos - batch)
-        idx = order[start : start + batch]  # on the CPU, as a DataLoader gives it
-        u0 = u_all[idx.to(device)]
-        for name in names[k % len(names) :] + names[: k % len(names)]:
-            reg, opt = runs[name]
-            u = u0.clone().requires_grad_()
-            sync()
-            t0 = time.perf_counter()
-            loss = reg(u, idx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            reg.after_step_()
-            sync()
-            if k >= 10:
-                times[name].append(time.perf_counter() - t0)
+        arms[name] = lambda u, idx, run=runs[name]: _whole(*run, u, idx, sync)
+    times, _ = interleave(arms, _batches(2 * n_pos, batch, device), ("step",), steps)
     out = {}
     for name, (reg, _) in runs.items():
         sync()
         t0 = time.perf_counter()
         reg.end_epoch_()
         sync()
-        out[name] = {"step": statistics.median(times[name]), "end": time.perf_counter() - t0}
+        out[name] = {"step": _us(times[name]["step"]) / 1e6, "end": time.perf_counter() - t0}
     return out
 
 
-SEGMENTS = (
-    "input checks",
-    "score memory",
-    "L_B forward",
-    "backward",
-    "optimizer (eps)",
-    "after_step_",
-)
+def segment_table(libs: dict[str, ModuleType], batch: int, steps: int) -> str:
+    """Where a step's time goes at S-MNIST's size, for the three step rules: median us
+    (dispatched operations) of each part per ``reparam`` module in ``libs`` (label -> module,
+    ``"now"`` last), and the ratio now / before when there are two."""
+    cols: dict[str, dict[str, str]] = {}
+    for mode in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)"):
+        arms = {}
+        for label, lib in libs.items():
+            reg = lib.FBetaRegularizer(_labels(SMNIST), preset="paper", **MODES[mode])
+            run = (lib, reg, torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True))
+            arms[label] = lambda u, idx, run=run: _segments(*run, u, idx)
+        times, ops = interleave(arms, _batches(2 * SMNIST, batch), SEGMENTS, steps)
+        split = {a: {s: (_us(times[a][s]), ops[a][s]) for s in SEGMENTS} for a in libs}
+        for a, parts in split.items():
+            parts["total"] = tuple(map(sum, zip(*parts.values(), strict=True)))
+            cols[mode + ("" if a == "now" else f" at {a}")] = {
+                s: f"{us:.0f} ({n})" for s, (us, n) in parts.items()
+            }
+        if len(libs) > 1:
+            now, before = split["now"], split[next(iter(libs))]
+            cols[f"{mode}: now / before"] = {s: f"{now[s][0] / before[s][0]:.2f}" for s in now}
+    rows = [[part, *[col[part] for col in cols.values()]] for part in [*SEGMENTS, "total"]]
+    return (
+        f"One step at n = {SMNIST} positives (S-MNIST), B = {batch}: median us (dispatched tensor "
+        f"operations, at a steady step)\n\n" + markdown_table(["part", *cols], rows)
+    )
 
 
-def segment_times(
-    n_pos: int, batch: int, options: dict, steps: int
-) -> dict[str, tuple[float, int]]:
-    """Where one step's time goes (CPU): median microseconds and the number of dispatched tensor
-    operations of each part of ``reg(u, idx)`` + backward + optimizer + ``after_step_()``, the
-    forward taken apart as ``ShapeObjective.forward`` does it."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from reparam import _checks
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += 1
-            return func(*args, **(kwargs or {}))
-
-    labels = torch.zeros(2 * n_pos, dtype=torch.int64)
-    labels[::2] = 1
-    reg = FBetaRegularizer(labels, preset="paper", **options)
-    opt = torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True)
-    gen = torch.Generator().manual_seed(0)
-
-    def parts(u, idx):
-        yield
-        u, idx = _checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
-        yield
-        reg._remember_(u, idx)
-        yield
-        loss = reg._loss(u, idx)
-        yield
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        yield
-        opt.step()
-        yield
-        reg.after_step_()
-        yield
-
-    times = {name: [] for name in SEGMENTS}
-    ops = {}
-    for k in range(steps + 10):
-        idx = torch.randperm(2 * n_pos, generator=gen)[:batch]
-        u = torch.randn(batch, generator=gen).requires_grad_()
-        it = parts(u, idx)
-        next(it)
-        for name in SEGMENTS:
-            if k == 0:
-                with Count() as c:
-                    next(it)
-                ops[name] = c.ops
-                continue
-            t0 = time.perf_counter()
-            next(it)
-            if k >= 10:
-                times[name].append(time.perf_counter() - t0)
-    return {name: (statistics.median(times[name]) * 1e6, ops[name]) for name in SEGMENTS}
+def reparam_at(ref: str) -> ModuleType:
+    """The package ``reparam`` as it was at git revision ``ref``, imported as ``reparam_<ref>``
+    from a temporary copy (its own imports are relative; ``projections`` is today's)."""
+    name = "reparam_" + "".join(c if c.isalnum() else "_" for c in ref)
+    if name not in sys.modules:
+        git = ["git", "archive", "--format=tar", ref, "reparam"]
+        tar = subprocess.run(git, cwd=ROOT, capture_output=True, check=True).stdout
+        _COPIES.append(tempfile.TemporaryDirectory(prefix="reg_step-"))  # removed at exit
+        root = Path(_COPIES[-1].name)
+        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+            archive.extractall(root, filter="data")
+        (root / "reparam").rename(root / name)
+        sys.path.insert(0, str(root))
+    return importlib.import_module(name)
 
 
 def step_table(results: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> str:
     """Per mode the step time at every ``n``, the ratio of the last to the first and the epoch end."""
     first, last = sizes[0], sizes[-1]
-    header = [
-        "mode",
-        *[f"step at n = {n:.0e} (us)" for n in sizes],
-        f"ratio {last:.0e} / {first:.0e} (target <= 1.2)",
-        f"epoch end at {last:.0e} (ms)",
-    ]
+    header = ["mode", *[f"step at n = {n:.0e} (us)" for n in sizes]]
+    header += [f"ratio {last:.0e} / {first:.0e} (target <= 1.2)", f"epoch end at {last:.0e} (ms)"]
     rows = [
-        [
-            mode,
-            *[f"{r[n]['step'] * 1e6:.0f}" for n in sizes],
-            f"**{r[last]['step'] / r[first]['step']:.2f}**",
-            f"{r[last]['end'] * 1e3:.1f}",
-        ]
+        [mode, *[f"{r[n]['step'] * 1e6:.0f}" for n in sizes], *_ratio_end(r, first, last)]
         for mode, r in results.items()
     ]
     return markdown_table(header, rows)
 
 
-def segment_table(batch: int, steps: int) -> str:
-    """Where a step's time goes at S-MNIST's size (55930 positives), for the three step rules."""
-    split = {
-        m: segment_times(55930, batch, MODES[m], steps)
-        for m in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
-    }
-    rows = [
-        [name, *[f"{split[m][name][0]:.0f} ({split[m][name][1]})" for m in split]]
-        for name in SEGMENTS
-    ]
-    total = [
-        f"{sum(t for t, _ in split[m].values()):.0f} ({sum(o for _, o in split[m].values())})"
-        for m in split
-    ]
-    return (
-        f"One step at n = 55930 positives (S-MNIST), B = {batch}: median us (dispatched tensor "
-        f"operations)\n\n" + markdown_table(["part", *split], [*rows, ["total", *total]])
-    )
+def _ratio_end(r: dict, first: int, last: int) -> list[str]:
+    return [f"**{r[last]['step'] / r[first]['step']:.2f}**", f"{r[last]['end'] * 1e3:.1f}"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Time every mode at every size; write ``reg_step.md`` (``reg_step_<device>.md``) and the plot."""
+    """Time every mode at every size; write ``reg_step.md`` (``reg_step_<device>.md``) and the
+    plot; ``--no-sizes``: only the CPU's tables (and ``--against``), to ``reg_step_parts.md``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=100)
     p.add_argument("--sizes", default="1e3,1e4,1e5,1e6", help="numbers of positives")
     p.add_argument("--steps", type=int, default=300, help="timed steps per size and mode")
     p.add_argument("--device", default="cpu")
-    p.add_argument(
-        "--compile", action="store_true", help="also the sparse modes with reg.compile()"
-    )
+    p.add_argument("--compile", action="store_true", help="also the sparse modes compiled")
+    p.add_argument("--no-sizes", action="store_true", help="skip the step-vs-n sweep")
+    p.add_argument("--against", metavar="REF", help="also reparam at git revision REF")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--note", default="", help="how busy the machine was, for the header")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     a = p.parse_args(argv)
-    sizes = [int(float(s)) for s in a.sizes.split(",")]
-    modes = MODES | (
-        {
-            f"{m} + compile": {**o, "compile": True}
-            for m, o in MODES.items()
-            if o["tau_update"] != "dense"
-        }
-        if a.compile
-        else {}
-    )
+    torch.set_num_threads(a.threads or torch.get_num_threads())
+    sizes, load, tables = [int(float(s)) for s in a.sizes.split(",")], _load(), []
+    compiled = {f"{m} + compile": {**o, "compile": True} for m, o in MODES.items()}
+    modes = MODES | {m: o for m, o in compiled.items() if a.compile and o["tau_update"] != "dense"}
     results = {m: {} for m in modes}
-    step_times(sizes[0], a.batch, modes, a.device, 50)  # warm the machine and the compiler up
-    for n in sizes:
+    for n in [] if a.no_sizes else [sizes[0], *sizes]:  # the first: warm-up (and compilation)
         for mode, r in step_times(n, a.batch, modes, a.device, a.steps).items():
             results[mode][n] = r
         print(
-            f"n = {n:.0e}: "
-            + ", ".join(f"{m} {results[m][n]['step'] * 1e6:.0f} us" for m in modes),
-            flush=True,
+            f"n = {n:.0e}: " + ", ".join(f"{m} {results[m][n]['step'] * 1e6:.0f} us" for m in modes)
         )
-    table = step_table(results, sizes)
-    if a.device == "cpu":  # where a step's time goes, at S-MNIST's size (55930 positives)
-        table += "\n\n" + segment_table(a.batch, a.steps)
-    cmd = f"python -m benchmarks.reg_step --batch {a.batch} --steps {a.steps} --device {a.device}"
-    cmd += " --compile" if a.compile else ""
-    a.out.mkdir(parents=True, exist_ok=True)
+    tables += [] if a.no_sizes else [step_table(results, sizes)]
+    if a.device == "cpu":
+        libs = {a.against: reparam_at(a.against)} if a.against else {}
+        libs["now"] = importlib.import_module("reparam")
+        tables.append(segment_table(libs, a.batch, a.steps))
+    flags = [f"--{k} {v}" for k, v in (("against", a.against), ("threads", a.threads)) if v]
+    flags += [f for f, on in (("--compile", a.compile), ("--no-sizes", a.no_sizes)) if on]
+    cmd = " ".join(["python -m benchmarks.reg_step --batch", str(a.batch), "--steps", str(a.steps)])
+    cmd += f" --device {a.device} " + " ".join(flags)
     stem = "reg_step" + ("" if a.device == "cpu" else f"_{a.device.split(':')[0]}")
-    text = (
-        f"<!-- {cmd} -->\n{machine_line(a.device)}; B = {a.batch}, median of {a.steps} "
-        f"steps per cell (forward + backward + optimizer + after_step_)\n\n{table}\n"
+    stem += "_parts" if a.no_sizes else ""
+    busy = f"; {load} at the start, {_load()} at the end" + (f"; {a.note}" if a.note else "")
+    table = "\n\n".join(tables)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / f"{stem}.md").write_text(
+        f"<!-- {cmd.strip()} -->\n{machine_line(a.device)}{busy}; B = {a.batch}, median of "
+        f"{a.steps} steps per cell (forward + backward + optimizer + after_step_)\n\n{table}\n"
     )
-    (a.out / f"{stem}.md").write_text(text)
-    _plot(results, sizes, a.batch, a.out / f"{stem}.png")
+    if not a.no_sizes:
+        _plot(results, sizes, a.batch, a.out / f"{stem}.png")
     print(table)
     return 0
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
 
 
 def _plot(results, sizes, batch, path: Path) -> None:

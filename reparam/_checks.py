@@ -115,19 +115,23 @@ def positive_classes(classes: object) -> tuple[int, ...]:
 def batch(
     scores: object, idx: object, classes: tuple[int, ...], n_total: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """``(u float32 (B, P), idx int64 (B,) on device)`` from the shape head's scores: ``(B,)`` or
-    ``(B, 1)`` for one positive class, else ``(B, K)`` with column ``c`` for class ``c``."""
+    """``(u, idx int64 (B,) on device)`` from the shape head's scores: ``(B,)`` or ``(B, 1)`` for
+    one positive class, else ``(B, K)`` with column ``c`` for class ``c``. ``u`` is float32,
+    ``(B,)`` for one positive class (a ``(B,)`` input itself: no view for autograd to undo),
+    else ``(B, P)``, column ``j`` the score of ``classes[j]``."""
     if not isinstance(scores, Tensor) or not scores.is_floating_point():
         raise ValueError(f"scores must be a floating-point tensor, got {describe(scores)}")
     if not isinstance(idx, Tensor) or idx.dtype != torch.int64 or idx.dim() != 1:
         raise ValueError(f"idx must be an int64 tensor of shape (B,), got {describe(idx)}")
     b, p = idx.numel(), len(classes)
     if scores.dim() == 1 and p == 1:
-        u = scores.unsqueeze(-1)
-    elif scores.dim() == 2 and scores.shape[1] == 1 and p == 1:
         u = scores
-    elif scores.dim() == 2 and scores.shape[1] > max(classes):
+    elif scores.dim() == 2 and scores.shape[1] == 1 and p == 1:
+        u = scores[:, 0]
+    elif scores.dim() == 2 and scores.shape[1] > max(classes) and p > 1:
         u = scores[:, list(classes)]
+    elif scores.dim() == 2 and scores.shape[1] > max(classes):
+        u = scores[:, classes[0]]
     else:
         expected = "(B,) or (B, 1), or " if p == 1 else ""
         raise ValueError(
@@ -139,14 +143,33 @@ def batch(
     # Reading a value of an accelerator tensor waits for the device (a synchronization per
     # step): scores and indices on the CPU are checked here; on an accelerator the caller checks
     # (the trainer: its non-finite flag; an index out of range fails in the indexing kernels).
-    # One reduction instead of an elementwise test: a NaN/inf anywhere makes the sum non-finite.
-    if b and u.device.type == "cpu" and not math.isfinite(u.detach().sum().item()):
-        if not bool(torch.isfinite(u.detach()).all()):
-            raise ValueError("scores must be finite, got NaN or inf (check the network's outputs)")
-    if b and idx.device.type == "cpu":
-        lo, hi = (int(v) for v in idx.aminmax())
-        if lo < 0 or hi >= n_total:
-            raise ValueError(
-                f"idx must hold dataset indices in [0, {n_total}), got values in [{lo}, {hi}]"
-            )
+    # One reduction instead of an elementwise test: a NaN/inf anywhere makes the sum non-finite;
+    # under no_grad, no autograd node and no detach.
+    if b and u.device.type == "cpu":
+        with torch.no_grad():
+            if not math.isfinite(u.sum().item()) and not bool(torch.isfinite(u).all()):
+                raise ValueError(
+                    "scores must be finite, got NaN or inf (check the network's outputs)"
+                )
+    if b and idx.device.type == "cpu" and device.type != "cpu":  # on the CPU: rows() checks
+        _index_range(idx, n_total)
     return u.float(), idx.to(device)
+
+
+def rows(slot: Tensor, idx: Tensor) -> Tensor:
+    """``slot[idx]``: the batch's rows of ``tau`` (``-1``: a negative). On the CPU the gather's
+    own bounds check is the check of ``idx``'s range (no extra operation per step): an index out
+    of range is a ``ValueError`` before anything is written."""
+    try:
+        return slot.index_select(0, idx)
+    except IndexError:
+        _index_range(idx, slot.numel())
+        raise
+
+
+def _index_range(idx: Tensor, n_total: int) -> None:
+    lo, hi = (int(v) for v in idx.aminmax())
+    if lo < 0 or hi >= n_total:
+        raise ValueError(
+            f"idx must hold dataset indices in [0, {n_total}), got values in [{lo}, {hi}]"
+        )

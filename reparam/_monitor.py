@@ -47,18 +47,19 @@ class MisuseMonitor:
             warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
     def on_forward(
-        self,
-        batch: int,
-        n: int,
-        needs_end_epoch: bool,
-        needs_after_step: str | None,
-        epoch_work: str,
+        self, batch: int, n: int, duties: Callable[[], tuple[bool, str | None, str]]
     ) -> None:
-        """Count a forward call of ``batch`` samples (``n``: samples per epoch); warn when
-        ``end_epoch_()`` (if ``needs_end_epoch``) or ``after_step_()`` (if ``needs_after_step``,
-        what is lost without it) has not been called for more than an epoch. ``epoch_work``: what
-        the epoch end does, for the message."""
+        """Count a forward call of ``batch`` samples (``n``: samples per epoch); past one epoch's
+        worth since the last ``end_epoch_()`` or ``after_step_()``, ask ``duties()`` what the
+        objective needs -- ``(needs_end_epoch, needs_after_step, epoch_work)``: whether it needs
+        ``end_epoch_()``, what is lost without ``after_step_()`` (``None``: nothing) and what the
+        epoch end does, for the message -- and warn once for what was forgotten. Plain Python
+        counters: nothing else per call."""
         self.samples_since_end += batch
+        self.samples_since_after += batch
+        if self.samples_since_end <= n and self.samples_since_after <= n:
+            return
+        needs_end_epoch, needs_after_step, epoch_work = duties()
         if needs_end_epoch and self.samples_since_end > n:
             self.warn_once(
                 "end_epoch",
@@ -67,7 +68,6 @@ class MisuseMonitor:
                 "reg.end_epoch_() once per epoch, or loop with `for epoch in reg.epochs(E):`.",
                 stacklevel=6,  # the caller of reg(...)
             )
-        self.samples_since_after += batch
         if self.samples_since_after > n and needs_after_step is not None:
             self.warn_once(
                 "after_step",

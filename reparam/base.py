@@ -151,7 +151,7 @@ class ReparamRegularizer(ShapeObjective):
         """Mode ``"clip"``: constrained variable ``position`` as the loss sees it (detached)."""
         raise NotImplementedError
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
         raise NotImplementedError
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:

@@ -31,6 +31,7 @@ from projections import project_onto_c, soft_project_onto_c
 from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
+from .lagrangian import batch_lagrangian, lagrangian_terms
 from .sparse import TAU_UPDATES, accumulate_, sparse_step_, zero_rows_
 from .tracked import TrackedActiveSet
 
@@ -249,21 +250,25 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
 
     # --- the loss -------------------------------------------------------------------------------
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
         """``L_B`` (docs/method.md sec. 3), the mean over the problems (positive classes, or
         (class, group) pairs, sec. 12) in one autograd node with no batch split
-        (``Fn.batch_lagrangian``)."""
-        if self.projection == "clip":  # eps >= 0 by projecting eps itself (O(P)); the batch's rows
+        (``reparam.lagrangian.batch_lagrangian``; ``rows``: the batch's rows of ``tau``, ``-1``
+        for a negative)."""
+        projection = self.projection
+        if projection == "clip":  # eps >= 0 by projecting eps itself (O(P)); the batch's rows
             # of tau are clipped at eps. Not eps.clamp_min(0) in the loss: its gradient is 0 below
             # 0, so an eps_param stepped below 0 never came back (S-MNIST MLP: eps 0 for 8 epochs)
             with torch.no_grad():
                 self.eps_param.clamp_(min=0)
-        eps, tau = self.constrained_parameters()
+        if projection == "inline":
+            eps, tau = self.constrained_parameters()
+        else:
+            eps, tau = self.eps_param, self.tau_param
         lam, sink, share = self.lam, self._tau_grad_sink, None
-        rows = self.slot.index_select(0, idx)  # the rows of tau (-1: a negative)
         problem = scale = eps_weight = None
-        if self.n_problems == 1 and not self.grouped:  # the hot path: one problem, scalars
-            u, is_pos = u.view(-1), rows >= 0
+        if self._one_problem:  # the hot path: one problem, scalars
+            is_pos = rows >= 0
             scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
         else:  # one entry per (sample, class column), each in its problem
             problem, scale, eps_weight = self._batch_problems(idx)
@@ -271,27 +276,25 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             u, problem = u.reshape(-1), problem.reshape(-1)
             row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
             is_pos = (rows >= 0) & (row_problem == problem)
-        if self.projection == "tracked":  # the batch's rows as values; the loss sees e*
+        if projection == "tracked":  # the batch's rows as values; the loss sees e*
             if self.tau_update == "dense":  # the optimizer moved every row: re-test all, O(n)
                 self._retest_all_()
             tau, lam, rows, sink = self._tracked_batch(tau, rows)
             eps, share = self._tracked_threshold(self.eps_param)
-        if self.cap_scores:  # the positives see min(u, eps): no pull beyond eps
-            eps_e = eps if problem is None else eps.index_select(0, problem.clamp_min(0))
-            u = torch.where(is_pos, torch.minimum(u, eps_e.detach()), u)
-        if problem is None and share is not None:
-            share = share.view(())
-        return Fn.batch_lagrangian(
-            eps if problem is not None else eps.view(()),
+            if problem is None:
+                share = share.view(())
+        return batch_lagrangian(
+            eps,
             tau,
             u,
             lam,
-            self.mu if problem is not None else self.mu.view(()),
+            self.mu,
             is_pos,
             rows.clamp_min(0),
             beta=self.beta,
             scale=scale,
-            clip=self.projection in ("clip", "tracked"),
+            clip=projection in ("clip", "tracked"),
+            cap=self.cap_scores,
             tau_grad_sink=sink,
             terms_fn=self._terms_fn,
             share=share,
@@ -308,15 +311,15 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
 
     def compile(self, **kwargs: object) -> None:
         """``torch.compile`` (with ``kwargs``) the regularizer's per-step math: the forward of
-        ``L_B`` with its closed-form derivatives (``Fn.batch_lagrangian_terms``, one fused kernel);
+        ``L_B`` with its closed-form derivatives (``reparam.lagrangian.lagrangian_terms``, one fused kernel);
         the bookkeeping around it (score memory, counters, misuse checks) and the sparse ``tau``
         step stay eager (compiled in-place updates of the ``(n,)`` buffers were slower: measured in
         docs/results.md). Replaces ``nn.Module.compile``, which would trace the bookkeeping too.
         The first steps compile (seconds); results match eager to rounding
         (tests/reparam/test_compile.py)."""
-        self._terms_fn = torch.compile(Fn.batch_lagrangian_terms, **kwargs)
+        self._terms_fn = torch.compile(lagrangian_terms, **kwargs)
 
-    _terms_fn = None  # None: the eager Fn.batch_lagrangian_terms
+    _terms_fn = None  # None: the eager reparam.lagrangian.lagrangian_terms
 
     @property
     def _tau_grad_sink(self):

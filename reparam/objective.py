@@ -121,6 +121,7 @@ class ShapeObjective(nn.Module):
             self._n_neg_list = [float(n_total - c) for c in counts]
         else:
             self._init_groups(group_of, labels, classes, problem_class)
+        self._one_problem = group_of is None and k == 1  # the per-step hot path: scalars
         self.register_buffer(
             "problem_class", torch.tensor(problem_class, dtype=torch.int64), persistent=False
         )
@@ -214,28 +215,29 @@ class ShapeObjective(nn.Module):
             idx: int64 ``(B,)`` dataset indices of the batch's samples.
         """
         u, idx = _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
+        rows = _checks.rows(self.slot, idx)  # the batch's rows of tau; checks idx's range
         batch = idx.numel()
-        self._monitor.on_forward(
-            batch,
-            self.n_samples,
-            self._needs_end_epoch,
-            self._needs_after_step,
-            "dual step"
-            + (" and no projection" if getattr(self, "projection", None) == "epoch" else ""),
-        )
+        self._monitor.on_forward(batch, self.n_samples, self._duties)
         if batch == 0:  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
         self._remember_(u, idx)
-        return self._loss(u, idx)
+        return self._loss(u, idx, rows)
+
+    def _duties(self) -> tuple[bool, str | None, str]:
+        """For the misuse warnings (``MisuseMonitor.on_forward``): whether ``end_epoch_()`` is
+        needed, what is lost without ``after_step_()``, and what the epoch end does."""
+        projection = getattr(self, "projection", None)
+        work = "dual step" + (" and no projection" if projection == "epoch" else "")
+        return self._needs_end_epoch, self._needs_after_step, work
 
     @torch.no_grad()
     def _remember_(self, u: Tensor, idx: Tensor) -> None:
         """Record the batch's scores and their epoch, and count the batch (explicit index ops:
-        ~3x cheaper than Python indexing per call)."""
-        self.scores.index_copy_(0, idx, u.detach())
+        ~3x cheaper than Python indexing per call; no autograd under ``no_grad``)."""
+        self.scores.index_copy_(0, idx, u.unsqueeze(1) if u.dim() == 1 else u)
         # index_fill_ with a tensor value would read it on the host
         self.score_epoch.index_copy_(0, idx, self.epoch.expand(idx.numel()))
-        self.batches += 1
+        self.batches.add_(1)
 
     @property
     def seen_ever(self) -> Tensor:
@@ -474,7 +476,9 @@ class ShapeObjective(nn.Module):
 
     # --- for subclasses ---------------------------------------------------------------------------
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        """The loss of a batch: scores ``u`` (``(B,)`` for one positive class, else ``(B, P)``),
+        dataset indices ``idx``, the rows of ``tau`` ``rows = slot[idx]`` (``-1``: a negative)."""
         raise NotImplementedError
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:

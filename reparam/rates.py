@@ -121,13 +121,12 @@ class _RateObjective(ReparamRegularizer):
             return (tau - strength * torch.nn.functional.softplus((tau - 1) / strength),)
         return (torch.clamp(tau, max=1),)
 
-    def _gather(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (mode
-        ``"clip"``: the rows clipped at 1, O(B))."""
+    def _gather(self, idx: Tensor, slots: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (``slots``:
+        its rows of ``tau``, ``-1`` for a negative; mode ``"clip"``: the rows clipped at 1, O(B))."""
         (tau,) = self.constrained_parameters()
-        slots = self.slot.index_select(0, idx)
         is_pos = slots >= 0
-        slots = slots.clamp_min_(0)
+        slots = slots.clamp_min(0)
         scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
         rows = tau.index_select(0, slots)
         if self.projection == "clip":
@@ -186,11 +185,9 @@ class PrecisionAtRecall(_RateObjective):
         self.recall = recall
         self._init_rows(columns=0, stationary_lambda=self._nu_init)
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        is_pos, t, lam, scale = self._gather(idx)
-        return R.precision_at_recall_minibatch(
-            t, lam, self.nu[0], u[:, 0], is_pos, scale, self.recall
-        )
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        is_pos, t, lam, scale = self._gather(idx, rows)
+        return R.precision_at_recall_minibatch(t, lam, self.nu[0], u, is_pos, scale, self.recall)
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
@@ -243,11 +240,9 @@ class RecallAtPrecision(_RateObjective):
         # the last check's margin; -inf: not checked yet
         self.register_buffer("certifiable_margin", torch.full((), float("-inf")))
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        is_pos, t, lam, scale = self._gather(idx)
-        return R.recall_at_precision_minibatch(
-            t, lam, self.nu[0], u[:, 0], is_pos, scale, self.precision
-        )
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        is_pos, t, lam, scale = self._gather(idx, rows)
+        return R.recall_at_precision_minibatch(t, lam, self.nu[0], u, is_pos, scale, self.precision)
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
@@ -357,9 +352,9 @@ class ROCAUC(_RateObjective):
         self.offsets = nn.Parameter(torch.full((grid,), offset_init))
         self.register_buffer("fpr_targets", R.fpr_grid(grid).float())
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        is_pos, t, lam, s_pos = self._gather(idx)
-        z = u[:, :1] + self.offsets[None, :]  # (B, K): the score at every grid threshold
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        is_pos, t, lam, s_pos = self._gather(idx, rows)
+        z = u[:, None] + self.offsets[None, :]  # (B, K): the score at every grid threshold
         s_neg = self.n_samples / (self.n_negatives * idx.numel())
         return R.roc_auc_minibatch(t, lam, self.nu, z, is_pos, s_pos, s_neg, self.fpr_targets)
 

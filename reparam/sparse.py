@@ -38,14 +38,15 @@ it. A step whose gradient holds NaN/inf changes nothing (as a fused optimizer sk
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import Tensor
+
+from ._constants import constant
 
 TAU_UPDATES = ("dense", "sparse_sgd", "sparse_adam")
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
 ADAM_EPS = 1e-8
+_ONE_MINUS_BETAS = tuple(1 - b for b in ADAM_BETAS)
 
 
 def accumulate_(acc: Tensor, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
@@ -73,21 +74,23 @@ def sparse_step_(
     (their update is zero). In place; no host synchronization. Row-paired state (``[g, count]``,
     ``[m, v]``) halves the scattered reads and writes of a step."""
     g, count = acc.index_select(0, rows).unbind(1)
-    ok = torch.isfinite(g).all()  # a non-finite gradient skips the whole step (on the device)
-    share = touched / count.clamp_min(1) * ok  # 1/count per occurrence: one update per row
-    g = torch.where(ok, g, 0.0)
-    if rule == "sparse_sgd":
-        tau.index_add_(0, rows, g * share * -lr)
+    # a non-finite gradient skips the whole step (on the device): g . 0 is NaN iff one is
+    ok = torch.dot(g, constant(0.0, g, g.shape)) == 0
+    use, zero = ok & touched, constant(0.0, g)
+    if rule == "sparse_sgd":  # 1/count of the row's step per occurrence: one update per row
+        tau.index_add_(0, rows, torch.where(use, g / count, zero), alpha=-lr)
     elif rule == "sparse_adam":
+        share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
+        g = torch.where(ok, g, zero)
         step.add_(ok)
         old = moments.index_select(0, rows)
-        betas, one_minus_betas = _betas(old.dtype, old.device)
+        betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
         delta = (torch.stack([g, g * g], 1) - old) * one_minus_betas
         m, v = (old + delta).unbind(1)
-        bias = 1 - betas ** step.clamp_min(1)  # [1 - b1^t, 1 - b2^t]; t = 0: skipped
-        size = bias[1].sqrt() / bias[0] * -lr
+        # sqrt(1 - b2^t) / (1 - b1^t) = prod([1 - b1^t, 1 - b2^t] ** [-1, 1/2]); t = 0: skipped
+        size = (1 - betas ** step.clamp_min(1)).pow(constant((-1.0, 0.5), old)).prod()
         moments.index_add_(0, rows, delta * share.unsqueeze(1))
-        tau.index_add_(0, rows, m / (v.sqrt() + ADAM_EPS) * (size * share))
+        tau.index_add_(0, rows, (m / (v.sqrt() + ADAM_EPS)).mul_(share * size), alpha=-lr)
     else:
         raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
     zero_rows_(acc, rows)
@@ -98,10 +101,3 @@ def zero_rows_(acc: Tensor, rows: Tensor) -> None:
     takes int64: the batch's ``B`` rows are converted, measured cheaper on the CPU than a
     ``scatter_`` or ``index_put_`` with int32 indices)."""
     acc.index_fill_(0, rows.long(), 0.0)
-
-
-@functools.lru_cache(maxsize=8)
-def _betas(dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """``([b1, b2], [1 - b1, 1 - b2])`` on the state's device (read-only; made once)."""
-    betas = torch.tensor(ADAM_BETAS, dtype=torch.float64)
-    return betas.to(device, dtype), (1 - betas).to(device, dtype)

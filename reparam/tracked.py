@@ -62,7 +62,7 @@ class TrackedActiveSet:
         return self.eps_param.detach() + sums[:, 0] / (1 + sums[:, 1])
 
     def _tracked_batch(self, tau: Tensor, slots: Tensor):
-        """The batch's view for ``Fn.batch_lagrangian`` (O(B)): its rows' values (``(B,)``: the
+        """The batch's view for ``lagrangian.batch_lagrangian`` (O(B)): its rows' values (``(B,)``: the
         offset plus ``eps`` for a row of ``A``; autograd to ``tau_param`` alone), their
         ``lambda``, local slots (``0..B-1``, ``-1`` for a negative) and the sparse gradient's sink
         mapped back to the rows."""

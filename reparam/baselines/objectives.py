@@ -73,9 +73,8 @@ class BatchLossObjective(ShapeObjective):
         self.newton = check_choice("newton", newton, NEWTON)
         self.newton_tikhonov = check_positive("newton_tikhonov", newton_tikhonov, allow_zero=True)
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        u = u[:, 0]
-        y = (self.slot.index_select(0, idx) >= 0).long()
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        y = (rows >= 0).long()
         n_pos = int(y.sum())
         if n_pos == 0 or (self.needs_negatives and n_pos == y.numel()):
             return (u * 0.0).sum()
@@ -230,8 +229,8 @@ class CooperFBeta(ShapeObjective):
         self.beta, self.positive_class = beta, positive_class
         self._dual_lagrangian: Tensor | None = None
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        state = self.cmp.compute_cmp_state(u[:, 0], idx)
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        state = self.cmp.compute_cmp_state(u, idx)
         primal = state.compute_primal_lagrangian()
         self._dual_lagrangian = state.compute_dual_lagrangian().lagrangian
         return primal.lagrangian
@@ -296,11 +295,11 @@ class LibAUCMargin(ShapeObjective):
         )
         self._alpha_grad: Tensor | None = None
 
-    def _loss(self, u: Tensor, idx: Tensor) -> Tensor:
-        y = (self.slot.index_select(0, idx) >= 0).float()
+    def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
+        y = (rows >= 0).float()
         alpha = self.alpha.clone().requires_grad_()
         self._aucm.alpha = alpha
-        loss = self._aucm(torch.sigmoid(u[:, 0]), y, auto=False)  # p: the training set's ratio
+        loss = self._aucm(torch.sigmoid(u), y, auto=False)  # p: the training set's ratio
         self._alpha_leaf = alpha
         return loss
 

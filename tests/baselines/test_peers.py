@@ -12,6 +12,7 @@ import torch
 
 from reparam import functional as fn
 from reparam.baselines import cooper_fbeta_problem, cooper_optimizer, libauc_aucm_pesg
+from reparam.lagrangian import batch_lagrangian
 
 HAS_COOPER = importlib.util.find_spec("cooper") is not None
 HAS_LIBAUC = importlib.util.find_spec("libauc") is not None
@@ -59,7 +60,7 @@ def test_cooper_lagrangian_is_the_minibatch_lagrangian_of_the_method_note():
     is_pos = labels[idx] == 1
     slots = torch.where(is_pos, torch.cumsum(labels, 0)[idx] - 1, 0)
     scale = 10 / (5 * 6)
-    ours = fn.batch_lagrangian(
+    ours = batch_lagrangian(
         cmp.eps.detach(),
         cmp.tau.detach(),
         u,

@@ -210,7 +210,7 @@ def test_the_unstepped_check_sees_the_optimizer_before_the_projection(case, warn
     p.grad = torch.zeros(3) if case == "zero gradient" else torch.ones(3)
     monitor.after_epoch_end([p])  # the reference, after an epoch end
     for _ in range(3):  # an epoch of steps
-        monitor.on_forward(4, 10, True, None, "dual step")
+        monitor.on_forward(4, 10, lambda: (True, None, "dual step"))
         if case == "stepped, projected back":
             p.data -= 0.1  # the optimizer
         monitor.on_after_step(lambda: [p])

@@ -1,0 +1,268 @@
+r"""The minibatch Lagrangian ``L_B`` (docs/method.md sec. 3) of a whole batch as one
+``autograd.Function`` with its closed-form gradient: the training hot path (sec. 11, "One autograd
+node"; sec. 12 for several problems).
+
+For one problem, with ``scale = N / (n B)``, ``phi(z) = max(0, z)`` and ``phi'(z) = 1[z > 0]``:
+
+.. math::
+    L_B = \beta^2 \epsilon + s\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i - \lambda_i u_i)
+          + \sum_{j \in B^-} \phi(\epsilon + u_j)\Big],
+
+    \partial_{u_i} = -s\lambda_i\ (i \in B^+),\quad \partial_{u_j} = s\,\phi'(\epsilon + u_j)\
+    (j \in B^-),\quad \partial_\epsilon = \beta^2 + s \textstyle\sum_{B^-} \phi',\quad
+    \partial_{\tau_k} = s \textstyle\sum_{i \in B^+: slot_i = k} (\mu + \lambda_k).
+
+The forward computes the value and these derivatives per unit of incoming gradient in 16 tensor
+operations on ``B``-long vectors (one problem, docs/method.md sec. 11); the backward multiplies them by the incoming gradient (and, for a
+dense ``tau``, adds the batch's rows into an ``(n,)`` zero vector). The projection modes that reach
+this path and ``cap_scores`` change the formula as documented at :func:`batch_lagrangian`.
+``tests/reparam/test_lagrangian.py`` checks value and gradients against the autograd composition of
+the same formula and runs ``gradcheck`` in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ._constants import constant
+
+Terms = tuple[Tensor, Tensor, Tensor, Tensor, float]  # L_B, d_u, d_tau, dL/deps, their factor
+
+
+def batch_lagrangian(
+    eps: Tensor,
+    tau: Tensor,
+    u: Tensor,
+    lam: Tensor,
+    mu: Tensor,
+    is_pos: Tensor,
+    slots: Tensor,
+    *,
+    beta: float,
+    scale: float | Tensor,
+    clip: bool = False,
+    cap: bool = False,
+    tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
+    terms_fn: Callable[..., Terms] | None = None,
+    share: Tensor | None = None,
+    problem: Tensor | None = None,
+    eps_weight: Tensor | None = None,
+) -> Tensor:
+    r"""``L_B`` of a whole batch (module docstring) in one autograd node; a 0-dim tensor.
+
+    Same value as ``functional.minibatch_lagrangian(eps, tau[slots[is_pos]], lam[slots[is_pos]],
+    u[is_pos], mu, u[~is_pos])`` without splitting the batch: ``tau`` and ``lam`` are the full
+    per-positive vectors, ``slots`` the batch's positions in them (any valid index for a
+    negative). ``eps`` and ``mu``: 0-dim or ``(1,)`` (the gradient of ``eps`` has its shape),
+    ``scale = N / (n B)`` a float.
+
+    ``cap``: the positives' score is ``min(u_i, eps)`` (``eps`` detached; ``cap_scores``,
+    docs/method.md sec. 10): its derivative is ``-s lambda_i`` below ``eps``, ``0`` above and half
+    of it at a tie (``torch.minimum``'s rule).
+
+    ``clip``: the batch's positives see ``min(tau_k, eps)`` (projection mode ``"clip"``, O(B): the
+    exact projection's formula ``Pi_C(eps, tau) = (e, min(tau, e))`` with the threshold ``eps``
+    itself). A clipped row passes its term's gradient ``s (mu + lambda_k)`` to ``eps``, and follows
+    ``eps``: its own gradient is ``eps``'s total divided by (clipped rows + 1), as in the exact
+    projection the active set moves with the threshold (``d e* / d tau_k = 1/(|A| + 1)``, sec. 4)
+    -- without it a clipped row never comes back below ``eps`` (measured: docs/method.md sec. 3b).
+    Not the derivative of the forward value for those rows, by design. ``share`` (a 0-dim tensor,
+    or ``(K,)``; projection mode ``"tracked"``, where ``eps`` is the threshold ``e*`` of the
+    tracked active set ``A``): a clipped row's gradient is ``share * dL/deps`` instead, ``share =
+    d e*/d tau_k = 1[r > 0] / (|A| + 1)`` -- the projection's own derivative.
+
+    **Several problems at once** (``problem`` given; docs/method.md sec. 12: several positive
+    classes, or one problem per (class, group)): ``eps``, ``mu``, ``scale`` and ``eps_weight``
+    are per problem ``(K,)`` and entry ``e`` of the batch belongs to problem ``problem[e]``
+    (``-1``: it counts nowhere). The value is
+
+    .. math::
+        \sum_k \beta^2 w_k \epsilon_k + \sum_e s_{k(e)}\,\ell_e(\epsilon_{k(e)}, \mu_{k(e)})
+
+    (``w = eps_weight``, ``\ell_e`` the entry's term above), with the same closed-form
+    derivatives per problem; with one problem, ``w = 1`` and a scalar ``s``, it is the form above.
+
+    ``tau_grad_sink``: for sparse updates of ``tau`` (``reparam.sparse``; ``tau`` then needs no
+    grad): the backward calls ``tau_grad_sink(slots, is_pos, grad)`` with the gradient per batch
+    entry (0 for negatives) instead of building a dense ``(n,)`` gradient -- O(B), not O(n).
+    ``terms_fn``: the forward math (default :func:`lagrangian_terms`; a compiled copy of it).
+    """
+    step = _Step(
+        lam,
+        mu,
+        is_pos,
+        slots,
+        beta**2,
+        scale,
+        clip,
+        cap,
+        share,
+        problem,
+        eps_weight,
+        tau_grad_sink,
+        terms_fn or lagrangian_terms,
+    )
+    return _BatchLagrangian.apply(eps, tau, u, step)
+
+
+class _Step(NamedTuple):
+    """What :class:`_BatchLagrangian` takes besides the differentiable ``eps``, ``tau``, ``u``."""
+
+    lam: Tensor
+    mu: Tensor
+    is_pos: Tensor
+    slots: Tensor
+    beta2: float
+    scale: float | Tensor
+    clip: bool
+    cap: bool
+    share: Tensor | None
+    problem: Tensor | None
+    eps_weight: Tensor | None
+    sink: Callable[[Tensor, Tensor, Tensor], None] | None
+    terms_fn: Callable[..., Terms]
+
+
+class _BatchLagrangian(torch.autograd.Function):
+    """Forward: ``terms_fn``'s value and derivatives; backward: those times the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, eps: Tensor, tau: Tensor, u: Tensor, step: _Step) -> Tensor:
+        loss, d_u, d_tau, d_eps, factor = step.terms_fn(
+            eps,
+            tau,
+            u,
+            step.lam,
+            step.mu,
+            step.is_pos,
+            step.slots,
+            step.beta2,
+            step.scale,
+            step.clip,
+            step.cap,
+            step.share,
+            step.problem,
+            step.eps_weight,
+        )
+        # intermediates, not inputs or outputs: kept on ctx (no saved-variable bookkeeping)
+        ctx.d_u, ctx.d_tau, ctx.d_eps, ctx.factor = d_u, d_tau, d_eps, factor
+        ctx.slots, ctx.is_pos, ctx.sink, ctx.n_tau = step.slots, step.is_pos, step.sink, len(tau)
+        return loss
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        needs_eps, needs_tau, needs_u, _ = ctx.needs_input_grad
+        grad_eps = ctx.d_eps * g if needs_eps else None
+        if ctx.factor != 1.0:  # per unit of which d_u and d_tau are
+            g = g * ctx.factor
+        grad_u = ctx.d_u * g if needs_u else None
+        grad_tau = None
+        if needs_tau:
+            grad_tau = ctx.d_tau.new_zeros(ctx.n_tau).index_add_(0, ctx.slots, ctx.d_tau * g)
+        elif ctx.sink is not None:
+            ctx.sink(ctx.slots, ctx.is_pos, ctx.d_tau * g)
+        return grad_eps, grad_tau, grad_u, None
+
+
+def lagrangian_terms(
+    eps: Tensor,
+    tau: Tensor,
+    u: Tensor,
+    lam: Tensor,
+    mu: Tensor,
+    is_pos: Tensor,
+    slots: Tensor,
+    beta2: float,
+    scale: float | Tensor,
+    clip: bool = False,
+    cap: bool = False,
+    share: Tensor | None = None,
+    problem: Tensor | None = None,
+    eps_weight: Tensor | None = None,
+) -> Terms:
+    """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
+    hands to ``torch.compile``): ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
+    gradient ``g``, ``dL/deps`` (shaped like ``eps``), and ``dL/du = f d_u``, ``dL/dtau = f d_tau``
+    per batch entry (``f``: a float, ``scale`` or 1; one multiplication of ``g``)."""
+    if problem is None:
+        return _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share)
+    return _problems(
+        eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share, problem, eps_weight
+    )
+
+
+def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share):
+    """:func:`lagrangian_terms` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
+    float): 16 operations on ``B``-long vectors; without ``clip``, ``d_u`` and ``d_tau`` per unit
+    of ``scale`` (the backward multiplies the incoming gradient by it once)."""
+    t = tau.index_select(0, slots)
+    lam_b = lam.index_select(0, slots)
+    z = u + eps
+    dphi = z > 0  # the hinge's derivative
+    mu_lam = lam_b + mu  # a positive row's dL/dtau per unit of s
+    if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
+        u_pos = torch.minimum(u, eps)
+        d_pos = lam_b * torch.heaviside(eps - u, constant(0.5, u))
+    else:
+        u_pos, d_pos = u, lam_b
+    d_u = torch.where(is_pos, d_pos.neg(), dphi)
+    # phi' of the negatives as floats, 0 for the positives (-d_pos + d_pos): eps's hinge count
+    counts = torch.addcmul(d_u, d_pos, is_pos)
+    if clip:  # a positive row above eps is eps: its gradient goes to eps
+        over = (t > eps) & is_pos
+        t = torch.minimum(t, eps)  # a negative's t is not used
+        counts = counts.addcmul_(mu_lam, over)
+    terms = torch.where(is_pos, torch.addcmul(mu_lam * t, lam_b, u_pos, value=-1), torch.relu(z))
+    ones = constant(1.0, terms, (1, terms.shape[0]))
+    # beta^2 eps + s sum(terms) and beta^2 + s sum(counts) as matrix-vector products: one op each
+    loss = torch.addmv(eps, ones, terms, beta=beta2, alpha=scale).view(())
+    d_eps = torch.addmv(constant(1.0, eps, (1,)), ones, counts, beta=beta2, alpha=scale)
+    if eps.dim() == 0:
+        d_eps = d_eps.view(())
+    d_tau = mu_lam * is_pos
+    if not clip:
+        return loss, d_u, d_tau, d_eps, scale
+    # the clipped rows move with eps, as the active set moves with the projection's e*
+    follow = d_eps / (over.sum() + 1) if share is None else d_eps * share
+    d_tau = torch.where(over, follow, d_tau * scale)
+    return loss, d_u * scale, d_tau, d_eps, 1.0
+
+
+def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share, problem, w):
+    """:func:`lagrangian_terms` for ``K`` problems: entry ``e`` in problem ``problem[e]`` (``-1``:
+    none, weight 0), ``eps``, ``mu``, ``scale``, ``eps_weight`` (``w``) per problem ``(K,)``."""
+    t, lam_b = tau.index_select(0, slots), lam.index_select(0, slots)
+    k = problem.clamp_min(0)
+    eps_e, mu_e = eps.index_select(0, k), mu.index_select(0, k)
+    scale_e = torch.where(problem >= 0, scale.index_select(0, k), 0.0)
+    z = eps_e + u
+    dphi = (z > 0).to(z.dtype)
+    mu_lam = mu_e + lam_b
+    d_eps_neg = torch.where(is_pos, 0.0, dphi)
+    if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
+        u_pos = torch.minimum(u, eps_e)
+        d_pos = -lam_b * torch.heaviside(eps_e - u, constant(0.5, u))
+    else:
+        u_pos, d_pos = u, -lam_b
+    if clip:  # a positive row above eps is eps: its gradient goes to eps
+        over = is_pos & (t > eps_e)
+        t = torch.where(over, eps_e, t)
+        d_eps_neg = d_eps_neg + torch.where(over, mu_lam, 0.0)
+        is_row = is_pos & ~over
+    else:
+        is_row = is_pos
+    terms = torch.where(is_pos, mu_lam * t - lam_b * u_pos, torch.relu(z))
+    d_u = torch.where(is_pos, d_pos, dphi) * scale_e
+    d_tau = torch.where(is_row, mu_lam * scale_e, 0.0)
+    d_eps = beta2 * w + torch.zeros_like(eps).index_add_(0, k, scale_e * d_eps_neg)
+    loss = beta2 * (w * eps).sum() + (scale_e * terms).sum()
+    if clip:  # the clipped rows move with eps, as the active set moves with the projection's e*
+        counted = over & (problem >= 0)
+        n_over = torch.zeros_like(eps).index_add_(0, k, counted.to(eps.dtype))
+        follow = (d_eps / (n_over + 1) if share is None else d_eps * share).index_select(0, k)
+        d_tau = torch.where(over, follow, d_tau)
+    return loss, d_u, d_tau, d_eps, 1.0

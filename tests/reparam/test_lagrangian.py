@@ -1,0 +1,246 @@
+"""``reparam.lagrangian``: the minibatch Lagrangian in one ``autograd.Function`` (issue 31) against
+the autograd composition it replaced (``tests/reparam/reference_lagrangian.py``) on random inputs,
+for every option the F-beta regularizer passes; ``gradcheck`` in float64; and whole training runs
+of ``FBetaRegularizer`` in every mode with either implementation."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+import torch
+
+from reparam import FBetaRegularizer, ShapeHead
+from reparam import fbeta as fbeta_module
+from reparam.lagrangian import batch_lagrangian
+from tests.reparam import reference_lagrangian as ref
+
+CASES = [
+    dict(problems=p, clip=c, share=s, cap=cap)
+    for p, c, s, cap in itertools.product((1, 3), (False, True), (False, True), (False, True))
+    if c or not s  # share only with clip (mode "tracked")
+]
+
+
+def _ids(case: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in case.items())
+
+
+def _inputs(seed: int, problems: int, clip: bool, share: bool, dtype=torch.float64, eps_dim=1):
+    """A batch of 16 entries over 7 rows of ``tau`` (repeated rows, negatives at row 0; the even
+    rows above every ``eps``, the odd ones below), values away from the kinks (hinge, cap, clip) by
+    > 1e-3, so that ``gradcheck``'s steps do not cross them."""
+    gen = torch.Generator().manual_seed(seed)
+    n, b = 7, 16
+
+    def rand(*shape, lo=-1.0, hi=1.0):
+        return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype)
+
+    is_pos = torch.rand(b, generator=gen) < 0.5
+    is_pos[:3] = torch.tensor([True, False, True])
+    slots = torch.where(is_pos, torch.randint(0, n, (b,), generator=gen), 0)
+    slots[:3] = torch.tensor([0, 0, 1])  # an even row (above every eps) and an odd one (below)
+    kw: dict = dict(beta=0.7)
+    if problems == 1:
+        shape = () if eps_dim == 0 else (1,)
+        eps, mu = rand(*shape, lo=0.2, hi=0.8), rand(*shape, lo=-1.0, hi=-0.5)
+        kw["scale"] = 1.9
+        eps_e = eps.expand(b)
+    else:
+        eps, mu = rand(problems, lo=0.2, hi=0.8), rand(problems, lo=-1.0, hi=-0.5)
+        problem = torch.randint(-1, problems, (b,), generator=gen)
+        problem[:3] = torch.tensor([0, 1, 0])
+        is_pos &= problem >= 0
+        kw |= dict(problem=problem, scale=rand(problems, lo=0.5, hi=2.0))
+        kw["eps_weight"] = rand(problems, lo=0.1, hi=1.0)
+        eps_e = eps.index_select(0, problem.clamp_min(0))
+    if share:
+        kw["share"] = rand(*eps.shape, lo=0.1, hi=0.5)
+    tau = torch.where(torch.arange(n) % 2 == 0, rand(n, lo=0.9, hi=1.4), rand(n, lo=-0.5, hi=0.1))
+    lam, u = rand(n, lo=0.0, hi=1.0), rand(b, lo=-1.5, hi=1.5)
+    for _ in range(100):  # keep eps + u, u - eps and tau - eps away from 0
+        near = ((eps_e + u).abs() < 1e-3) | ((u - eps_e).abs() < 1e-3)
+        if not bool(near.any()):
+            break
+        u = torch.where(near, u + 0.01, u)
+    t_e = tau.index_select(0, slots)
+    assert bool(((t_e - eps_e).abs() > 1e-3).all())
+    over = is_pos & (t_e > eps_e)
+    assert bool(over.any()) and bool((is_pos & ~over).any())  # clipped rows and others
+    kw["clip"] = clip
+    return eps, tau, u, lam, mu, is_pos, slots, kw
+
+
+def _grads(fn, eps, tau, u, sink: bool):
+    """Value and gradients of ``fn(eps, tau, u)``; ``sink``: ``tau``'s gradient through a sparse
+    sink (``(n,)`` summed from the per-entry gradients it receives) instead of autograd."""
+    eps, u = eps.detach().requires_grad_(), u.detach().requires_grad_()
+    got = []
+    if sink:
+        tau = tau.detach()
+        loss = fn(eps, tau, u, lambda rows, touched, grad: got.append((rows, touched, grad)))
+        g_eps, g_u = torch.autograd.grad(loss, (eps, u))
+        ((rows, touched, grad),) = got
+        assert bool((grad[~touched] == 0).all())
+        g_tau = torch.zeros_like(tau).index_add_(0, rows, grad)
+    else:
+        tau = tau.detach().requires_grad_()
+        loss = fn(eps, tau, u, None)
+        g_eps, g_tau, g_u = torch.autograd.grad(loss, (eps, tau, u))
+    return loss.detach(), g_eps, g_tau, g_u
+
+
+@pytest.mark.parametrize("sink", [False, True], ids=["dense-tau", "sparse-sink"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_the_function_equals_the_composition_it_replaced(case, dtype, sink):
+    """Value and every gradient equal the old composition's (cap applied outside by autograd,
+    the old terms function inside its own Function) to float tolerance, on 5 random batches."""
+    for seed in range(5):
+        eps, tau, u, *rest, kw = _inputs(
+            seed, case["problems"], case["clip"], case["share"], dtype=dtype, eps_dim=seed % 2
+        )
+        kw["cap"] = case["cap"]
+        new = functools.partial(_with_sink, batch_lagrangian, rest, kw)
+        old = functools.partial(_with_sink, ref.capped_batch_lagrangian, rest, kw)
+        got, want = _grads(new, eps, tau, u, sink), _grads(old, eps, tau, u, sink)
+        assert got[0].shape == () and got[1].shape == eps.shape
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b.to(a.dtype).reshape(a.shape))
+
+
+def _with_sink(fn, rest, kw, eps, tau, u, sink):
+    return fn(eps, tau, u, *rest, tau_grad_sink=sink, **kw)
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_gradcheck_in_float64(case):
+    """The closed-form gradient is the derivative of the value where it is meant to be: ``u``
+    always; ``eps`` unless ``cap`` (the cap is ``eps`` detached); ``tau`` unless ``clip`` (a
+    clipped row follows ``eps`` by design)."""
+    eps, tau, u, lam, mu, is_pos, slots, kw = _inputs(
+        11, case["problems"], case["clip"], case["share"]
+    )
+    cap = case["cap"]
+    wrt = {"u": u, **({} if cap else {"eps": eps}), **({} if case["clip"] else {"tau": tau})}
+    fixed = {"eps": eps, "tau": tau, "u": u}
+
+    def fn(*args):
+        x = fixed | dict(zip(wrt, args, strict=True))
+        return batch_lagrangian(x["eps"], x["tau"], x["u"], lam, mu, is_pos, slots, cap=cap, **kw)
+
+    inputs = tuple(v.detach().requires_grad_() for v in wrt.values())
+    assert torch.autograd.gradcheck(fn, inputs)
+
+
+# Every option of FBetaRegularizer that reaches the loss: the modes, the tau updates, the cap,
+# several classes, groups.
+RUNS = {
+    "paper": dict(preset="paper"),
+    "paper-step": dict(preset="paper", projection="step"),
+    "paper-none-beta": dict(preset="paper", projection="none", beta=0.5),
+    "defaults-inline": dict(),
+    "inline-soft": dict(inline_strength=0.1),
+    "clip": dict(projection="clip"),
+    "clip-sparse_adam": dict(projection="clip", tau_update="sparse_adam"),
+    "tracked-sparse_adam": dict(tau_update="sparse_adam"),
+    "tracked-sparse_sgd": dict(tau_update="sparse_sgd"),
+    "tracked-dense": dict(projection="tracked"),
+    "epoch-sparse_sgd-uncapped": dict(
+        projection="epoch", tau_update="sparse_sgd", cap_scores=False
+    ),
+    "classes": dict(positive_classes=(1, 2)),
+    "classes-paper-clip": dict(preset="paper", projection="clip", positive_classes=(1, 2)),
+    "groups": dict(groups=torch.arange(60) % 4),
+    "groups-tracked-sparse": dict(groups=torch.arange(60) % 4, tau_update="sparse_adam"),
+}
+
+
+def _train(options: dict, reference: bool, monkeypatch) -> tuple[torch.Tensor, dict]:
+    if reference:
+        monkeypatch.setattr(fbeta_module, "batch_lagrangian", _old_batch_lagrangian)
+    else:
+        monkeypatch.setattr(fbeta_module, "batch_lagrangian", batch_lagrangian)
+    labels = torch.tensor([0, 1, 2, 1, 0, 1] * 10)
+    classes = options.get("positive_classes", (1,))
+    if len(classes) == 1:
+        labels = (labels == 1).long()
+    torch.manual_seed(0)
+    head = ShapeHead(3, 1 if len(classes) == 1 else 3)
+    reg = FBetaRegularizer(labels, lambda_init=0.3, **options)
+    opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2)
+    x = torch.randn(60, 3, generator=torch.Generator().manual_seed(1)) + labels[:, None]
+    losses = []
+    for _ in range(3):
+        for idx in torch.randperm(60, generator=torch.Generator().manual_seed(2)).split(16):
+            loss = reg(head(x[idx]), idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            reg.after_step_()
+            losses.append(loss.detach())
+        reg.end_epoch_()
+    return torch.stack(losses), reg.state_dict()
+
+
+def _old_batch_lagrangian(*args, terms_fn=None, **kwargs):
+    return ref.capped_batch_lagrangian(*args, **kwargs)
+
+
+@pytest.mark.parametrize("options", list(RUNS.values()), ids=list(RUNS))
+def test_training_runs_equal_the_old_composition(options, monkeypatch):
+    """Three epochs of every mode give the losses and the state (``eps``, ``tau``, ``lambda``,
+    ``mu``, Adam moments, remembered scores) of the old composition to float32 rounding."""
+    new_losses, new_state = _train(options, False, monkeypatch)
+    old_losses, old_state = _train(options, True, monkeypatch)
+    torch.testing.assert_close(new_losses, old_losses, rtol=1e-5, atol=1e-6)
+    assert new_state.keys() == old_state.keys()
+    for name, value in old_state.items():
+        torch.testing.assert_close(new_state[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+# Dispatched tensor operations of one steady step (paper preset, B = 100; the backward without
+# zero_grad). Before issue 31: reg(u, idx) 44, backward 12; after_step_ sparse_sgd 17, lazy Adam 39.
+OP_BUDGET = {
+    "dense": {"forward": 26, "backward": 10, "after_step_": 0},
+    "sparse_sgd": {"forward": 26, "backward": 10, "after_step_": 10},
+    "sparse_adam": {"forward": 26, "backward": 10, "after_step_": 32},
+}
+
+
+@pytest.mark.parametrize("tau_update", list(OP_BUDGET))
+def test_a_step_dispatches_no_more_operations_than_measured(tau_update):
+    """The per-step cost is its dispatched tensor operations (docs/figures/reg_step.md): a
+    change that adds one to the hot path shows here."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    labels = torch.zeros(1000, dtype=torch.int64)
+    labels[::2] = 1
+    reg = FBetaRegularizer(labels, preset="paper", tau_update=tau_update)
+    opt = torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):  # the last one counted: a steady step
+        idx = torch.randperm(1000, generator=gen)[:100]
+        u = torch.randn(100, generator=gen).requires_grad_()
+        counts = {}
+        with Count() as c:
+            loss = reg(u, idx)
+        counts["forward"] = c.ops
+        opt.zero_grad(set_to_none=True)
+        with Count() as c:
+            loss.backward()
+        counts["backward"] = c.ops
+        opt.step()
+        with Count() as c:
+            reg.after_step_()
+        counts["after_step_"] = c.ops
+    for part, budget in OP_BUDGET[tau_update].items():
+        assert counts[part] <= budget, (part, counts)
