@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
+import io
 import platform
 import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -36,6 +44,27 @@ def median_seconds(
         times.append(time.perf_counter() - t0)
         spent += times[-1]
     return statistics.median(times)
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+_COPIES: list[tempfile.TemporaryDirectory] = []  # package_at's copies, for this process
+
+
+def package_at(package: str, ref: str) -> ModuleType:
+    """The top-level ``package`` as it was at git revision ``ref``, imported as ``<package>_<ref>``
+    from a temporary copy removed at exit (its own imports must be relative), to time it against
+    today's in one process."""
+    name = f"{package}_" + "".join(c if c.isalnum() else "_" for c in ref)
+    if name not in sys.modules:
+        git = ["git", "archive", "--format=tar", ref, package]
+        tar = subprocess.run(git, cwd=_ROOT, capture_output=True, check=True).stdout
+        _COPIES.append(tempfile.TemporaryDirectory(prefix=f"{package}-at-"))
+        root = Path(_COPIES[-1].name)
+        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+            archive.extractall(root, filter="data")
+        (root / package).rename(root / name)
+        sys.path.insert(0, str(root))
+    return importlib.import_module(name)
 
 
 def machine_line(device: str = "cpu") -> str:

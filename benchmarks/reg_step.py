@@ -21,13 +21,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import io
 import os
 import statistics
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks._report import markdown_table, save_figure, subplots
-from benchmarks._timing import machine_line
+from benchmarks._timing import machine_line, package_at
 from reparam import FBetaRegularizer
 
 MODES = {  # name -> FBetaRegularizer options
@@ -49,7 +45,6 @@ SEGMENTS = ("input checks", "score memory", "L_B forward", "backward", "optimize
 SMNIST = 55930  # S-MNIST's positives (and as many negatives here)
 COUNT_AT = 4  # the step whose dispatched operations are counted: a steady one, not the first
 ROOT = Path(__file__).resolve().parents[1]
-_COPIES: list[tempfile.TemporaryDirectory] = []  # --against's copies of reparam, for this process
 
 
 class OpCount(TorchDispatchMode):
@@ -199,17 +194,7 @@ def segment_table(libs: dict[str, ModuleType], batch: int, steps: int) -> str:
 def reparam_at(ref: str) -> ModuleType:
     """The package ``reparam`` as it was at git revision ``ref``, imported as ``reparam_<ref>``
     from a temporary copy (its own imports are relative; ``projections`` is today's)."""
-    name = "reparam_" + "".join(c if c.isalnum() else "_" for c in ref)
-    if name not in sys.modules:
-        git = ["git", "archive", "--format=tar", ref, "reparam"]
-        tar = subprocess.run(git, cwd=ROOT, capture_output=True, check=True).stdout
-        _COPIES.append(tempfile.TemporaryDirectory(prefix="reg_step-"))  # removed at exit
-        root = Path(_COPIES[-1].name)
-        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
-            archive.extractall(root, filter="data")
-        (root / "reparam").rename(root / name)
-        sys.path.insert(0, str(root))
-    return importlib.import_module(name)
+    return package_at("reparam", ref)
 
 
 def step_table(results: dict[str, dict[int, dict[str, float]]], sizes: list[int]) -> str:

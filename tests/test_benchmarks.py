@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from benchmarks import overhead, reg_step
@@ -14,6 +17,19 @@ def test_projection_benchmark_quick(tmp_path, capsys):
     assert "linear / torch.sort" in capsys.readouterr().out
     assert (tmp_path / "projection.md").stat().st_size > 0
     assert (tmp_path / "projection.png").stat().st_size > 0
+
+
+def test_projection_benchmark_memory_only_against_a_revision(tmp_path, capsys):
+    """``--memory-only --against REF``: the tree at REF (here HEAD, a temporary copy) in the table."""
+    root = Path(projection.__file__).resolve().parents[2]
+    git = ["git", "cat-file", "-e", "HEAD:projections/__init__.py"]
+    if subprocess.run(git, cwd=root, check=False, capture_output=True).returncode:
+        pytest.skip("not a git checkout with projections/ at HEAD")
+    args = ["--quick", "--memory-only", "--against", "HEAD", "--repeats", "1", "--threads", "1"]
+    projection.main([*args, "--out", str(tmp_path)])
+    text = (tmp_path / "projection_memory.md").read_text()
+    assert "tree at HEAD / minimum" in text and "| 1e5 |" in text
+    assert "tree at HEAD" in capsys.readouterr().out
 
 
 def test_overhead_benchmark_quick(tmp_path, digits_smnist, capsys):

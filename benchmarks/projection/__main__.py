@@ -3,6 +3,8 @@ pass, a generic QP solver, qpth.
 
     python -m benchmarks.projection                  # full run (~3 min on 2 cores), writes the plot
     python -m benchmarks.projection --quick          # small sizes, seconds (smoke test)
+    python -m benchmarks.projection --memory-only --against REF --threads 1
+                                  # only "Near the memory limit", with the tree at git revision REF
 
 Prints four tables measured in one run and writes ``projection.md`` and ``projection.png`` into
 ``--out``.
@@ -11,15 +13,16 @@ Prints four tables measured in one run and writes ``projection.md`` and ``projec
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import torch
 
-from benchmarks._timing import machine_line
+from benchmarks._timing import machine_line, package_at
 
 from .run import time_batched, time_memory_limit, time_qp_solver, time_sizes
 from .spec import FULL, QUICK
-from .tables import plot, report
+from .tables import memory_table, plot, report
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -32,7 +35,17 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    ap.add_argument(
+        "--memory-only",
+        action="store_true",
+        help='only the table "Near the memory limit", to projection_memory.md',
+    )
+    ap.add_argument("--against", metavar="REF", help="also the tree at git revision REF")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    against = package_at("projections", args.against) if args.against else None
     budget = QUICK if args.quick else FULL
     sizes = [int(float(s)) for s in args.sizes.split(",")] if args.sizes else list(budget.sizes)
     repeats = args.repeats or budget.repeats
@@ -43,11 +56,20 @@ def main(argv: list[str] | None = None) -> str:
         f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs.\n",
         flush=True,
     )
+    if args.memory_only:
+        mem = time_memory_limit(list(budget.memory_sizes), repeats, args.device, against)
+        text = (
+            f"{machine_line(args.device)}; load average {os.getloadavg()[0]:.2f}; median of "
+            f"{repeats} rounds\n\n{memory_table(mem, args.against)}"
+        )
+        print("\n" + text)
+        (args.out / "projection_memory.md").write_text(text + "\n")
+        return text
     rows = time_sizes(sizes, repeats, args.device)
-    mem = time_memory_limit(list(budget.memory_sizes), budget.memory_repeats, args.device)
+    mem = time_memory_limit(list(budget.memory_sizes), budget.memory_repeats, args.device, against)
     qp = time_qp_solver(budget.qp_n, budget.qp_repeats)
     b = time_batched(*budget.batch, repeats=budget.batch_repeats)
-    text = report(rows, mem, qp, b, args.device, repeats)
+    text = report(rows, mem, qp, b, args.device, repeats, args.against)
     print("\n" + text.split("\n\n", 2)[2])
     (args.out / "projection.md").write_text(text + "\n")
     plot(rows, args.out / "projection.png")

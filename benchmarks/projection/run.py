@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import statistics
 import time
+from types import ModuleType
 
 import torch
 
@@ -61,11 +62,15 @@ def time_sizes(sizes: list[int], repeats: int, device: str) -> list[dict]:
     return rows
 
 
-def time_memory_limit(sizes: list[int], repeats: int, device: str) -> list[dict]:
+def time_memory_limit(
+    sizes: list[int], repeats: int, device: str, against: ModuleType | None = None
+) -> list[dict]:
     """One vector of float32, eps = 0: the linear and tree methods against one
     ``torch.minimum(tau, e)`` pass (allocating, as the projection's output is). Each method is timed
     in turn with the pass (``repeats`` rounds, medians), so that a busy machine slows both alike and
-    neither runs right after the other method (whose temporaries evict the caches)."""
+    neither runs right after the other method (whose temporaries evict the caches). ``against``
+    (the ``projections`` package of another revision): its tree joins the tree's rotation, as
+    ``"tree (against)"``."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for n in sizes:
@@ -76,6 +81,10 @@ def time_memory_limit(sizes: list[int], repeats: int, device: str) -> list[dict]
                 "torch.minimum": lambda eps=eps, tau=tau: torch.minimum(tau, eps),
                 method: lambda eps=eps, tau=tau, m=method: project_onto_c(eps, tau, method=m),
             }
+            if against is not None and method == "tree":
+                pair["tree (against)"] = lambda eps=eps, tau=tau: against.project_onto_c(
+                    eps, tau, method="tree"
+                )
             times: dict[str, list[float]] = {k: [] for k in pair}
             for fn in pair.values():
                 fn()  # warm-up
@@ -86,6 +95,8 @@ def time_memory_limit(sizes: list[int], repeats: int, device: str) -> list[dict]
                     fn()
                     sync()
                     times[k].append(time.perf_counter() - t0)
+            if "tree (against)" in times:
+                row["tree (against)"] = statistics.median(times["tree (against)"])
             row[method] = statistics.median(times[method])
             row[f"torch.minimum ({method})"] = statistics.median(times["torch.minimum"])
         row["torch.minimum"] = min(row["torch.minimum (linear)"], row["torch.minimum (tree)"])

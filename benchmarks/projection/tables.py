@@ -35,8 +35,10 @@ def sizes_table(rows: list[dict]) -> str:
     )
 
 
-def memory_table(mem: list[dict]) -> str:
-    """Near the memory limit: linear and tree against one ``torch.minimum`` pass each."""
+def memory_table(mem: list[dict], against: str | None = None) -> str:
+    """Near the memory limit: linear and tree against one ``torch.minimum`` pass each (and the tree
+    at revision ``against``, timed in the tree's rotation)."""
+    extra = [] if against is None else [f"tree at {against} [ms]", f"tree at {against} / minimum"]
     header = [
         "n (float32)",
         "torch.minimum(tau, e) [ms]",
@@ -44,6 +46,7 @@ def memory_table(mem: list[dict]) -> str:
         "tree [ms]",
         "tree / minimum (target <= 3)",
         "linear / minimum",
+        *extra,
     ]
     return markdown_table(
         header,
@@ -55,6 +58,14 @@ def memory_table(mem: list[dict]) -> str:
                 fmt_ms(r["tree"]),
                 f"{r['tree'] / r['torch.minimum (tree)']:.2f}",
                 f"{r['linear'] / r['torch.minimum (linear)']:.1f}",
+                *(
+                    []
+                    if against is None
+                    else [
+                        fmt_ms(r["tree (against)"]),
+                        f"{r['tree (against)'] / r['torch.minimum (tree)']:.2f}",
+                    ]
+                ),
             ]
             for r in mem
         ],
@@ -110,7 +121,13 @@ def batched_table(b: dict | None) -> str:
 
 
 def report(
-    rows: list[dict], mem: list[dict], qp: dict, b: dict | None, device: str, repeats: int
+    rows: list[dict],
+    mem: list[dict],
+    qp: dict,
+    b: dict | None,
+    device: str,
+    repeats: int,
+    against: str | None = None,
 ) -> str:
     """The markdown of ``projection.md``: the four tables under the machine's line."""
     return "\n\n".join(
@@ -120,7 +137,7 @@ def report(
             "## One vector of n coordinates\n\n" + sizes_table(rows),
             "## Near the memory limit\n\nOne vector, float32, eps = 0; each method timed in turn "
             "with one torch.minimum pass (interleaved), medians; ratios within each pairing.\n\n"
-            + memory_table(mem),
+            + memory_table(mem, against),
             "## Generic QP solver\n\n" + qp_table(qp),
             "## Batched\n\n" + batched_table(b),
         ]

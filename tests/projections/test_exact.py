@@ -355,3 +355,23 @@ def test_linear_when_top_prefix_is_not_enough(monkeypatch, top_m):
         el, tl = project_onto_c(eps, tau, method="linear")
         torch.testing.assert_close(el, es, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(tl, ts, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [0, 1, 7, 40_000, 300_000])
+def test_one_row_fast_path_equals_general_path(dtype, n):
+    """The one-row CPU fast path (0-d eps, 1-D tau, no autograd) gives the general path's bits;
+    a row whose sum overflows (finite values) goes through the general path and is projected."""
+    gen = torch.Generator().manual_seed(n)
+    tau = torch.randn(n, generator=gen, dtype=dtype) * 3
+    for eps in (torch.tensor(0.0, dtype=dtype), torch.tensor(-float(n) / 8, dtype=dtype)):
+        fast = project_onto_c(eps, tau)
+        general = project_onto_c(eps.reshape(1), tau.reshape(1, n), method="tree")  # rows: general
+        assert torch.equal(fast[0], general[0][0]) and torch.equal(fast[1], general[1][0])
+        with torch.no_grad():  # requires_grad without a graph: the fast path too
+            e, t = project_onto_c(eps, tau.clone().requires_grad_())
+        assert torch.equal(e, fast[0]) and torch.equal(t, fast[1])
+    if dtype == torch.float32:  # float32 values sum to inf in float32, not in the tree's float64
+        big = torch.full((4,), torch.finfo(dtype).max / 2, dtype=dtype)
+        e, t = project_onto_c(torch.tensor(0.0, dtype=dtype), big)
+        assert torch.isfinite(e) and torch.equal(t, torch.minimum(big, e))
