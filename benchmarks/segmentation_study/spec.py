@@ -63,7 +63,7 @@ SIZES = ((60, 80), (120, 160))  # (H, W) of the caches the study trains at
 # scale jitter [0.5, 2] then a crop back to 120x160 (mmsegmentation's ratio range), the poly
 # schedule (lr (1 - step / steps)^0.9), and more epochs -> (overrides, epochs)
 RECIPES = {
-    ("all", (120, 160)): (("data.scale_range=[0.5,2.0]", "optim.schedule=poly"), 50),
+    ("all", (120, 160)): (("data.scale_range=[0.5,2.0]", "optim.schedule=poly"), 40),
 }
 # CamVid's small-object classes: the mean of their test IoU is the study's small-object figure
 SMALL_CLASSES = ("pole", "sign_symbol", "pedestrian", "bicyclist")
