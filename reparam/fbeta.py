@@ -462,7 +462,7 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             if u.numel() and (bool((u <= 0).all()) or bool((u > 0).all())):
                 side = "above" if bool((u > 0).all()) else "at or below"
                 reasons.append(
-                    f"the shape node's scores of every scored training sample are {side} 0 (class "
+                    f"the scores of every scored training sample are {side} 0 (class "
                     f"{cls}: u in [{float(u.min()):.3g}, {float(u.max()):.3g}], lambda mean "
                     f"{float(self.lam.mean()):.3g}): the positives are not pulled above the "
                     f"margin. {self._inert_remedies()}"
