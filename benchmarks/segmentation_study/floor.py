@@ -138,6 +138,12 @@ def floors(archive: Path, sizes: list[tuple[int, int]]) -> dict[tuple[str, tuple
     return out
 
 
+def class_names(n: int) -> list[str]:
+    """The class names of a CamVid cache with ``n`` classes where its meta.json is not at hand: the
+    builder's 11, or the sky task's rest / sky."""
+    return list(CLASS_NAMES) if n == len(CLASS_NAMES) else ["rest", "sky"][:n]
+
+
 def small_classes(iou: list[float | None], classes: list[str]) -> float | None:
     """The mean IoU of CamVid's small-object classes (``SMALL_CLASSES``; ``None`` if a task has
     none of them or one is undefined)."""
@@ -157,7 +163,7 @@ def floor_report(archive: Path) -> str:
         fl = json.loads(path.read_text())
         d, s = fl["dilation"], fl["shift"]
         gaps = [m["miou_gap"] for m in fl["shift_moves"]]
-        classes = list(CLASS_NAMES) if len(d["iou"]) == len(CLASS_NAMES) else ["rest", "sky"]
+        classes = class_names(len(d["iou"]))
         small = [small_classes(x["iou"], classes) for x in (d, s)]
         rows.append(
             [

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep import camvid
-
 from .._report import markdown_table, mean_sd, save_figure, subplots
 from ..sweep import Job, metrics
-from .floor import floors, small_classes
+from .floor import class_names, floors, small_classes
 from .spec import METHODS, TASKS
 
 ARCHIVED = ("metrics.json", "config.yaml", "per_image_test.npz")  # a finished run's figures
@@ -60,7 +58,7 @@ def _classes(ms: list[dict]) -> list[str]:
     if meta.is_file():
         return json.loads(meta.read_text())["class_names"]
     n = len(ms[0]["selected"]["test_iou"])
-    return list(camvid.CLASS_NAMES) if n == len(camvid.CLASS_NAMES) else ["rest", "sky"][:n]
+    return class_names(n)
 
 
 def _row(task: str, method: str, ms: list[dict], seeds: int) -> list[str]:
@@ -165,12 +163,9 @@ def table(root: Path, grids: Grids, seeds: int, out: Path, archive: Path) -> str
                 markdown_table(HEADER, rows) if rows else "No finished run of this task yet.",
             ]
             if (task, size) in fls:
-                classes = (
-                    _classes(next(iter(found.values())))
-                    if found
-                    else (list(camvid.CLASS_NAMES) if task == "all" else ["rest", "sky"])
-                )
-                lines += [f"\n{where}, test:\n", _floor_table(fls[(task, size)], classes)]
+                fl = fls[(task, size)]
+                classes = class_names(len(fl["dilation"]["iou"]))
+                lines += [f"\n{where}, test:\n", _floor_table(fl, classes)]
             if found.get("baseline"):
                 lines.append(f"\nBaseline, {plateau(found['baseline'])}.")
             if found and task == "all":
