@@ -151,12 +151,16 @@ def _worker(rank: int, world: int, port: int, mode: int, n: int, batch: int, ste
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from train import distributed
+
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    finished = False
     try:
         result = _measure(mode, n, batch, steps)
         Path(f"{out}.{rank}").write_text(json.dumps(result))
+        finished = True
     finally:
-        dist.destroy_process_group()
+        distributed.shutdown(finished)
 
 
 def measure(mode: int, n: int, batch: int, steps: int, processes: int) -> dict[str, float]:

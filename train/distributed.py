@@ -95,8 +95,14 @@ def broadcast_path(path: Path | None) -> Path:
     return Path(box[0])
 
 
-def shutdown() -> None:
+def shutdown(finished: bool = True) -> None:
+    """Leave the process group. After a finished run every rank first waits for the others: a
+    rank that tears gloo down while its peer still talks to it aborts that peer (SIGABRT,
+    "terminate called without an active exception"). After an error nobody waits (the peer may
+    be gone, and a barrier would hang until gloo's timeout)."""
     if dist.is_initialized():
+        if finished and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

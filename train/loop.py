@@ -84,11 +84,14 @@ def run(
     cfg = copy.deepcopy(cfg)  # the run pins into it what the regularizer resolves (pin_resolved)
     already = distributed.is_initialized()
     ctx = distributed.init_from_env(cfg.train.device)
+    finished = False
     try:
-        return _train(cfg, log if ctx.is_main else (lambda *_: None), resume, ctx)
+        result = _train(cfg, log if ctx.is_main else (lambda *_: None), resume, ctx)
+        finished = True
+        return result
     finally:
         if not already:
-            distributed.shutdown()
+            distributed.shutdown(finished)
 
 
 @dataclass
