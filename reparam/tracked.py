@@ -139,7 +139,7 @@ class TrackedActiveSet:
         batch's negatives stand at row 0 (``slots.clamp_min(0)``): that row is re-tested too, by
         the same rule, which no row's membership contradicts."""
         tau, active = self.tau_param, self.tau_active
-        rows = torch.sort(rows.long()).values
+        rows = torch.sort(rows).values.long()  # sorted in their own int32: 1.3 vs 2.1 ms at 1.5e5
         first = torch.ones_like(rows, dtype=torch.bool)
         first[1:] = rows[1:] != rows[:-1]
         group = self.tau_group.index_select(0, rows).long()

@@ -72,13 +72,29 @@ def pixel_scores(logits: Tensor, classes: list[int]) -> Tensor:
     r"""``(B, H, W, P)``: each pixel's one-vs-rest margin for each class ``c`` of ``classes``,
     ``u_c = z_c - max_{c' != c} z_{c'}`` (``z`` the logits), so ``u_c > 0`` exactly where the
     argmax decides ``c``: the F-beta of ``u > 0`` over an image's pixels is its Dice of class
-    ``c`` (``regularizer.target: pixels``)."""
-    z = logits.float().movedim(1, -1)  # (B, H, W, C)
-    top = z.topk(2, dim=-1)
-    first, second = top.values.unbind(-1)
-    own = z[..., classes]  # (B, H, W, P)
-    wins = top.indices[..., :1] == torch.tensor(classes, device=z.device)
-    return own - torch.where(wins, second.unsqueeze(-1), first.unsqueeze(-1))
+    ``c`` (``regularizer.target: pixels``).
+
+    From the top two logits of each pixel, reduced over the class dimension in place (``max``,
+    then ``amax`` with the winner masked): ``max_{c' != c} z_{c'}`` is the second when ``c`` wins,
+    else the first. A ``topk`` over a channels-last view took 1.4x as long (forward + backward,
+    batch 8 at 120x160, 2 classes)."""
+    z = logits.float()
+    first, winner = z.max(1, keepdim=True)  # (B, 1, H, W)
+    second = z.scatter(1, winner, float("-inf")).amax(1, keepdim=True)
+    wins = winner == torch.tensor(classes, device=z.device).view(1, -1, 1, 1)
+    return (z[:, classes] - torch.where(wins, second, first)).movedim(1, -1)
+
+
+def labelled_pixel_scores(
+    logits: Tensor, classes: list[int], labels: Tensor, pixels: Tensor, ignore_index: int
+) -> tuple[Tensor, Tensor]:
+    """The samples a batch gives the pixel objective: ``(u, idx)``, the margins
+    (:func:`pixel_scores`, ``(M, P)``) and the training-set pixel indices (``(M,)``) of its ``M``
+    pixels whose label is not ``ignore_index`` (unlabelled and padded pixels are no samples). One
+    ``nonzero`` and two gathers, not two boolean-mask indexings (each its own ``nonzero``)."""
+    keep = (labels != ignore_index).view(-1).nonzero().squeeze(1)
+    u = pixel_scores(logits, classes).reshape(-1, len(classes)).index_select(0, keep)
+    return u, pixels.reshape(-1).index_select(0, keep)
 
 
 def shape_score_columns(positive_classes: list[int]) -> int:

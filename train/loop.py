@@ -36,7 +36,7 @@ from .build import (
     build_optimizer,
     build_regularizer,
     build_scheduler,
-    pixel_scores,
+    labelled_pixel_scores,
     resolve_device,
     run_folder,
     seed_everything,
@@ -464,9 +464,8 @@ def train_step(
     loss, reg_loss = task, None
     if reg is not None:
         if s.pixel_classes is not None:  # the pixels' margins; unlabelled and padded ones dropped
-            labelled = y != IGNORE_INDEX
-            u = pixel_scores(logits, s.pixel_classes)[labelled]
-            idx = batch["pixel"].to(device, non_blocking=True)[labelled]
+            pixels = batch["pixel"].to(device, non_blocking=True)
+            u, idx = labelled_pixel_scores(logits, s.pixel_classes, y, pixels, IGNORE_INDEX)
         # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
         reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
         loss = task + alpha * reg_loss

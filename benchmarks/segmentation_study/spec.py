@@ -85,6 +85,14 @@ def cache(task: str, size: tuple[int, int]) -> str:
     return f"{TASKS[task][1]}-{size[0]}x{size[1]}"
 
 
+def method_overrides(task: str, method: str, size: tuple[int, int]) -> tuple[str, ...]:
+    """The config overrides that make ``method`` on ``task`` at ``size``: the size's recipe, the
+    method's, the task's settings of the method, the cache (what a run and a timing both train)."""
+    recipe = RECIPES.get((task, size), ((), None))[0]
+    extra = TASK_OVERRIDES.get((task, method), ())
+    return (*recipe, *METHODS[method], *extra, f"data.path={cache(task, size)}")
+
+
 def jobs(
     epochs: int | None,
     seeds: list[int],
@@ -97,7 +105,7 @@ def jobs(
     out = []
     for task in tasks:
         config, _, _, task_epochs = TASKS[task]
-        recipe, task_epochs = RECIPES.get((task, size), ((), task_epochs))
+        task_epochs = RECIPES.get((task, size), ((), task_epochs))[1]
         for seed in seeds:
             for method in methods:
                 name = method.replace(" ", "_").replace(",", "")
@@ -105,10 +113,7 @@ def jobs(
                 at = "" if size == (60, 80) else f"{size[0]}x{size[1]}-"
                 key = f"{task}-{at}{name}-seed{seed}"
                 overrides = (
-                    *recipe,
-                    *METHODS[method],
-                    *TASK_OVERRIDES.get((task, method), ()),
-                    f"data.path={cache(task, size)}",
+                    *method_overrides(task, method, size),
                     f"train.epochs={epochs or task_epochs}",
                     f"train.seed={seed}",
                 )

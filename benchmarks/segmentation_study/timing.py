@@ -9,7 +9,7 @@ import time
 import warnings
 
 from .._report import markdown_table
-from .spec import METHODS, TASKS, cache
+from .spec import METHODS, TASKS, method_overrides
 
 
 def timing(steps: int, task: str, size: tuple[int, int]) -> str:
@@ -31,12 +31,11 @@ def _timing(steps: int, task: str, size: tuple[int, int], tmp: str) -> str:
     torch.set_num_threads(2)
     config = TASKS[task][0]
     trainers = {}
-    for method, overrides in METHODS.items():
+    for method in METHODS:
         cfg = config_mod.load(
             config,
             [
-                *overrides,
-                f"data.path={cache(task, size)}",
+                *method_overrides(task, method, size),  # what the study's run of it trains
                 "train.checkpoint=false",
                 f"train.out={tmp}/" + method.replace(" ", "_"),
             ],
@@ -124,11 +123,11 @@ def _loss_cost(trainers: dict, step: float, reps: int = 100) -> str:
 def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
     """Each objective's own work in a step, interleaved: forward + backward of its loss (on random
     shape scores of the batch's images; for ``target: pixels`` on the batch's pixel margins, their
-    computation from the logits included), an Adam step on its parameters, ``after_step_``; its
+    computation from the logits and the choice of the labelled pixels included), an Adam step on its parameters, ``after_step_``; its
     share of the baseline step."""
     import torch
 
-    from train.build import pixel_scores
+    from train.build import labelled_pixel_scores
     from train.data import IGNORE_INDEX
 
     regs = {m: t[0] for m, t in trainers.items() if t[0].reg is not None}
@@ -140,8 +139,7 @@ def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
         else:
             with torch.no_grad():
                 logits = s.model(batch["image"])[0]
-            labelled = batch["label"] != IGNORE_INDEX
-            inputs[method] = (logits, labelled, batch["pixel"][labelled])
+            inputs[method] = (logits, batch["label"], batch["pixel"])
     optimizers = {  # soft-F1 has no parameters of its own
         m: torch.optim.Adam(s.reg.parameters(), 1e-2) if list(s.reg.parameters()) else None
         for m, s in regs.items()
@@ -155,8 +153,10 @@ def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
                 idx = inputs[method][1]
                 x = u[: len(idx)].clone().requires_grad_()
             else:
-                logits, labelled, idx = inputs[method]
-                x = pixel_scores(logits.detach().requires_grad_(), s.pixel_classes)[labelled]
+                logits, labels, pixels = inputs[method]
+                x, idx = labelled_pixel_scores(
+                    logits.detach().requires_grad_(), s.pixel_classes, labels, pixels, IGNORE_INDEX
+                )
             opt = optimizers[method]
             if opt is not None:
                 opt.zero_grad()

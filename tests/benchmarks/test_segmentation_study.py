@@ -32,6 +32,18 @@ def test_grid_is_task_major_and_every_method_shares_data_seed_and_epochs():
         assert shared[1:] == [f"train.epochs={epochs}", f"train.seed={job.key[-1]}"]
 
 
+def test_a_timing_trains_what_the_run_of_the_method_trains():
+    """``timing`` builds each method from ``spec.method_overrides``, as ``jobs`` does: the task's
+    settings of a method (the 11-class per-image F-beta scores every class) and the recipe."""
+    size = (120, 160)
+    for task, method in [("all", "per-image F-beta"), ("sky", "Dice"), ("all", "baseline")]:
+        (job,) = [j for t, m, j in spec.jobs(None, [0], [task], [method], size=size)]
+        assert job.overrides[:-2] == spec.method_overrides(task, method, size)
+    wanted = spec.method_overrides("all", "per-image F-beta", size)
+    assert "regularizer.fbeta.positive_classes=[0,1,2,3,4,5,6,7,8,9,10]" in wanted
+    assert "optim.schedule=poly" in wanted
+
+
 def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     camvid = write_layout(tmp_path / "camvid", n=4, hw=(32, 48))
     monkeypatch.chdir(tmp_path)  # caches under ./data, configs from ./configs

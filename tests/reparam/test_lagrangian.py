@@ -202,10 +202,13 @@ def test_training_runs_equal_the_old_composition(options, monkeypatch):
 
 # Dispatched tensor operations of one steady step (paper preset, B = 100; the backward without
 # zero_grad). Before issue 31: reg(u, idx) 44, backward 12; after_step_ sparse_sgd 17, lazy Adam 39.
+# The sparse rules' paired-row adds (reparam.sparse.add_rows_) dispatch 3 operations more than
+# index_add_ (the int64 row index, broadcast over the pair) and take less time: 5.9 vs 7.5 us at
+# B = 100, 6.8 vs 18 us at B = 300 (torch 2.13, one CPU thread).
 OP_BUDGET = {
     "dense": {"forward": 26, "backward": 10, "after_step_": 0},
-    "sparse_sgd": {"forward": 26, "backward": 10, "after_step_": 10},
-    "sparse_adam": {"forward": 26, "backward": 10, "after_step_": 32},
+    "sparse_sgd": {"forward": 26, "backward": 13, "after_step_": 10},
+    "sparse_adam": {"forward": 26, "backward": 13, "after_step_": 34},
 }
 
 

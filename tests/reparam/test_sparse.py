@@ -246,3 +246,18 @@ def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
         c = FBetaRegularizer(LABELS, **kw)
         c(u[first].clone().requires_grad_(), first).backward()
         c.share_sparse_grads_(lambda t: t, 2, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_paired_row_adds_equal_index_add_with_repeated_rows(dtype, index_dtype):
+    """``add_rows_`` (scatter over the pair) sums exactly what ``index_add_`` sums, repeats in order."""
+    from reparam.sparse import add_rows_
+
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(0, 50, (400,), generator=g).to(index_dtype)  # many repeats
+    values = torch.randn(400, 2, generator=g, dtype=dtype)
+    state = torch.randn(50, 2, generator=g, dtype=dtype)
+    want = state.clone().index_add_(0, rows, values)
+    add_rows_(state, rows, values)
+    assert torch.equal(state, want)

@@ -55,6 +55,31 @@ def test_pixel_scores_are_one_vs_rest_margins():
         assert torch.equal(u[..., col] > 0, z.argmax(-1) == c)
 
 
+def test_pixel_scores_with_tied_logits_take_the_max_over_the_other_classes():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]]).view(2, 4, 1, 1)
+    u = pixel_scores(logits, [0, 1, 2, 3]).view(2, 4)
+    # a tie for the top: both tied classes at margin 0 (neither wins), the rest below it
+    torch.testing.assert_close(u, torch.tensor([[-2.0, 0.0, 0.0, -3.0], [0.0, 0.0, 0.0, 0.0]]))
+
+
+def test_labelled_pixel_scores_drop_the_ignored_pixels_and_keep_gradients():
+    from train.build import labelled_pixel_scores
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5, 4, 6, generator=g, requires_grad=True)
+    labels = torch.randint(0, 5, (3, 4, 6), generator=g)
+    labels[0, :2] = labels[2, 3, 1:] = IGNORE_INDEX
+    pixels = torch.randperm(3 * 4 * 6, generator=g).view(3, 4, 6).int()
+    u, idx = labelled_pixel_scores(logits, [2, 4], labels, pixels, IGNORE_INDEX)
+    keep = labels != IGNORE_INDEX
+    assert u.shape == (int(keep.sum()), 2) and idx.dtype == torch.int32
+    assert torch.equal(idx, pixels[keep])
+    torch.testing.assert_close(u, pixel_scores(logits, [2, 4])[keep])
+    u.sum().backward()
+    assert bool((logits.grad.movedim(1, -1)[~keep] == 0).all())  # ignored pixels get no gradient
+    assert bool((logits.grad.movedim(1, -1)[keep] != 0).any())
+
+
 def test_target_pixels_config_errors(tmp_path):
     with pytest.raises(
         ValueError, match=r"regularizer\.target=pixels needs regularizer\.name=fbeta"
