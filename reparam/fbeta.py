@@ -272,10 +272,10 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
         else:  # one entry per (sample, class column), each in its problem
             problem, scale, eps_weight = self._batch_problems(idx)
-            rows = rows.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
-            u, problem = u.reshape(-1), problem.reshape(-1)
+            columns = len(self.classes)
             row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
-            is_pos = (rows >= 0) & (row_problem == problem)
+            is_pos = ((rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)).reshape(-1)
+            u, problem = u.reshape(-1), problem.reshape(-1)
         if projection == "tracked":  # the batch's rows as values; the loss sees e*
             if self.tau_update == "dense":  # the optimizer moved every row: re-test all, O(n)
                 self._retest_all_()
@@ -283,6 +283,12 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             eps, share = self._tracked_threshold(self.eps_param)
             if problem is None:
                 share = share.view(())
+        if problem is not None:
+            # a sample is a positive of at most one problem (its class's, or its (class, group)'s):
+            # its row of tau (one per sample, gathered and stepped once) serves every column
+            rows = rows.unsqueeze(1).expand(-1, columns).reshape(-1)
+            if sink is not None:
+                sink = partial(_one_row_per_sample, sink, columns)
         return batch_lagrangian(
             eps,
             tau,
@@ -585,3 +591,12 @@ def _mean_of(xs: list[float]) -> float | None:
 
 def _mean_or_none(xs: list) -> float | None:
     return None if any(x is None for x in xs) else sum(xs) / len(xs)
+
+
+def _one_row_per_sample(sink, columns: int, slots: Tensor, touched: Tensor, grad: Tensor) -> None:
+    """A sparse gradient sink fed per (sample, column) entry, called once per sample: a sample's
+    row of ``tau`` is touched by its one positive column at most, so the sparse step and the
+    tracked set work on ``B`` rows, not ``B * columns`` (the 11-class per-image F-beta: 11x fewer)."""
+    touched = touched.view(-1, columns)
+    grad = torch.where(touched, grad.view(-1, columns), 0.0).sum(1)
+    sink(slots.view(-1, columns)[:, 0], touched.any(1), grad)

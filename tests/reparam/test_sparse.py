@@ -261,3 +261,19 @@ def test_paired_row_adds_equal_index_add_with_repeated_rows(dtype, index_dtype):
     want = state.clone().index_add_(0, rows, values)
     add_rows_(state, rows, values)
     assert torch.equal(state, want)
+
+
+@pytest.mark.parametrize("projection", ["epoch", "tracked"])
+def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
+    """A sample is a positive of one class at most: the sparse step and the tracked set see the
+    batch's B rows, not B x classes entries (the 11-class per-image F-beta's cost)."""
+    reg = FBetaRegularizer(
+        LABELS, positive_classes=(0, 1, 2), tau_update="sparse_adam", projection=projection
+    )
+    idx = torch.arange(12)
+    u = torch.randn(12, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    reg(u, idx).backward()
+    ((rows, touched, grad),) = reg._pending
+    assert rows.numel() == touched.numel() == grad.numel() == 12
+    assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
+    torch.testing.assert_close(reg._tau_grad[:, 1].sum(), torch.tensor(12.0))  # one count each
