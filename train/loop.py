@@ -203,7 +203,8 @@ def setup(
         net = nn.parallel.DistributedDataParallel(
             model,
             device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=reg is None,  # the baseline never uses the shape head
+            # the shape head is unused by the baseline and by an objective on the pixels
+            find_unused_parameters=reg is None or pixels,
         )
     sampler = train_loader.sampler.sampler  # batch_size=None: .sampler is the batch sampler
     state = TrainState(
@@ -478,8 +479,9 @@ def train_step(
         loss.backward()
     distributed.average_gradients_(s.reg_params)
     if s.written is not None and getattr(reg, "tau_update", "dense") != "dense":
-        # several processes, sparse tau: the mean gradient over the processes' touched rows
-        reg.share_sparse_grads_(distributed.all_gather, distributed.world_size(), len(y))
+        # several processes, sparse tau: the mean gradient over the processes' touched rows,
+        # padded to the batch's samples (its images' pixels for target: pixels; equal on all ranks)
+        reg.share_sparse_grads_(distributed.all_gather, distributed.world_size(), y.numel())
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()

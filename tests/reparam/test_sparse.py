@@ -277,3 +277,4 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
     assert rows.numel() == touched.numel() == grad.numel() == 12
     assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
     torch.testing.assert_close(reg._tau_grad[:, 1].sum(), torch.tensor(12.0))  # one count each
+    reg.share_sparse_grads_(lambda t: t, 1, 12)  # a batch of 12 samples: 12 entries to share

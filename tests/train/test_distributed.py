@@ -135,6 +135,21 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
     )
 
 
+def _pixel_worker(rank: int, world: int, port: int, overrides: list[str], folder: str) -> None:
+    """``loop.run`` of the tiny COCO-Stuff config as one rank; saves its regularizer's state."""
+    _join_env(rank, world, port)
+    built: dict[str, Any] = {}
+    build_regularizer_ = loop.build_regularizer
+
+    def build_regularizer(*args: Any, **kwargs: Any) -> Any:
+        built["regularizer"] = build_regularizer_(*args, **kwargs)
+        return built["regularizer"]
+
+    loop.build_regularizer = build_regularizer
+    loop.run(C.load(ROOT / "configs" / "cocostuff_tiny.yaml", overrides), log=lambda *_: None)
+    _record(folder, rank, {"regularizer": built["regularizer"].state_dict()})
+
+
 def _poisoned_worker(rank: int, world: int, port: int, overrides: list[str], folder: str) -> None:
     """``loop.run`` as one rank of ``world`` whose training forward pass 3 gives NaN logits on
     rank 1 only; saves the final model, regularizer and summary."""
@@ -343,6 +358,33 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
         assert int(one["tau_adam_step"]) == 2 * N // 20
     if projection == "tracked":  # the threshold's active set is neither empty nor everything
         assert 0 < float(one["active_sums"][0, 1]) < one["tau_param"].numel()
+
+
+def test_the_per_image_fbeta_on_two_processes_keeps_one_state(coco_cache_sky, tmp_path):
+    """``regularizer.target: pixels`` (the samples are pixels, ~B H W a step) under 2 processes:
+    each exchanges its batch's touched pixel rows (padded to its B H W pixels, the same on every
+    rank), and both ranks end with the same regularizer state, moved by the steps."""
+    overrides = [
+        f"data.path={coco_cache_sky}",
+        f"train.out={tmp_path / 'run'}",
+        "regularizer.name=fbeta",
+        "regularizer.alpha=1.0",
+        "regularizer.target=pixels",
+        "regularizer.projection=null",
+        "data.scale_range=null",
+        "train.epochs=1",
+        "train.device=cpu",
+        "train.num_threads=1",
+        "train.progress=false",
+    ]
+    folder = tmp_path / "records"
+    folder.mkdir()
+    _spawn(_pixel_worker, 2, overrides, str(folder))
+    rank0, rank1 = (r["regularizer"] for r in _records(folder, 2))
+    for k, value in rank0.items():
+        assert torch.equal(value, rank1[k]), k
+    assert int(rank0["tau_adam_step"]) > 0
+    assert float(rank0["tau_adam_moments"].abs().sum()) > 0
 
 
 def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp_path):
