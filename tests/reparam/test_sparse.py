@@ -278,3 +278,31 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
     assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
     torch.testing.assert_close(reg._tau_grad[:, 1].sum(), torch.tensor(12.0))  # one count each
     reg.share_sparse_grads_(lambda t: t, 1, 12)  # a batch of 12 samples: 12 entries to share
+
+
+@pytest.mark.parametrize("projection", ["epoch", "tracked"])
+def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
+    projection, monkeypatch
+):
+    """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only for the sparse step;
+    the state ends where keeping every entry leaves it."""
+    from reparam import fbeta
+
+    labels = (torch.rand(20000, generator=torch.Generator().manual_seed(0)) < 0.3).long()
+    states = {}
+    for compact in (True, False):
+        monkeypatch.setattr(fbeta, "COMPACT_FROM", 4096 if compact else 10**9)
+        reg = FBetaRegularizer(labels, tau_update="sparse_adam", projection=projection)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            idx = torch.randperm(20000, generator=gen)[:5000]
+            reg(torch.randn(5000, generator=gen, requires_grad=True), idx).backward()
+            if compact:
+                ((rows, touched, _),) = reg._pending
+                assert bool(touched.all()) and rows.numel() == int(labels[idx].sum())
+            reg.after_step_()
+        states[compact] = reg.state_dict()
+    kept, every = states.values()
+    for k, value in every.items():
+        torch.testing.assert_close(kept[k], value, rtol=0, atol=0, msg=k)
+    assert not torch.equal(every["tau_param"], torch.ones_like(every["tau_param"]))
