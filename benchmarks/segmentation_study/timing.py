@@ -123,48 +123,59 @@ def _loss_cost(trainers: dict, step: float, reps: int = 100) -> str:
 def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
     """Each objective's own work in a step, interleaved: forward + backward of its loss (on random
     shape scores of the batch's images; for ``target: pixels`` on the batch's pixel margins, their
-    computation from the logits and the choice of the labelled pixels included), an Adam step on its parameters, ``after_step_``; its
-    share of the baseline step."""
+    computation from the logits and the choice of the labelled pixels included), an Adam step on
+    its parameters, ``after_step_``; its share of the baseline step. An objective on the pixels is
+    also timed as ``train.compile: true`` runs it (``reg.compile()``: the L_B forward one fused
+    kernel; compiled before the timed steps)."""
+    import copy
+
     import torch
 
     from train.build import labelled_pixel_scores
     from train.data import IGNORE_INDEX
 
-    regs = {m: t[0] for m, t in trainers.items() if t[0].reg is not None}
-    inputs = {}
-    for method, s in regs.items():
+    regs, inputs = {}, {}  # method -> (regularizer, pixel classes); its batch
+    for method, (s, *_) in trainers.items():
+        if s.reg is None:
+            continue
         batch = _batch(s)
+        regs[method] = (s.reg, s.pixel_classes)
         if s.pixel_classes is None:
             inputs[method] = (None, batch["index"])
-        else:
-            with torch.no_grad():
-                logits = s.model(batch["image"])[0]
-            inputs[method] = (logits, batch["label"], batch["pixel"])
+            continue
+        with torch.no_grad():
+            logits = s.model(batch["image"])[0]
+        inputs[method] = (logits, batch["label"], batch["pixel"])
+        compiled = copy.deepcopy(s.reg)
+        compiled.compile()
+        regs[f"{method}, compiled"] = (compiled, s.pixel_classes)
+        inputs[f"{method}, compiled"] = inputs[method]
     optimizers = {  # soft-F1 has no parameters of its own
-        m: torch.optim.Adam(s.reg.parameters(), 1e-2) if list(s.reg.parameters()) else None
-        for m, s in regs.items()
+        m: torch.optim.Adam(reg.parameters(), 1e-2) if list(reg.parameters()) else None
+        for m, (reg, _) in regs.items()
     }
     times: dict[str, list[float]] = {m: [] for m in regs}
-    for k in range(reps):
-        u = torch.randn(8, generator=torch.Generator().manual_seed(k))
-        for method, s in regs.items():
+    for k in range(-2, reps):  # 2 untimed rounds: the compiled objectives compile
+        u = torch.randn(8, generator=torch.Generator().manual_seed(k + 2))
+        for method, (reg, classes) in regs.items():
             t0 = time.perf_counter()
-            if s.pixel_classes is None:
+            if classes is None:
                 idx = inputs[method][1]
                 x = u[: len(idx)].clone().requires_grad_()
             else:
                 logits, labels, pixels = inputs[method]
                 x, idx = labelled_pixel_scores(
-                    logits.detach().requires_grad_(), s.pixel_classes, labels, pixels, IGNORE_INDEX
+                    logits.detach().requires_grad_(), classes, labels, pixels, IGNORE_INDEX
                 )
             opt = optimizers[method]
             if opt is not None:
                 opt.zero_grad()
-            s.reg(x, idx).backward()
+            reg(x, idx).backward()
             if opt is not None:
                 opt.step()
-            s.reg.after_step_()
-            times[method].append(time.perf_counter() - t0)
+            reg.after_step_()
+            if k >= 0:
+                times[method].append(time.perf_counter() - t0)
     medians = {method: statistics.median(ts) for method, ts in times.items()}
     return markdown_table(
         ["objective's own work per step", "ms", "/ baseline step"],
