@@ -107,7 +107,9 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     assert rows["baseline"].endswith("| 1.000 |")
     assert text.count("| fbeta defaults |") == 2  # the step ratio and its own work
     assert text.count("| per-image F-beta |") == 2  # the step ratio and its own work on the pixels
-    assert text.count("| per-image F-beta, compiled |") == 1  # its own work as train.compile runs it
+    assert (
+        text.count("| per-image F-beta, compiled |") == 1
+    )  # its own work as train.compile runs it
     for loss in ("Dice", "Lovasz per image + CE", "focal", "median-frequency CE", "group DRO"):
         assert text.count(f"| {loss} |") == 2  # the step ratio and the task loss's cost
     shutil.rmtree(tmp_path / "data")  # a clone without the cache: the archived floor
