@@ -32,7 +32,14 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian, lagrangian_terms
-from .sparse import TAU_UPDATES, accumulate_, sparse_step_, zero_rows_
+from .sparse import (
+    TAU_UPDATES,
+    accumulate_,
+    one_row_per_sample,
+    sparse_step_,
+    touched_only,
+    zero_rows_,
+)
 from .tracked import TrackedActiveSet
 
 # tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
@@ -284,11 +291,10 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             if problem is None:
                 share = share.view(())
         if problem is not None:
-            # a sample is a positive of at most one problem (its class's, or its (class, group)'s):
-            # its row of tau (one per sample, gathered and stepped once) serves every column
+            # a sample is a positive of one problem at most: its row serves every column
             rows = rows.unsqueeze(1).expand(-1, columns).reshape(-1)
             if sink is not None:
-                sink = partial(_one_row_per_sample, sink, columns)
+                sink = partial(one_row_per_sample, sink, columns)
         return batch_lagrangian(
             eps,
             tau,
@@ -332,16 +338,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         return None if self.tau_update == "dense" else self._add_tau_grad
 
     def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
-        """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient.
-
-        A large batch on the CPU keeps its touched entries only (the positives; a batch of
-        pixels is mostly negatives, which stand at row 0 with no gradient): the accumulation, the
-        sparse step and the tracked set then work on those. Elsewhere every entry is kept: a
-        size read from the data is a device synchronization per step on an accelerator."""
-        if rows.device.type == "cpu" and rows.numel() >= COMPACT_FROM:
-            keep = touched.nonzero().squeeze(1)
-            rows, touched = rows.index_select(0, keep), touched.index_select(0, keep)
-            grad = grad.index_select(0, keep)
+        """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient (a
+        large batch on the CPU: its touched entries, ``sparse.touched_only``)."""
+        rows, touched, grad = touched_only(rows, touched, grad)
         grad = grad.to(self._tau_grad)
         accumulate_(self._tau_grad, rows, touched, grad)
         self._pending.append((rows, touched, grad))
@@ -384,11 +383,8 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
         (``reparam.sparse``), then the base's (projection in mode ``"step"``)."""
         if self._pending:
-            if len(self._pending) == 1:
-                rows, touched, _ = self._pending[0]
-            else:
-                rows = torch.cat([r for r, _, _ in self._pending])
-                touched = torch.cat([t for _, t, _ in self._pending])
+            parts = list(zip(*self._pending, strict=True))[:2]  # rows, touched of each pass
+            rows, touched = (p[0] if len(p) == 1 else torch.cat(p) for p in parts)
             self._pending.clear()
             adam = self.tau_update == "sparse_adam"
             step = partial(
@@ -600,17 +596,3 @@ def _mean_of(xs: list[float]) -> float | None:
 
 def _mean_or_none(xs: list) -> float | None:
     return None if any(x is None for x in xs) else sum(xs) / len(xs)
-
-
-# entries of a batch from which the CPU path keeps the touched ones only (FBetaRegularizer.
-# _add_tau_grad): below it the three extra operations cost more than they save (S-MNIST's B = 100)
-COMPACT_FROM = 4096
-
-
-def _one_row_per_sample(sink, columns: int, slots: Tensor, touched: Tensor, grad: Tensor) -> None:
-    """A sparse gradient sink fed per (sample, column) entry, called once per sample: a sample's
-    row of ``tau`` is touched by its one positive column at most, so the sparse step and the
-    tracked set work on ``B`` rows, not ``B * columns`` (the 11-class per-image F-beta: 11x fewer)."""
-    touched = touched.view(-1, columns)
-    grad = torch.where(touched, grad.view(-1, columns), 0.0).sum(1)
-    sink(slots.view(-1, columns)[:, 0], touched.any(1), grad)

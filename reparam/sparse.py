@@ -111,3 +111,30 @@ def zero_rows_(acc: Tensor, rows: Tensor) -> None:
     takes int64: the batch's ``B`` rows are converted, measured cheaper on the CPU than a
     ``scatter_`` or ``index_put_`` with int32 indices)."""
     acc.index_fill_(0, rows.long(), 0.0)
+
+
+# entries of a batch from which the CPU keeps the touched ones only (touched_only): below it the
+# three extra operations cost more than they save (S-MNIST's B = 100)
+COMPACT_FROM = 4096
+
+
+def touched_only(rows: Tensor, touched: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A large batch's ``(rows, touched, grad)`` on the CPU reduced to its touched entries (a
+    batch of pixels is mostly negatives, which stand at row 0 with no gradient): the
+    accumulation, the sparse step and the tracked set then work on the positives. Elsewhere, or
+    below ``COMPACT_FROM`` entries, unchanged: on an accelerator the size read from the data would
+    synchronize every step (docs/method.md sec. 11)."""
+    if rows.device.type != "cpu" or rows.numel() < COMPACT_FROM:
+        return rows, touched, grad
+    keep = touched.nonzero().squeeze(1)
+    return rows.index_select(0, keep), touched.index_select(0, keep), grad.index_select(0, keep)
+
+
+def one_row_per_sample(sink, columns: int, slots: Tensor, touched: Tensor, grad: Tensor) -> None:
+    """A sparse gradient sink fed one entry per (sample, column), called once per sample: a
+    sample's row of ``tau`` is touched by its one positive column at most, so the sparse step and
+    the tracked set work on ``B`` rows, not ``B * columns`` (the 11-class per-image F-beta: 11x
+    fewer)."""
+    touched = touched.view(-1, columns)
+    grad = torch.where(touched, grad.view(-1, columns), 0.0).sum(1)
+    sink(slots.view(-1, columns)[:, 0], touched.any(1), grad)

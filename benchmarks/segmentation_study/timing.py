@@ -127,29 +127,12 @@ def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
     its parameters, ``after_step_``; its share of the baseline step. An objective on the pixels is
     also timed as ``train.compile: true`` runs it (``reg.compile()``: the L_B forward one fused
     kernel; compiled before the timed steps)."""
-    import copy
-
     import torch
 
     from train.build import labelled_pixel_scores
     from train.data import IGNORE_INDEX
 
-    regs, inputs = {}, {}  # method -> (regularizer, pixel classes); its batch
-    for method, (s, *_) in trainers.items():
-        if s.reg is None:
-            continue
-        batch = _batch(s)
-        regs[method] = (s.reg, s.pixel_classes)
-        if s.pixel_classes is None:
-            inputs[method] = (None, batch["index"])
-            continue
-        with torch.no_grad():
-            logits = s.model(batch["image"])[0]
-        inputs[method] = (logits, batch["label"], batch["pixel"])
-        compiled = copy.deepcopy(s.reg)
-        compiled.compile()
-        regs[f"{method}, compiled"] = (compiled, s.pixel_classes)
-        inputs[f"{method}, compiled"] = inputs[method]
+    regs, inputs = _objectives(trainers)
     optimizers = {  # soft-F1 has no parameters of its own
         m: torch.optim.Adam(reg.parameters(), 1e-2) if list(reg.parameters()) else None
         for m, (reg, _) in regs.items()
@@ -181,3 +164,29 @@ def _regularizer_cost(trainers: dict, step: float, reps: int = 100) -> str:
         ["objective's own work per step", "ms", "/ baseline step"],
         [[m, f"{t * 1e3:.2f}", f"{t / step * 100:.2f} %"] for m, t in medians.items()],
     )
+
+
+def _objectives(trainers: dict) -> tuple[dict, dict]:
+    """``method -> (regularizer, pixel classes)`` and ``method -> its batch`` of every objective,
+    an objective on the pixels also compiled (``train.compile``'s ``reg.compile()``)."""
+    import copy
+
+    import torch
+
+    regs, inputs = {}, {}
+    for method, (s, *_) in trainers.items():
+        if s.reg is None:
+            continue
+        batch = _batch(s)
+        regs[method] = (s.reg, s.pixel_classes)
+        if s.pixel_classes is None:
+            inputs[method] = (None, batch["index"])
+            continue
+        with torch.no_grad():
+            logits = s.model(batch["image"])[0]
+        inputs[method] = (logits, batch["label"], batch["pixel"])
+        compiled = copy.deepcopy(s.reg)
+        compiled.compile()
+        regs[f"{method}, compiled"] = (compiled, s.pixel_classes)
+        inputs[f"{method}, compiled"] = inputs[method]
+    return regs, inputs

@@ -286,12 +286,12 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
 ):
     """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only for the sparse step;
     the state ends where keeping every entry leaves it."""
-    from reparam import fbeta
+    from reparam import sparse
 
     labels = (torch.rand(20000, generator=torch.Generator().manual_seed(0)) < 0.3).long()
     states = {}
     for compact in (True, False):
-        monkeypatch.setattr(fbeta, "COMPACT_FROM", 4096 if compact else 10**9)
+        monkeypatch.setattr(sparse, "COMPACT_FROM", 4096 if compact else 10**9)
         reg = FBetaRegularizer(labels, tau_update="sparse_adam", projection=projection)
         gen = torch.Generator().manual_seed(1)
         for _ in range(4):
