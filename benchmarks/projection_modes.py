@@ -1,6 +1,9 @@
 """Why F-beta offers each projection mode: the defaults with the projection moved, on fixed features.
 
     python -m benchmarks.projection_modes --jobs 2 --out docs/figures     # resumable
+    python -m benchmarks.projection_modes --out docs/figures --name tau_update_quality \
+        --arms "inline, exact (dense tau)" "projection tracked" "projection tracked, sparse tau" \
+        "projection tracked, sparse tau ahead"          # issue 31: the tau update rules (~10 min)
 
 The runs of ``benchmarks.compare.fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
 seeds 0-2) for the library's defaults (``projection="inline"``, exact; dual steps 0.1; capped) and
@@ -8,12 +11,13 @@ for the same settings with the projection after every optimizer step (``step``),
 (``epoch``, Algorithm 3's place), never (``none``), the batch's rows clipped at ``eps`` with the
 exact projection at every epoch end (``clip``: with a dense ``tau``, and with the sparse one at the
 head's step 1e-2 and at 1e-3), the inline projection's threshold over a tracked active set
-(``tracked``: with a dense ``tau``, and with the sparse one at 1e-2) and inline but smooth (``inline_strength`` 0.05, 0.2:
+(``tracked``: with a dense ``tau``, and with the sparse one at 1e-2, lazy and ahead: since issue
+31 the library's default) and inline but smooth (``inline_strength`` 0.05, 0.2:
 ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of ``u > 0``,
 the certified F1 bound and the LP gap of the final scores (the (3') objective at their best feasible
 ``eps``, relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1
 over the last 20 epochs and the seconds per epoch. Runs are shared with ``compare.fixed``
-(``--runs``).
+(``--runs``). ``--arms`` (their labels) keeps some arms, written to ``--name``.md/.png.
 """
 
 from __future__ import annotations
@@ -30,21 +34,23 @@ from .compare.fixed.spec import BATCH, EPOCHS, MODE_FAMILIES, SEEDS
 from .compare.fixed.tables import references
 from .sweep import run_pool
 
-DEFAULTS = ("reparam F-beta, inline, capped", 0.1)  # compare.fixed's family at its default step
+# compare.fixed's family at its default step: the library's defaults with a dense tau (the default
+# tau update below 2^20 positives before issue 31)
+DEFAULTS = ("reparam F-beta, inline, capped", 0.1)
 PROBLEMS = ("2-D, 40/60", "20-D, 200/300", "10-D, 50/950")
 ARMS = [DEFAULTS, *((family, None) for family in MODE_FAMILIES)]
 
 
 def _label(family: str) -> str:
-    return "defaults (inline, exact)" if family == DEFAULTS[0] else family.split(" but ")[1]
+    return "inline, exact (dense tau)" if family == DEFAULTS[0] else family.split(" but ")[1]
 
 
-def table(records: list[dict], optima: dict[str, float]) -> str:
+def table(records: list[dict], optima: dict[str, float], arms: list = ARMS) -> str:
     """One row per arm and problem: F1, the certified F1 bound and the LP gap (feasible runs),
     last-20 sd, seconds per epoch."""
     rows = []
     for problem in PROBLEMS:
-        for family, _ in ARMS:
+        for family, _ in arms:
             rs = [r for r in records if (r["problem"], r["family"]) == (problem, family)]
             gaps = [
                 (r["lp_objective"] - optima[problem]) / optima[problem] * 100
@@ -77,10 +83,10 @@ def table(records: list[dict], optima: dict[str, float]) -> str:
     return markdown_table(header, rows)
 
 
-def plot(records: list[dict], path: Path) -> None:
+def plot(records: list[dict], path: Path, arms: list = ARMS) -> None:
     fig, axes = subplots(1, len(PROBLEMS), figsize=(4 * len(PROBLEMS), 3), sharey=True)
     for ax, problem in zip(axes, PROBLEMS, strict=True):
-        for family, _ in ARMS:
+        for family, _ in arms:
             f1s = [r["f1"] for r in records if (r["problem"], r["family"]) == (problem, family)]
             ax.scatter([_label(family)] * len(f1s), f1s, s=12)
         ax.set_title(problem, fontsize=9)
@@ -94,22 +100,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=Path, default=Path("runs/compare_fixed"))
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     p.add_argument("--jobs", type=int, default=2)
+    labels = [_label(family) for family, _ in ARMS]
+    p.add_argument("--arms", nargs="+", choices=labels, default=labels, metavar="ARM")
+    p.add_argument("--name", default="projection_modes", help="output file stem")
     a = p.parse_args(argv)
+    arms = [arm for arm in ARMS if _label(arm[0]) in a.arms]
     a.runs.mkdir(parents=True, exist_ok=True)
-    jobs = [(pr, f, v, s, BATCH, EPOCHS) for pr in PROBLEMS for f, v in ARMS for s in SEEDS]
+    jobs = [(pr, f, v, s, BATCH, EPOCHS) for pr in PROBLEMS for f, v in arms for s in SEEDS]
     todo = [j for j in jobs if not (a.runs / record_name(*j)).is_file()]
     print(f"{len(todo)} runs to do", flush=True)
     run_pool(run_one, todo, a.jobs, partial(save_record, a.runs))
     records = [json.loads((a.runs / record_name(*j)).read_text()) for j in jobs]
     optima = {problem: references(problem)["lp_optimum"] for problem in PROBLEMS}
+    subset = (
+        "" if arms == ARMS else f" --name {a.name} --arms " + " ".join(f'"{x}"' for x in a.arms)
+    )
     text = (
-        "<!-- python -m benchmarks.projection_modes --jobs 2 -->\n"
+        f"<!-- python -m benchmarks.projection_modes --jobs 2{subset} -->\n"
         "F-beta's defaults with the projection moved (benchmarks/projection_modes.py), "
-        f"{EPOCHS} epochs, seeds {list(SEEDS)}, mean ± sd\n\n" + table(records, optima) + "\n"
+        f"{EPOCHS} epochs, seeds {list(SEEDS)}, mean ± sd\n\n" + table(records, optima, arms) + "\n"
     )
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "projection_modes.md").write_text(text)
-    plot(records, a.out / "projection_modes.png")
+    (a.out / f"{a.name}.md").write_text(text)
+    plot(records, a.out / f"{a.name}.png", arms)
     print(text)
     return 0
 

@@ -8,8 +8,9 @@ batches of ``--batch`` random indices, a random score per sample with a gradient
 the regularizer's parameters, ``after_step_()`` after every step; every measurement in a fresh
 process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
 exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
-Modes: ``MODES`` below (the library's defaults, which switch to the sparse ``tau`` and the
-``tracked`` projection from 2^20 positives; the ``clip`` projection with a sparse ``tau``
+Modes: ``MODES`` below (the library's defaults: ``sparse_adam_ahead`` and the ``tracked``
+projection at every n; the exact inline projection with a dense ``tau``, the default below 2^20
+positives before issue 31; the ``clip`` projection with a sparse ``tau``
 update, O(B) per step; the projection once per epoch with a sparse ``tau`` update; the ``tracked``
 projection with a sparse ``tau`` update, O(B) per step), all or ``--modes``. Reported per mode, n
 and processes: the median step time (after
@@ -23,11 +24,13 @@ State per mode (docs/method.md sec. 11), per sample + per positive, and at half 
 
 * per sample, every mode: 13 B (labels int8, ``slot`` int32, one float32 score per positive class,
   ``score_epoch`` int32);
-* default (dense ``tau`` stepped by Adam): + 21 B per positive (``pos_index`` int32, ``tau_group``
+* dense ``tau`` stepped by Adam: + 21 B per positive (``pos_index`` int32, ``tau_group``
   int8, ``tau``, ``lambda``, Adam's two moments): 23.5 B per sample;
 * ``sparse_adam`` (either projection): + 29 B per positive (``pos_index``, ``tau_group``, ``tau``,
   ``lambda``, the lazy Adam moments 8 B, the gradient accumulator 8 B): 27.5 B per sample;
-* projection ``tracked``: + 1 B per positive (the active set, bool): 28 B per sample.
+* projection ``tracked``: + 1 B per positive (the active set, bool): 28 B per sample;
+* ``sparse_adam_ahead`` with ``tracked`` (the default): + 4 B per positive (the step of each row's
+  last touch, int32): 30 B per sample.
 """
 
 from __future__ import annotations
@@ -57,8 +60,10 @@ class ModeSpec:
 
 
 MODES = (
-    # tau_update "auto": dense tau + inline below 2^20 positives, sparse_adam + tracked from there
-    ModeSpec("default (auto: inline + dense tau, tracked + sparse_adam from 2^20 positives)", {}),
+    # tau_update "auto": sparse_adam_ahead + tracked at every n (since issue 31)
+    ModeSpec("default (auto: tracked + sparse_adam_ahead tau)", {}),
+    # the default before issue 31 below 2^20 positives: the exact inline projection, dense tau
+    ModeSpec("inline projection, dense tau", {"tau_update": "dense"}),
     ModeSpec(
         "clip projection, sparse_adam tau", {"projection": "clip", "tau_update": "sparse_adam"}
     ),

@@ -169,6 +169,6 @@ class ReparamRegularizer(ShapeObjective):
 def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
     """A dense-``tau`` state loads into a ``sparse_adam`` regularizer with fresh (zero) moments
     (switching ``tau_update`` between runs is allowed; nothing else is filled in)."""
-    for name in ("tau_adam_moments", "tau_adam_step"):
+    for name in ("tau_adam_moments", "tau_adam_step", "tau_adam_last"):
         if hasattr(module, name) and prefix + name not in state_dict:
             state_dict[prefix + name] = torch.zeros_like(getattr(module, name))

@@ -20,7 +20,7 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -32,28 +32,20 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian, lagrangian_terms
-from .sparse import (
-    TAU_UPDATES,
-    accumulate_,
-    one_row_per_sample,
-    sparse_step_,
-    touched_only,
-    zero_rows_,
-)
+from .sparse import TAU_UPDATES, SparseTau, one_row_per_sample
 from .tracked import TrackedActiveSet
 
 # tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
 # Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-97 %)
 DEFAULT_TAU_LR = 1e-2
 
-# tau_update="auto" with the library's defaults: a sparse tau (lazy Adam) and the tracked
-# projection, O(B) per step, from this many positives on; below it a dense tau and the inline
-# projection (O(n) per step). Measured (docs/figures/scale_n.md, one CPU thread): the dense step
-# is 1.3 ms at 5e3 positives, 1.9 ms at 5e4, 7.6 ms at 5e5 (95 ms at 5e6 in the run before), the
-# sparse tracked one 1.6-2.1 ms at every size; and the sparse tau matches the dense one where
-# steps per epoch are many (S-MNIST, 1200), not on small problems with 25-50 (docs/method.md
-# sec. 3b), which are the small n.
-AUTO_SPARSE_MIN_POSITIVES = 1 << 20
+# tau_update="auto" with the library's defaults: "sparse_adam_ahead" (dense Adam's trajectory at
+# O(B) per step, reparam/sparse.py) and the tracked projection at every n: the step is flat in n
+# (docs/figures/scale_n.md), and the LP gap on the fixed-feature problems is dense Adam's
+# (docs/method.md sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %; lazy Adam lost on
+# the imbalanced one, 4.9 %, with 50 steps per epoch). Before issue 31: dense + inline below 2^20
+# positives, lazy Adam + tracked from there.
+AUTO_TAU_UPDATE = "sparse_adam_ahead"
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
 # docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
@@ -81,7 +73,7 @@ def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
     return {key: value if given.get(key) is None else given[key] for key, value in base.items()}
 
 
-class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
+class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
     one-vs-rest per class.
 
@@ -102,9 +94,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             end; the batch's positives see ``min(tau_k, e*)``, a clipped row's gradient is
             ``dL/de* / (1 + |A|)``, the exact projection's Jacobian; ``A`` moves with ``eps`` as a
             block, its rows stored in ``tau_param`` as offsets above ``eps``: read ``reg.tau``;
-            also with a sparse ``tau``; the default with ``tau_update="auto"`` at scale),
+            also with a sparse ``tau``; the default with ``tau_update="auto"``),
             ``"none"`` (an ablation). ``None``: the preset's (``"inline"``; paper: ``"epoch"``);
-            with the library's preset and a sparse ``tau`` (also ``tau_update="auto"`` at scale),
+            with the library's preset and a sparse ``tau`` (also ``tau_update="auto"``),
             ``"tracked"``.
             The exact projection is ``projections.project_onto_c`` with its fastest method
             (``method="auto"``).
@@ -138,12 +130,15 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             ``after_step_()`` after every optimizer step (or :meth:`attach`) and a projection other
             than ``"inline"`` (which differentiates through the projection of every ``tau``: O(n)
             per step); with ``projection`` and ``preset`` left at ``None`` it takes
-            ``"tracked"``. ``"auto"`` (default): with the library's defaults (``projection`` and
-            ``preset`` ``None``), ``"sparse_adam"`` and projection ``"tracked"`` from
-            ``AUTO_SPARSE_MIN_POSITIVES`` (2^20) positives on, else ``"dense"`` (docs/method.md
-            sec. 11: where each is measured to pay). ``reg.tau_update`` and ``reg.projection``
-            are the resolved values.
-        tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step).
+            ``"tracked"``. ``"sparse_adam_ahead"``: dense Adam's trajectory in O(B) per step
+            (each touched row stores where dense Adam's momentum carries it: docs/method.md sec.
+            11; lazy Adam moves a row touched once per epoch 10x less, and one epoch late).
+            ``"auto"`` (default): with the library's defaults (``projection`` and ``preset``
+            ``None``), ``"sparse_adam_ahead"`` and projection ``"tracked"`` at every size, else
+            ``"dense"``. ``reg.tau_update`` and ``reg.projection`` are the resolved values.
+        tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step; with
+            ``"sparse_adam_ahead"`` and not given, :meth:`attach` makes it follow the lr of the
+            optimizer's group that steps ``eps``: the step a dense ``tau`` would take).
         groups: ``(N,)`` integer group of every training sample (``-1``: in no group), or
             ``None``. Given, the objective is the **grouped F-beta**, the mean over the groups of
             each group's F-beta (a macro F-beta over images, queries or users; per image of a
@@ -205,15 +200,15 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         self.eps_param = nn.Parameter(torch.ones(p))
         tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
         library = preset is None and given_projection is None  # the library's default schedule
-        if tau_update == "auto":  # dense below AUTO_SPARSE_MIN_POSITIVES rows, O(B) above
-            large = n_pos >= AUTO_SPARSE_MIN_POSITIVES
-            tau_update = "sparse_adam" if library and large else "dense"
+        if tau_update == "auto":  # O(B) per step with the library's schedule, else dense
+            tau_update = AUTO_TAU_UPDATE if library else "dense"
         if tau_update != "dense" and library:  # inline needs every row: its O(B) form
             self.projection = "tracked"
         self.tau_update = tau_update
         self.tau_lr = _checks.number(
             "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True
         )
+        self._tau_lr_given = tau_lr is not None  # else attach() follows the optimizer's (ahead)
         if self.tau_update == "dense":
             self.tau_param = nn.Parameter(torch.ones(n_pos))
         else:
@@ -225,15 +220,10 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
                     "tau_update='dense'"
                 )
             self.register_buffer("tau_param", torch.ones(n_pos))
-            if self.tau_update == "sparse_adam":  # lazy Adam's [m, v] per row, and its step count
-                self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
-                self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
-            # the gradient summed since the last step and its count (zero outside touched rows)
-            self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
+            self._init_sparse_tau(n_pos)
         if self.projection == "tracked":  # the projection's active set A (reparam/tracked.py)
             self._init_tracked(n_pos, p)
-        # (rows, touched, grad) of the backward passes since the last step (sparse tau update)
-        self._pending: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._pending: list[tuple[Tensor, Tensor, Tensor]] = []  # sparse tau: the pending grads
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -334,46 +324,6 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
     _terms_fn = None  # None: the eager reparam.lagrangian.lagrangian_terms
 
     @property
-    def _tau_grad_sink(self):
-        return None if self.tau_update == "dense" else self._add_tau_grad
-
-    def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
-        """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient (a
-        large batch on the CPU: its touched entries, ``sparse.touched_only``)."""
-        rows, touched, grad = touched_only(rows, touched, grad)
-        grad = grad.to(self._tau_grad)
-        accumulate_(self._tau_grad, rows, touched, grad)
-        self._pending.append((rows, touched, grad))
-
-    @torch.no_grad()
-    def share_sparse_grads_(
-        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
-    ) -> None:
-        """Data parallelism with a sparse ``tau`` update (docs/method.md sec. 11): make the pending
-        ``tau`` gradient the mean over ``processes`` of every process's, so that every process takes
-        the same step in :meth:`after_step_` (its state stays replicated), as a dense ``tau`` whose
-        gradient is all-reduced would. Exchanges only the touched rows: this process's entries
-        ``(row, touched, grad)`` since the last step, padded to ``size`` (at least their number:
-        the per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
-        ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read.
-        Call it after the backward pass and before ``after_step_()``, on every process."""
-        if self.tau_update == "dense":
-            raise RuntimeError("share_sparse_grads_() is for tau_update='sparse_sgd'/'sparse_adam'")
-        acc = self._tau_grad
-        packed = acc.new_zeros(size, 3, dtype=torch.float64)
-        if self._pending:
-            rows, touched, grad = (torch.cat(parts) for parts in zip(*self._pending, strict=True))
-            if len(rows) > size:
-                raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
-            packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
-            zero_rows_(acc, rows)  # replaced by the mean over processes below
-        every = all_gather(packed)
-        rows, touched = every[:, 0].to(self.slot.dtype), every[:, 1] > 0
-        grad = (every[:, 2] / processes).to(acc.dtype)
-        accumulate_(acc, rows, touched, grad)
-        self._pending = [(rows, touched, grad)]
-
-    @property
     def _needs_after_step(self) -> str | None:
         if self.tau_update != "dense":
             return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
@@ -383,25 +333,7 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
         (``reparam.sparse``), then the base's (projection in mode ``"step"``)."""
         if self._pending:
-            parts = list(zip(*self._pending, strict=True))[:2]  # rows, touched of each pass
-            rows, touched = (p[0] if len(p) == 1 else torch.cat(p) for p in parts)
-            self._pending.clear()
-            adam = self.tau_update == "sparse_adam"
-            step = partial(
-                sparse_step_,
-                self.tau_update,
-                self.tau_param,
-                self._tau_grad,
-                rows,
-                touched,
-                lr=self.tau_lr,
-                moments=self.tau_adam_moments if adam else None,
-                step=self.tau_adam_step if adam else None,
-            )
-            if self.projection == "tracked":
-                self._track_step_(rows, step)
-            else:
-                step()
+            self._sparse_tau_step_()
         super()._after_step_body_()
 
     def _clipped(self, position: int) -> Tensor:

@@ -21,6 +21,27 @@ touched rows only:
   with ``t`` the number of steps taken (one count for all rows, as SparseAdam's). Rows a batch did
   not touch keep their moments (dense Adam would decay them and keep moving the row with its
   stale momentum).
+* ``"sparse_adam_ahead"``: dense Adam's trajectory at O(B) per step, for rows touched once in many
+  steps (once an epoch: every per-sample ``tau``). Between two touches dense Adam keeps moving a
+  row by its decaying momentum: ``k`` steps without gradient scale ``m`` by ``b1^k``, ``v`` by
+  ``b2^k`` and move the row by ``lr m / sqrt(v)`` times ``r + r^2 + ... + r^k`` (bias-corrected,
+  ``r = b1 / sqrt(b2)``), ten times the step lazy Adam takes (``1 / (1 - r)`` against ``1 - b1``),
+  which lazy Adam applies one touch (one epoch) late instead, as stale momentum. Here a row stores
+  its **rest point**: where dense Adam would carry it if no gradient came again,
+  ``rho = tau - lr E(t) m / sqrt(v)``, with ``E(t) = sum_{u > t} c_u r^(u - t)`` the momentum's
+  whole future (``c_u`` the bias correction of step ``u``; a table, constant from ``t`` = 2^14 on).
+  A touch after ``k`` untouched steps decays the moments by ``b^k`` and moves the rest point by
+
+  .. math:: \Delta\rho = \mathrm{lr}\, E(t)\,\bigl(r^k a - a' / r\bigr),\qquad
+            a = \frac{m}{\sqrt{v} + \epsilon}
+
+  (``a`` before the step, at its last touch; ``a'`` after it, the step's own Adam update). It is
+  exactly where dense Adam brings the row (to ``epsilon``): the row reads its rest point when next
+  touched, which differs from dense Adam's value there by the momentum not yet spent,
+  ``lr r^k E a``: nothing once a row waits a few dozen steps, and a look-ahead of the current
+  momentum when rows repeat within a few steps. ``tests/reparam/test_sparse.py`` checks it
+  against ``torch.optim.Adam``. Its state: the lazy rule's plus the step of each row's last touch
+  (int32, 4 B per positive).
 
 Why not ``torch.optim.SparseAdam`` itself: its state lives in a separate optimizer, outside the
 regularizer's ``state_dict`` (checkpoints, ``.to()``), and its coalescing of the sparse gradient
@@ -38,12 +59,16 @@ it. A step whose gradient holds NaN/inf changes nothing (as a fused optimizer sk
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import Tensor
 
 from ._constants import constant
 
-TAU_UPDATES = ("dense", "sparse_sgd", "sparse_adam")
+TAU_UPDATES = ("dense", "sparse_sgd", "sparse_adam", "sparse_adam_ahead")
+ADAM_RULES = ("sparse_adam", "sparse_adam_ahead")  # the rules with Adam's state
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
 ADAM_EPS = 1e-8
 _ONE_MINUS_BETAS = tuple(1 - b for b in ADAM_BETAS)
@@ -75,10 +100,12 @@ def sparse_step_(
     lr: float,
     moments: Tensor | None = None,
     step: Tensor | None = None,
+    last: Tensor | None = None,
 ) -> None:
     """One ``rule`` step (``"sparse_sgd"`` / ``"sparse_adam"``, module docstring) on the rows
     ``rows[touched]`` of ``tau`` (and of the Adam state: ``moments`` ``(n, 2)`` = ``[m, v]``, the
-    step count ``step``), from the gradient summed in ``acc`` (:func:`accumulate_`), which is zero
+    step count ``step``; ``"sparse_adam_ahead"``: ``last``, the step of each row's last touch), from
+    the gradient summed in ``acc`` (:func:`accumulate_`), which is zero
     again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not ``touched``
     (their update is zero). In place; no host synchronization. Row-paired state (``[g, count]``,
     ``[m, v]``) halves the scattered reads and writes of a step."""
@@ -89,6 +116,24 @@ def sparse_step_(
     use, zero = ok & touched, constant(0.0, g)
     if rule == "sparse_sgd":  # 1/count of the row's step per occurrence: one update per row
         tau.index_add_(0, rows, torch.where(use, g / count, zero), alpha=-lr)
+    elif rule == "sparse_adam_ahead":
+        share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
+        g = torch.where(ok, g, zero)
+        old = moments.index_select(0, rows)
+        # the k steps since the row's last touch: moments decayed by beta^k, as dense Adam's
+        k = (step - last.index_select(0, rows)).to(old.dtype).unsqueeze(1)
+        betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
+        decayed = old * betas.pow(k)
+        new = decayed * betas + torch.stack([g, g * g], 1) * one_minus_betas
+        ratio = constant(_AHEAD_RATIO, old)
+        a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
+        a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
+        future = _ahead_table(old).index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
+        move = (a_old * ratio.pow(k[:, 0]) - a_new / ratio) * future
+        add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
+        tau.index_add_(0, rows, move * share, alpha=lr)
+        last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
+        step.add_(ok)
     elif rule == "sparse_adam":
         share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
         g = torch.where(ok, g, zero)
@@ -104,6 +149,31 @@ def sparse_step_(
     else:
         raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
     zero_rows_(acc, rows)
+
+
+# sparse_adam_ahead: r = b1 / sqrt(b2), the per-step decay of Adam's m / sqrt(v) without gradient;
+# the momentum's future E(t) tabulated up to _AHEAD_STEPS steps (the bias correction is 1 to
+# 1e-7 from there on: b2^16384 = 7.6e-8) and to _AHEAD_TERMS terms (r^512 = 4e-24)
+_AHEAD_RATIO = ADAM_BETAS[0] / ADAM_BETAS[1] ** 0.5
+_AHEAD_STEPS, _AHEAD_TERMS = 1 << 14, 512
+_ahead_tables: dict[tuple, Tensor] = {}
+
+
+def _ahead_table(like: Tensor) -> Tensor:
+    """``E(t) = sum_{u > t} c_u r^(u - t)``, ``c_u = sqrt(1 - b2^u) / (1 - b1^u)``, for
+    ``t = 0 .. _AHEAD_STEPS`` (module docstring), in ``like``'s dtype and device; computed once
+    in float64 (a backward recursion ``E(t) = r (c_{t+1} + E(t+1))``)."""
+    key = (like.dtype, like.device)
+    if key not in _ahead_tables:
+        b1, b2, r = ADAM_BETAS[0], ADAM_BETAS[1], _AHEAD_RATIO
+        u = torch.arange(1, _AHEAD_STEPS + _AHEAD_TERMS + 1, dtype=torch.float64)
+        c = (1 - b2**u).sqrt() / (1 - b1**u)
+        e = torch.empty(_AHEAD_STEPS + _AHEAD_TERMS + 1, dtype=torch.float64)
+        e[-1] = r / (1 - r)  # c_u = 1 from there on
+        for t in range(len(e) - 2, -1, -1):  # once per process: ~17k float operations
+            e[t] = r * (c[t] + e[t + 1])
+        _ahead_tables[key] = e[: _AHEAD_STEPS + 1].to(like)
+    return _ahead_tables[key]
 
 
 def zero_rows_(acc: Tensor, rows: Tensor) -> None:
@@ -138,3 +208,101 @@ def one_row_per_sample(sink, columns: int, slots: Tensor, touched: Tensor, grad:
     touched = touched.view(-1, columns)
     grad = torch.where(touched, grad.view(-1, columns), 0.0).sum(1)
     sink(slots.view(-1, columns)[:, 0], touched.any(1), grad)
+
+
+class SparseTau:
+    """The state and steps of a sparse ``tau`` update for ``FBetaRegularizer`` (a mixin, as
+    ``tracked.TrackedActiveSet``: it reads the regularizer's ``tau_param``, ``tau_update``,
+    ``tau_lr``, ``eps_param``, ``slot``, projection and ``_track_step_``): the backward pass's
+    gradient sink, the exchange between processes, the step in ``after_step_()``, and ``attach``
+    following the optimizer's lr for ``"sparse_adam_ahead"``."""
+
+    def _init_sparse_tau(self, n_pos: int) -> None:
+        if self.tau_update in ADAM_RULES:  # Adam's [m, v] per row, and its step count
+            self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
+            self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
+        if self.tau_update == "sparse_adam_ahead":  # the step of each row's last touch
+            self.register_buffer("tau_adam_last", torch.zeros(n_pos, dtype=torch.int32))
+        # the gradient summed since the last step and its count (zero outside touched rows)
+        self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
+
+    @property
+    def _tau_grad_sink(self):
+        return None if self.tau_update == "dense" else self._add_tau_grad
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
+        """``ShapeObjective.attach``; with ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not
+        given, the sparse step also takes the lr of the optimizer's group that steps ``eps``, at
+        every step (schedules included): the step a dense ``tau`` in that group would take."""
+        handle = super().attach(optimizer)
+        if self.tau_update != "sparse_adam_ahead" or self._tau_lr_given:
+            return handle
+        handle.remove()
+        groups = optimizer.param_groups
+        group = next(g for g in groups if any(p is self.eps_param for p in g["params"]))
+
+        def hook(*_) -> None:
+            self.tau_lr = float(group["lr"])
+            self.after_step_()
+
+        return optimizer.register_step_post_hook(hook)
+
+    def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
+        """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient (a
+        large batch on the CPU: its touched entries, :func:`touched_only`)."""
+        rows, touched, grad = touched_only(rows, touched, grad)
+        grad = grad.to(self._tau_grad)
+        accumulate_(self._tau_grad, rows, touched, grad)
+        self._pending.append((rows, touched, grad))
+
+    @torch.no_grad()
+    def share_sparse_grads_(
+        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
+    ) -> None:
+        """Data parallelism with a sparse ``tau`` update (docs/method.md sec. 11): make the pending
+        ``tau`` gradient the mean over ``processes`` of every process's, so that every process takes
+        the same step in :meth:`after_step_` (its state stays replicated), as a dense ``tau`` whose
+        gradient is all-reduced would. Exchanges only the touched rows: this process's entries
+        ``(row, touched, grad)`` since the last step, padded to ``size`` (at least their number:
+        the per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
+        ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read.
+        Call it after the backward pass and before ``after_step_()``, on every process."""
+        if self.tau_update == "dense":
+            raise RuntimeError(f"share_sparse_grads_() is for tau_update in {TAU_UPDATES[1:]}")
+        acc = self._tau_grad
+        packed = acc.new_zeros(size, 3, dtype=torch.float64)
+        if self._pending:
+            rows, touched, grad = (torch.cat(parts) for parts in zip(*self._pending, strict=True))
+            if len(rows) > size:
+                raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
+            packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
+            zero_rows_(acc, rows)  # replaced by the mean over processes below
+        every = all_gather(packed)
+        rows, touched = every[:, 0].to(self.slot.dtype), every[:, 1] > 0
+        grad = (every[:, 2] / processes).to(acc.dtype)
+        accumulate_(acc, rows, touched, grad)
+        self._pending = [(rows, touched, grad)]
+
+    def _sparse_tau_step_(self) -> None:
+        """The sparse step (:func:`sparse_step_`) on the rows the backward passes since the last
+        call touched; in mode ``"tracked"`` with the active set kept in step."""
+        parts = list(zip(*self._pending, strict=True))[:2]  # rows, touched of each pass
+        rows, touched = (p[0] if len(p) == 1 else torch.cat(p) for p in parts)
+        self._pending.clear()
+        adam, ahead = self.tau_update in ADAM_RULES, self.tau_update == "sparse_adam_ahead"
+        step = partial(
+            sparse_step_,
+            self.tau_update,
+            self.tau_param,
+            self._tau_grad,
+            rows,
+            touched,
+            lr=self.tau_lr,
+            moments=self.tau_adam_moments if adam else None,
+            step=self.tau_adam_step if adam else None,
+            last=self.tau_adam_last if ahead else None,
+        )
+        if self.projection == "tracked":
+            self._track_step_(rows, step)
+        else:
+            step()

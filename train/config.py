@@ -35,7 +35,7 @@ from reparam import (
 )
 from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
 from reparam.baselines.objectives import NEWTON
-from reparam.fbeta import DEFAULT_TAU_LR
+from reparam.fbeta import AUTO_TAU_UPDATE, DEFAULT_TAU_LR
 from reparam.sparse import TAU_UPDATES
 
 from .losses import CLASS_WEIGHT_RULES, TASK_LOSSES
@@ -348,26 +348,42 @@ _NO_FP16 = (
 
 
 def _resolve_sparse_tau(cfg: Config) -> None:
-    """F-beta's sparse ``tau`` update (``regularizer.fbeta.tau_update``) steps ``tau`` itself:
-    ``tau_lr: null`` takes ``optim.regularizer_lr`` when set, else the library's default
-    (``reparam.fbeta.DEFAULT_TAU_LR``, 1e-2, the paper's primal step), pinned in the saved config.
-    Not ``optim.lr``: lazy Adam moves a row the batch touches once per epoch about 10x less per
-    epoch than the optimizer's dense Adam moves it (docs/method.md sec. 11), so the network's lr
-    is the wrong scale for it (S-MNIST: 1e-3). fp16's loss scaling would scale its gradient (only
-    the optimizer's gradients are unscaled): refused."""
+    """F-beta's sparse ``tau`` update (``regularizer.fbeta.tau_update``) steps ``tau`` itself.
+
+    * ``tau_update: auto`` (the default) stays the library's choice (``sparse_adam_ahead`` with the
+      library's schedule: dense Adam's trajectory at O(B) per step) where that is the optimizer's
+      rule, and becomes ``dense`` under ``optim.name: sgd`` (the optimizer's own rule steps
+      ``tau``, as before) or ``train.precision: fp16`` (loss scaling would reach the sparse step).
+    * ``tau_lr: null``: for ``sparse_adam_ahead`` (and ``auto``) the step a dense ``tau`` takes,
+      the regularizer's group's lr (``optim.regularizer_lr``, else ``optim.lr``); for the lazy
+      ``sparse_adam`` and ``sparse_sgd`` ``optim.regularizer_lr`` when set, else the library's
+      default (``reparam.fbeta.DEFAULT_TAU_LR``, 1e-2, the paper's primal step), not
+      ``optim.lr``: lazy Adam moves a row the batch touches once per epoch about 10x less per
+      epoch than dense Adam (docs/method.md sec. 11), so the network's lr is the wrong scale for it
+      (S-MNIST: 1e-3). Pinned in the saved config.
+    * fp16 with an explicit sparse update is refused (only the optimizer's gradients are
+      unscaled)."""
     r, o = cfg.regularizer, cfg.optim
-    if r.name != "fbeta" or r.fbeta.tau_update == "dense":
+    if r.name != "fbeta":
+        return
+    if r.fbeta.tau_update == "auto" and (o.name != "adam" or cfg.train.precision == "fp16"):
+        r.fbeta.tau_update = "dense"
+    if r.fbeta.tau_update == "dense":
         return
     if r.fbeta.tau_lr is None:  # "auto" too: used if it resolves to a sparse update
-        r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
-    if cfg.train.precision == "fp16" and r.fbeta.tau_update != "auto":  # "auto": pin_resolved
+        group_lr = o.lr if o.regularizer_lr is None else o.regularizer_lr
+        lazy_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
+        ahead = r.fbeta.tau_update in ("auto", "sparse_adam_ahead")
+        r.fbeta.tau_lr = group_lr if ahead else lazy_lr
+    if cfg.train.precision == "fp16":
         raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
 
 
 def _resolve_pixel_target(cfg: Config) -> None:
     """``regularizer.target: pixels``: F-beta on segmentation only; its ``tau_update: auto``
-    becomes ``sparse_adam`` at every size (n is every training pixel, 1.8M at 60x80 and 7M at
-    120x160: the O(B) state, with the tracked projection), pinned in the saved config."""
+    becomes ``sparse_adam_ahead`` whatever the schedule (n is every training pixel, 1.8M at 60x80
+    and 7M at 120x160: the O(B) state, with the tracked projection), pinned in the saved
+    config."""
     r = cfg.regularizer
     if r.target != "pixels":
         return
@@ -378,7 +394,7 @@ def _resolve_pixel_target(cfg: Config) -> None:
             f"data.kind={cfg.data.kind!r}"
         )
     if r.fbeta.tau_update == "auto":
-        r.fbeta.tau_update = "sparse_adam"
+        r.fbeta.tau_update = AUTO_TAU_UPDATE
     if r.projection == "inline" and r.fbeta.tau_update != "dense":
         raise ValueError(
             "regularizer.target=pixels with regularizer.projection=inline: every pixel's tau "

@@ -41,7 +41,12 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
         "regularizer.fbeta.dual_lr_mu=0.1",
         "regularizer.fbeta.cap_scores=false",
     ],
-    REFERENCE: [
+    REFERENCE: [  # the library's defaults before issue 31 (tau_update auto was dense below 2^20)
+        "regularizer.name=fbeta",
+        "regularizer.fbeta.preset=null",
+        "regularizer.fbeta.tau_update=dense",
+    ],
+    "reparam F-beta, defaults (tracked, sparse_adam_ahead tau)": [  # since issue 31
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
     ],

@@ -36,11 +36,12 @@ METHODS = {
     ),
     "focal": ("train.loss=focal",),
     "median-frequency CE": ("train.class_weights=median_frequency",),
-    "per-image F-beta": (
+    "per-image F-beta": (  # lazy Adam on tau: what target=pixels resolved to before issue 31
         "regularizer.name=fbeta",
         "regularizer.target=pixels",
         "regularizer.alpha=1.0",
         "regularizer.fbeta.preset=null",
+        "regularizer.fbeta.tau_update=sparse_adam",
     ),
     "U-Net": ("model.name=unet",),
     # what moved something in the 60x80 screening (median-frequency CE: the small classes; Lovasz

@@ -306,3 +306,90 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
     for k, value in every.items():
         torch.testing.assert_close(kept[k], value, rtol=0, atol=0, msg=k)
     assert not torch.equal(every["tau_param"], torch.ones_like(every["tau_param"]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gap", [1, 7, 60])
+def test_sparse_adam_ahead_rests_where_dense_adam_goes(gap, device):
+    """``"sparse_adam_ahead"`` stores each row's rest point: with gradients that do not depend on
+    the values, after the last touch it equals where ``torch.optim.Adam`` (dense, every row every
+    step) carries the rows once their momentum is spent; rows touched every ``gap`` steps on
+    average, repeats in a batch counted once; and the moments equal dense Adam's at each row's
+    last touch, decayed to the present."""
+    from reparam.sparse import sparse_step_
+
+    n, steps, lr = 40, 90, 0.05
+    g = torch.Generator().manual_seed(gap)
+    grads = torch.randn(steps, n, generator=g, dtype=torch.float64)
+    touch = torch.rand(steps, n, generator=g, dtype=torch.float64) < 1 / gap
+    grads = torch.where(touch, grads, 0.0)
+    dense = torch.ones(n, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.Adam([dense], lr=lr)
+    tau = torch.ones(n, dtype=torch.float64, device=device)
+    acc = torch.zeros(n, 2, dtype=torch.float64, device=device)
+    moments = torch.zeros(n, 2, dtype=torch.float64, device=device)
+    step = torch.zeros((), dtype=torch.int64, device=device)
+    last = torch.zeros(n, dtype=torch.int32, device=device)
+    for t in range(steps):
+        dense.grad = grads[t].clone()
+        opt.step()
+        rows = touch[t].nonzero().squeeze(1)
+        rows = torch.cat([rows, rows[:2], torch.tensor([0])]).to(device)  # repeats, a bystander
+        hit = touch[t].to(device)[rows]
+        acc.index_add_(0, rows, torch.stack([grads[t].to(device)[rows] * 0.5, hit.double()], 1))
+        acc[:, 0] = torch.where(touch[t].to(device), grads[t].to(device), 0.0)  # summed once
+        sparse_step_(
+            "sparse_adam_ahead", tau, acc, rows, hit, lr=lr, moments=moments, step=step, last=last
+        )
+    assert int(step) == steps
+    state = opt.state[dense]
+    k = (steps - last.cpu()).double()
+    m = moments.cpu()[:, 0] * 0.9**k
+    v = moments.cpu()[:, 1] * 0.999**k
+    torch.testing.assert_close(m, state["exp_avg"], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(v, state["exp_avg_sq"], rtol=1e-9, atol=1e-12)
+    for _ in range(700):  # spend the momentum: 0.9 / sqrt(0.999) ^ 700 < 1e-31
+        dense.grad = torch.zeros(n, dtype=torch.float64)
+        opt.step()
+    # to Adam's epsilon (1e-8 next to sqrt(v), which the closed form decays without it)
+    torch.testing.assert_close(tau.cpu(), dense.detach(), rtol=1e-5, atol=1e-5)
+    hit = touch.any(0)
+    assert hit.sum() > n // 2 and ((tau.cpu() - 1).abs() > 1e-3).equal(hit)  # touched rows moved
+
+
+def test_sparse_adam_ahead_table_is_the_momentums_future():
+    """``E(t) = sum_{u > t} c_u r^(u - t)`` against the direct sum, and its constant tail."""
+    from reparam import sparse
+
+    table = sparse._ahead_table(torch.zeros((), dtype=torch.float64))
+    b1, b2 = sparse.ADAM_BETAS
+    r = b1 / b2**0.5
+    for t in (0, 1, 5, 100, 3000):
+        u = torch.arange(t + 1, t + 3001, dtype=torch.float64)
+        direct = ((1 - b2**u).sqrt() / (1 - b1**u) * r ** (u - t)).sum()
+        torch.testing.assert_close(table[t], direct, rtol=1e-12, atol=0)
+    torch.testing.assert_close(table[-1], torch.tensor(r / (1 - r), dtype=torch.float64))
+
+
+def test_attach_gives_sparse_adam_ahead_the_optimizers_lr():
+    """``attach``: ``sparse_adam_ahead`` without an explicit ``tau_lr`` steps at the lr of the
+    group that steps ``eps``, at every step (a schedule too); an explicit ``tau_lr`` is kept, and
+    the lazy rule keeps its own."""
+    reg = FBetaRegularizer(LABELS)
+    assert reg.tau_update == "sparse_adam_ahead"
+    opt = torch.optim.Adam([{"params": [torch.zeros(1)]}, {"params": reg.parameters(), "lr": 3e-3}])
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    reg.attach(opt)
+    for lr in (3e-3, 1.5e-3):
+        reg(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
+        opt.step()
+        sched.step()
+        assert reg.tau_lr == lr
+    assert int(reg.tau_adam_step) == 2  # the hook still steps tau
+    for kw in ({"tau_lr": 0.05}, {"tau_update": "sparse_adam", "projection": "tracked"}):
+        other = FBetaRegularizer(LABELS, **kw)
+        other_opt = torch.optim.Adam(other.parameters(), lr=3e-3)
+        other.attach(other_opt)
+        other(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
+        other_opt.step()
+        assert int(other.tau_adam_step) == 1 and other.tau_lr == kw.get("tau_lr", 1e-2)

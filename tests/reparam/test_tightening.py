@@ -107,7 +107,7 @@ def test_lambda_init_and_its_validation():
 
 def test_defaults_and_the_paper_preset():
     labels, _ = _labels()
-    ours = FBetaRegularizer(labels)
+    ours = FBetaRegularizer(labels, tau_update="dense")
     for key, value in FBETA_DEFAULTS.items():
         assert getattr(ours, key) == value, key
     assert (ours.projection, ours.dual_lr_lambda, ours.dual_lr_mu, ours.cap_scores) == (
@@ -115,6 +115,13 @@ def test_defaults_and_the_paper_preset():
         0.1,
         0.1,
         True,
+    )
+    # tau_update="auto" (the default): the inline projection's O(B) form with a sparse tau
+    auto = FBetaRegularizer(labels)
+    assert (auto.projection, auto.tau_update, auto.dual_lr_mu) == (
+        "tracked",
+        "sparse_adam_ahead",
+        0.1,
     )
     paper = FBetaRegularizer(labels, preset="paper")
     for key, value in PAPER_PRESET.items():

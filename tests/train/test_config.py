@@ -232,7 +232,7 @@ def test_config_selects_the_paper_preset_and_pins_what_it_resolves():
     assert (ours.projection, ours.fbeta.dual_lr_lambda, ours.fbeta.cap_scores) == (None, 0.1, True)
     reg = FBetaRegularizer(torch.tensor([0, 1, 1]), **ours.kwargs())
     assert C.pin_resolved(ours_cfg, reg)
-    assert (ours.projection, ours.fbeta.tau_update) == ("inline", "dense")
+    assert (ours.projection, ours.fbeta.tau_update) == ("tracked", "sparse_adam_ahead")
     # a paper config switched to an alternative: the shared projection stays unset, no error
     alt = C.load(ROOT / "configs" / "smnist_mlp.yaml", ["regularizer.name=soft_fbeta"])
     assert alt.regularizer.projection is None
@@ -272,31 +272,34 @@ def test_sparse_tau_lr_is_not_the_network_lr():
     assert reg.tau_lr == 1e-2
 
 
-def test_auto_tau_update_is_pinned_in_the_config(monkeypatch):
-    """``tau_update: auto`` (the default): the library's defaults resolve by the number of
-    positives (dense and inline below ``AUTO_SPARSE_MIN_POSITIVES``, sparse_adam and tracked from
-    it on), and ``pin_resolved`` writes the choice into the config (a resumed run rebuilds it
-    from there); an explicit projection or the paper preset keeps the dense update; fp16 with a
-    sparse update is refused."""
-    from reparam import fbeta
-
-    monkeypatch.setattr(fbeta, "AUTO_SPARSE_MIN_POSITIVES", 3)
+def test_auto_tau_update_is_pinned_in_the_config():
+    """``tau_update: auto`` (the default): the library's defaults resolve to ``sparse_adam_ahead``
+    with the tracked projection at every size, at the regularizer group's lr (the step a dense
+    ``tau`` takes), and ``pin_resolved`` writes the choice into the config (a resumed run
+    rebuilds it from there); an explicit projection or the paper preset keeps the dense update,
+    and so do ``optim.name: sgd`` and fp16 (pinned before the regularizer is built); an explicit
+    sparse update under fp16 is refused."""
     labels = torch.tensor([0, 1, 1, 1, 0])
-    for given, expected in (
-        ({}, ("tracked", "sparse_adam")),
-        ({"projection": "inline"}, ("inline", "dense")),
-        ({"fbeta": {"preset": "paper"}}, ("epoch", "dense")),
+    for given, optim, expected in (
+        ({}, {}, ("tracked", "sparse_adam_ahead")),
+        ({"projection": "inline"}, {}, ("inline", "dense")),
+        ({"fbeta": {"preset": "paper"}}, {}, ("epoch", "dense")),
+        ({}, {"name": "sgd"}, ("inline", "dense")),
     ):
-        cfg = C.from_dict({"regularizer": {"name": "fbeta", **given}})
-        assert cfg.regularizer.fbeta.tau_update == "auto"
+        cfg = C.from_dict({"regularizer": {"name": "fbeta", **given}, "optim": optim})
         reg = FBetaRegularizer(labels, **cfg.regularizer.kwargs())
         assert (reg.projection, reg.tau_update) == expected
         C.pin_resolved(cfg, reg)
         assert (cfg.regularizer.projection, cfg.regularizer.fbeta.tau_update) == expected
         again = FBetaRegularizer(labels, **C.from_dict(cfg.to_dict()).regularizer.kwargs())
         assert (again.projection, again.tau_update) == expected
-    small = FBetaRegularizer(labels[:3])  # 2 positives: below
-    assert (small.projection, small.tau_update) == ("inline", "dense")
+    assert FBetaRegularizer(labels[:3]).tau_update == "sparse_adam_ahead"  # 2 positives too
+    cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "optim": {"lr": 3e-3}})
+    assert cfg.regularizer.fbeta.tau_lr == 3e-3
+    cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "optim": {"regularizer_lr": 0.05}})
+    assert cfg.regularizer.fbeta.tau_lr == 0.05
     cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "train": {"precision": "fp16"}})
-    with pytest.raises(ValueError, match=r"resolved to 'sparse_adam'.*fp16"):
-        C.pin_resolved(cfg, FBetaRegularizer(labels, **cfg.regularizer.kwargs()))
+    assert cfg.regularizer.fbeta.tau_update == "dense"
+    explicit = {"name": "fbeta", "fbeta": {"tau_update": "sparse_adam_ahead"}}
+    with pytest.raises(ValueError, match=r"tau_update='sparse_adam_ahead'.*fp16"):
+        C.from_dict({"regularizer": explicit, "train": {"precision": "fp16"}})

@@ -92,7 +92,7 @@ def test_target_pixels_config_errors(tmp_path):
     cfg = C.load(
         TINY, ["regularizer.name=fbeta", "regularizer.target=pixels", "regularizer.projection=null"]
     )
-    assert cfg.regularizer.fbeta.tau_update == "sparse_adam"  # the O(B) state at every size
+    assert cfg.regularizer.fbeta.tau_update == "sparse_adam_ahead"  # the O(B) state at every size
 
 
 def test_a_run_on_the_pixels_trains_each_images_fbeta(coco_cache_sky, tmp_path):
@@ -107,7 +107,7 @@ def test_a_run_on_the_pixels_trains_each_images_fbeta(coco_cache_sky, tmp_path):
     rows = json.loads((out / "metrics.json").read_text())["history"]
     saved = C.load(out / "config.yaml", [f"train.out={tmp_path / 'again'}"])
     assert saved.regularizer.projection == "tracked"
-    assert saved.regularizer.fbeta.tau_update == "sparse_adam"
+    assert saved.regularizer.fbeta.tau_update == "sparse_adam_ahead"
     s = setup(saved, distributed.Context(), None, lambda *_: None)
     assert s.reg.grouped
     labels, groups = s.data.train.pixel_problem()

@@ -291,19 +291,19 @@ def test_sparse_tau_is_refused_with_fp16_and_inline(digits_smnist, tmp_path):
         run(cfg, log=lambda *_: None)
 
 
-def test_auto_tau_update_is_resolved_on_the_data_and_pinned(digits_smnist, tmp_path, monkeypatch):
-    """The default ``tau_update: auto``: with at least ``AUTO_SPARSE_MIN_POSITIVES`` positives the
-    run trains with a sparse tau and the tracked projection (O(B) per step), and its saved
-    config.yaml says so (a resumed run rebuilds the same regularizer from it)."""
-    from reparam import fbeta
-
-    monkeypatch.setattr(fbeta, "AUTO_SPARSE_MIN_POSITIVES", 10)
+def test_auto_tau_update_is_resolved_and_pinned(digits_smnist, tmp_path):
+    """The default ``tau_update: auto``: the run trains with ``sparse_adam_ahead`` and the tracked
+    projection (O(B) per step), and its saved config.yaml says so (a resumed run rebuilds the
+    same regularizer from it)."""
     summary = run(_cfg(digits_smnist, tmp_path / "run"), log=lambda *_: None)
     saved = C.load(tmp_path / "run" / "config.yaml")
     assert (saved.regularizer.projection, saved.regularizer.fbeta.tau_update) == (
         "tracked",
-        "sparse_adam",
+        "sparse_adam_ahead",
     )
     ckpt = checkpoint.latest(tmp_path / "run")[1]
-    assert int(ckpt["regularizer"]["tau_adam_step"]) == summary["history"][-1]["steps"]
+    steps = summary["history"][-1]["steps"]
+    assert int(ckpt["regularizer"]["tau_adam_step"]) == steps
+    last = ckpt["regularizer"]["tau_adam_last"]
+    assert 0 < int(last.max()) <= steps
     assert 0 < float(ckpt["regularizer"]["active_sums"][0, 1])  # rows at the threshold

@@ -148,6 +148,10 @@ MODE_FAMILIES: dict[str, Family] = {
             "projection tracked, sparse tau",
             {"projection": "tracked", "tau_update": "sparse_adam", "tau_lr": LR},
         ),
+        (
+            "projection tracked, sparse tau ahead",
+            {"projection": "tracked", "tau_update": "sparse_adam_ahead", "tau_lr": LR},
+        ),
         ("inline soft 0.05", {"inline_strength": 0.05}),
         ("inline soft 0.2", {"inline_strength": 0.2}),
     )
