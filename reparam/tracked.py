@@ -142,7 +142,9 @@ class TrackedActiveSet:
         rows = torch.sort(rows).values.long()  # sorted in their own int32: 1.3 vs 2.1 ms at 1.5e5
         first = torch.ones_like(rows, dtype=torch.bool)
         first[1:] = rows[1:] != rows[:-1]
-        group = self.tau_group.index_select(0, rows).long()
+        # one class: no gather from the (n,) class index (at 1e8 rows each is a DRAM miss)
+        one = self.n_problems == 1
+        group = torch.zeros_like(rows) if one else self.tau_group.index_select(0, rows).long()
         before = tau.index_select(0, rows)
         step()
         t = tau.index_select(0, rows)
