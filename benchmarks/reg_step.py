@@ -35,12 +35,15 @@ from benchmarks._report import markdown_table, save_figure, subplots
 from benchmarks._timing import machine_line, package_at
 from reparam import FBetaRegularizer
 
-MODES = {  # name -> FBetaRegularizer options
+MODES = {  # name -> FBetaRegularizer options (preset "paper" unless given: the S-MNIST configs')
     "dense Adam (epoch)": dict(projection="epoch", tau_update="dense"),
     "sparse_adam (epoch)": dict(projection="epoch", tau_update="sparse_adam"),
     "sparse_sgd (epoch)": dict(projection="epoch", tau_update="sparse_sgd"),
     "dense Adam (inline)": dict(projection="inline", tau_update="dense"),
+    # the library's defaults since issue 31: tau_update auto = sparse_adam_ahead, tracked
+    "defaults (tracked, sparse_adam_ahead)": dict(preset=None),
 }
+PARTS_MODES = ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
 SEGMENTS = ("input checks", "score memory", "L_B forward", "backward", "optimizer", "after_step_")
 SMNIST = 55930  # S-MNIST's positives (and as many negatives here)
 COUNT_AT = 4  # the step whose dispatched operations are counted: a steady one, not the first
@@ -147,7 +150,8 @@ def step_times(
     for name, options in modes.items():
         options = dict(options)
         compiled = options.pop("compile", False)
-        reg = FBetaRegularizer(_labels(n_pos), preset="paper", **options).to(device)
+        options.setdefault("preset", "paper")
+        reg = FBetaRegularizer(_labels(n_pos), **options).to(device)
         if compiled:
             reg.compile()
         runs[name] = (reg, torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True))
@@ -163,15 +167,17 @@ def step_times(
     return out
 
 
-def segment_table(libs: dict[str, ModuleType], batch: int, steps: int) -> str:
-    """Where a step's time goes at S-MNIST's size, for the three step rules: median us
+def segment_table(
+    libs: dict[str, ModuleType], batch: int, steps: int, modes: tuple[str, ...] = PARTS_MODES
+) -> str:
+    """Where a step's time goes at S-MNIST's size, for each mode in ``modes``: median us
     (dispatched operations) of each part per ``reparam`` module in ``libs`` (label -> module,
     ``"now"`` last), and the ratio now / before when there are two."""
     cols: dict[str, dict[str, str]] = {}
-    for mode in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)"):
+    for mode in modes:
         arms = {}
         for label, lib in libs.items():
-            reg = lib.FBetaRegularizer(_labels(SMNIST), preset="paper", **MODES[mode])
+            reg = lib.FBetaRegularizer(_labels(SMNIST), **{"preset": "paper", **MODES[mode]})
             run = (lib, reg, torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True))
             arms[label] = lambda u, idx, run=run: _segments(*run, u, idx)
         times, ops = interleave(arms, _batches(2 * SMNIST, batch), SEGMENTS, steps)
@@ -231,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads or torch.get_num_threads())
     sizes, load, tables = [int(float(s)) for s in a.sizes.split(",")], _load(), []
     compiled = {f"{m} + compile": {**o, "compile": True} for m, o in MODES.items()}
-    modes = MODES | {m: o for m, o in compiled.items() if a.compile and o["tau_update"] != "dense"}
+    sparse = {m: o for m, o in compiled.items() if o.get("tau_update", "auto") != "dense"}
+    modes = MODES | (sparse if a.compile else {})
     results = {m: {} for m in modes}
     for n in [] if a.no_sizes else [sizes[0], *sizes]:  # the first: warm-up (and compilation)
         for mode, r in step_times(n, a.batch, modes, a.device, a.steps).items():
@@ -243,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cpu":
         libs = {a.against: reparam_at(a.against)} if a.against else {}
         libs["now"] = importlib.import_module("reparam")
-        tables.append(segment_table(libs, a.batch, a.steps))
+        parts = PARTS_MODES + (() if a.against else ("defaults (tracked, sparse_adam_ahead)",))
+        tables.append(segment_table(libs, a.batch, a.steps, parts))
     flags = [f"--{k} {v}" for k, v in (("against", a.against), ("threads", a.threads)) if v]
     flags += [f for f, on in (("--compile", a.compile), ("--no-sizes", a.no_sizes)) if on]
     cmd = " ".join(["python -m benchmarks.reg_step --batch", str(a.batch), "--steps", str(a.steps)])
