@@ -116,36 +116,32 @@ def sparse_step_(
     use, zero = ok & touched, constant(0.0, g)
     if rule == "sparse_sgd":  # 1/count of the row's step per occurrence: one update per row
         tau.index_add_(0, rows, torch.where(use, g / count, zero), alpha=-lr)
-    elif rule == "sparse_adam_ahead":
+    elif rule in ADAM_RULES:
         share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
         g = torch.where(ok, g, zero)
         old = moments.index_select(0, rows)
-        # the k steps since the row's last touch: moments decayed by beta^k, as dense Adam's
-        k = (step - last.index_select(0, rows)).to(old.dtype).unsqueeze(1)
         betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
-        decayed = old * betas.pow(k)
-        new = decayed * betas + torch.stack([g, g * g], 1) * one_minus_betas
-        ratio = constant(_AHEAD_RATIO, old)
-        a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
-        a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
-        future = _ahead_table(old).index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
-        move = (a_old * ratio.pow(k[:, 0]) - a_new / ratio) * future
-        add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
-        tau.index_add_(0, rows, move * share, alpha=lr)
-        last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
-        step.add_(ok)
-    elif rule == "sparse_adam":
-        share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
-        g = torch.where(ok, g, zero)
-        step.add_(ok)
-        old = moments.index_select(0, rows)
-        betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
-        delta = (torch.stack([g, g * g], 1) - old) * one_minus_betas
-        m, v = (old + delta).unbind(1)
-        # sqrt(1 - b2^t) / (1 - b1^t) = prod([1 - b1^t, 1 - b2^t] ** [-1, 1/2]); t = 0: skipped
-        size = (1 - betas ** step.clamp_min(1)).pow(constant((-1.0, 0.5), old)).prod()
-        add_rows_(moments, rows, delta * share.unsqueeze(1))
-        tau.index_add_(0, rows, (m / (v.sqrt() + ADAM_EPS)).mul_(share * size), alpha=-lr)
+        if rule == "sparse_adam":
+            step.add_(ok)
+            delta = (torch.stack([g, g * g], 1) - old) * one_minus_betas
+            m, v = (old + delta).unbind(1)
+            # sqrt(1 - b2^t) / (1 - b1^t) = prod([1 - b1^t, 1 - b2^t] ** [-1, 1/2]); t = 0: skipped
+            size = (1 - betas ** step.clamp_min(1)).pow(constant((-1.0, 0.5), old)).prod()
+            add_rows_(moments, rows, delta * share.unsqueeze(1))
+            tau.index_add_(0, rows, (m / (v.sqrt() + ADAM_EPS)).mul_(share * size), alpha=-lr)
+        else:  # sparse_adam_ahead: the k steps since the row's last touch decay its moments
+            k = (step - last.index_select(0, rows)).to(old.dtype)
+            decayed = old * betas.pow(k.unsqueeze(1))  # dense Adam's moments at the last step
+            new = decayed * betas + torch.stack([g, g * g], 1) * one_minus_betas
+            ratio = constant(_AHEAD_RATIO, old)
+            a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
+            a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
+            future = _ahead_table(old).index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
+            move = (a_old * ratio.pow(k) - a_new / ratio) * future
+            add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
+            tau.index_add_(0, rows, move * share, alpha=lr)
+            last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
+            step.add_(ok)
     else:
         raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
     zero_rows_(acc, rows)
@@ -168,11 +164,11 @@ def _ahead_table(like: Tensor) -> Tensor:
         b1, b2, r = ADAM_BETAS[0], ADAM_BETAS[1], _AHEAD_RATIO
         u = torch.arange(1, _AHEAD_STEPS + _AHEAD_TERMS + 1, dtype=torch.float64)
         c = (1 - b2**u).sqrt() / (1 - b1**u)
-        e = torch.empty(_AHEAD_STEPS + _AHEAD_TERMS + 1, dtype=torch.float64)
-        e[-1] = r / (1 - r)  # c_u = 1 from there on
-        for t in range(len(e) - 2, -1, -1):  # once per process: ~17k float operations
-            e[t] = r * (c[t] + e[t + 1])
-        _ahead_tables[key] = e[: _AHEAD_STEPS + 1].to(like)
+        e = [r / (1 - r)]  # E at the last step tabulated: c_u = 1 from there on
+        for c_next in reversed(c.tolist()):  # once per process: ~17k Python float operations
+            e.append(r * (c_next + e[-1]))
+        table = torch.tensor(e[::-1], dtype=torch.float64)
+        _ahead_tables[key] = table[: _AHEAD_STEPS + 1].to(like)
     return _ahead_tables[key]
 
 
