@@ -148,9 +148,11 @@ def _needs_grad(eps: Tensor, tau: Tensor) -> bool:
 
 def _project_vector(eps: object, tau: object) -> tuple[Tensor, Tensor] | None:
     """The common call on the CPU -- ``eps`` 0-d, ``tau`` one contiguous float32/float64 row, no
-    autograd -- with its checks folded into one reduction (``float(tau.sum())`` finite: no NaN/inf)
-    and no further dispatch; None for anything else (and for non-finite input), which the general
-    path then checks and reports as before. At n = 1e6 the fixed costs are a third of the total."""
+    autograd -- with no further dispatch and its checks folded into the work: one reduction
+    (``float(tau.amin())`` finite: no NaN, no -inf) and the root itself (+inf in ``tau`` makes it
+    +inf: the max tree's top level holds ``tau``'s maximum). None for anything else and for
+    non-finite input, which the general path then checks and reports as before. At n = 1e6 these
+    fixed costs were half of the total (docs/figures/projection.md)."""
     if not (
         isinstance(eps, Tensor)
         and isinstance(tau, Tensor)
@@ -166,9 +168,12 @@ def _project_vector(eps: object, tau: object) -> tuple[Tensor, Tensor] | None:
         return None
     x = tau.detach() if tau.requires_grad else tau
     d = float(eps)
-    if not (math.isfinite(d) and math.isfinite(float(x.sum()))):
-        return None  # NaN/inf, or an overflow of the sum: the general path decides and reports
-    return _tree_output(eps, x, d)
+    if not (math.isfinite(d) and (not x.numel() or math.isfinite(float(x.amin())))):
+        return None  # NaN or -inf: the general path reports it
+    r, scratch = root_tree_value(d, x)
+    if not math.isfinite(r):
+        return None  # +inf in tau
+    return _threshold_output(eps, x, r, scratch)
 
 
 def _project_tree(eps: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,13 +182,15 @@ def _project_tree(eps: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
     x = tau.detach() if tau.requires_grad else tau
     if x.dim() != 1 or not x.is_contiguous():
         x = x.reshape(-1).contiguous()
-    e, t = _tree_output(eps, x, float(eps))
+    e, t = _threshold_output(eps, x, *root_tree_value(float(eps), x))
     return e, t if tau.dim() == 1 else t.view(tau.shape)
 
 
-def _tree_output(eps: Tensor, x: Tensor, delta: float) -> tuple[Tensor, Tensor]:
-    """``(e*, min(x, e*))`` for one contiguous row ``x``; ``min`` written into the root's scratch."""
-    r, scratch = root_tree_value(delta, x)
+def _threshold_output(
+    eps: Tensor, x: Tensor, r: float, scratch: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """``(e*, min(x, e*))`` for one contiguous row ``x`` and its root ``r``; ``min`` written into
+    the root's scratch memory when its passes allocated some."""
     e = float(as_dtype(x.dtype, max(r, 0.0)))  # e* rounded to tau's dtype, as r.clamp_min(0) is
     t = torch.clamp_max(x, e) if scratch is None else torch.clamp_max(x, e, out=scratch)
     return eps.new_full(eps.shape, e), t

@@ -361,7 +361,7 @@ def test_linear_when_top_prefix_is_not_enough(monkeypatch, top_m):
 @pytest.mark.parametrize("n", [0, 1, 7, 40_000, 300_000])
 def test_one_row_fast_path_equals_general_path(dtype, n):
     """The one-row CPU fast path (0-d eps, 1-D tau, no autograd) gives the general path's bits;
-    a row whose sum overflows (finite values) goes through the general path and is projected."""
+    a row whose sum would overflow in float32 (finite values) is projected too."""
     gen = torch.Generator().manual_seed(n)
     tau = torch.randn(n, generator=gen, dtype=dtype) * 3
     for eps in (torch.tensor(0.0, dtype=dtype), torch.tensor(-float(n) / 8, dtype=dtype)):

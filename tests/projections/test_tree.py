@@ -305,3 +305,33 @@ def test_every_path_on_generated_inputs(p, path, use_numpy):
     expected = root_sort(delta, gamma).item()
     scale = max(1.0, abs(delta.item()), float(gamma.abs().max()) if gamma.numel() else 0.0)
     assert abs(got - expected) <= 1e-10 * scale * max(1, gamma.numel())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_fast_path_rejects_non_finite_values_anywhere(monkeypatch, bad):
+    """The one-row fast path checks with one amin (NaN, -inf) and the root (+inf: the top level of
+    the tree holds the maximum, short last blocks included). Tiny tree parameters give several
+    levels, each with a short last node, so every position class is tried."""
+    monkeypatch.setattr(_tree, "SMALL_N", 0)
+    monkeypatch.setattr(_tree, "LEAF", 4)
+    monkeypatch.setattr(_tree, "FANOUT", 3)
+    monkeypatch.setattr(_tree, "TOP_NODES", 4)
+    n = 103  # 25 blocks of 4 and one of 3; 8 nodes of 3 and one of 1; 3 nodes
+    for pos in range(n):
+        tau = torch.randn(n, generator=torch.Generator().manual_seed(pos))
+        tau[pos] = bad
+        with pytest.raises(ValueError, match="tau must be finite"):
+            project_onto_c(torch.tensor(0.0), tau)
+        if bad == float("inf"):
+            assert _tree.root_tree_value(0.0, tau)[0] == float("inf")
+
+
+@pytest.mark.parametrize("n", [1 << 20, (1 << 20) + 777, 3_000_001])
+def test_blocks_with_a_short_last_one_at_real_sizes(n):
+    """LEAF-sized blocks, the last one shorter, on one and two tree levels: the exact root, and the
+    largest coordinate placed in the short last block is found."""
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=gen)
+    x[-1] = 50.0  # alone in the short last block (when there is one)
+    for delta in [0.0, 3.0, -float(n) / 64]:
+        _check_root(delta, x)
