@@ -354,13 +354,15 @@ def _resolve_sparse_tau(cfg: Config) -> None:
       library's schedule: dense Adam's trajectory at O(B) per step) where that is the optimizer's
       rule, and becomes ``dense`` under ``optim.name: sgd`` (the optimizer's own rule steps
       ``tau``, as before) or ``train.precision: fp16`` (loss scaling would reach the sparse step).
-    * ``tau_lr: null``: for ``sparse_adam_ahead`` (and ``auto``) the step a dense ``tau`` takes,
-      the regularizer's group's lr (``optim.regularizer_lr``, else ``optim.lr``); for the lazy
+    * ``tau_lr: null``: for ``sparse_adam_ahead`` (and ``auto``) the step a dense ``tau`` takes:
+      the lr of the regularizer's optimizer group (``optim.regularizer_lr``, else ``optim.lr``) at
+      every step, the lr schedule included (the trainer sets it before each sparse step); it stays
+      ``null`` in the saved config, which means exactly that. For the lazy
       ``sparse_adam`` and ``sparse_sgd`` ``optim.regularizer_lr`` when set, else the library's
       default (``reparam.fbeta.DEFAULT_TAU_LR``, 1e-2, the paper's primal step), not
       ``optim.lr``: lazy Adam moves a row the batch touches once per epoch about 10x less per
       epoch than dense Adam (docs/method.md sec. 11), so the network's lr is the wrong scale for it
-      (S-MNIST: 1e-3). Pinned in the saved config.
+      (S-MNIST: 1e-3), pinned in the saved config.
     * fp16 with an explicit sparse update is refused (only the optimizer's gradients are
       unscaled)."""
     r, o = cfg.regularizer, cfg.optim
@@ -370,11 +372,9 @@ def _resolve_sparse_tau(cfg: Config) -> None:
         r.fbeta.tau_update = "dense"
     if r.fbeta.tau_update == "dense":
         return
-    if r.fbeta.tau_lr is None:  # "auto" too: used if it resolves to a sparse update
-        group_lr = o.lr if o.regularizer_lr is None else o.regularizer_lr
-        lazy_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
-        ahead = r.fbeta.tau_update in ("auto", "sparse_adam_ahead")
-        r.fbeta.tau_lr = group_lr if ahead else lazy_lr
+    ahead = r.fbeta.tau_update in ("auto", "sparse_adam_ahead")  # auto: if it resolves to ahead
+    if r.fbeta.tau_lr is None and not ahead:  # ahead: null follows the group's lr (above)
+        r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
     if cfg.train.precision == "fp16":
         raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
 

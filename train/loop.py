@@ -117,6 +117,9 @@ class Setup:
     last_checkpoint: str
     reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
     criterion: TaskLoss | None = None  # train.loss / class_weights; None: task_loss's cross-entropy
+    # F-beta's sparse_adam_ahead with tau_lr null: the optimizer group whose lr (schedule included)
+    # the sparse tau step takes, as a dense tau in that group would
+    tau_lr_group: dict | None = None
 
 
 def setup(
@@ -245,7 +248,19 @@ def setup(
         "none yet" if found is None else str(found[0]),
         list(reg.parameters()) if reg is not None else [],
         criterion=criterion.to(device) if criterion is not None else None,
+        tau_lr_group=_tau_lr_group(cfg, reg, optimizer),
     )
+
+
+def _tau_lr_group(cfg: Config, reg: nn.Module | None, optimizer: torch.optim.Optimizer):
+    """The optimizer group that steps ``eps`` when F-beta's ``sparse_adam_ahead`` follows its lr
+    (``regularizer.fbeta.tau_lr: null``), else None."""
+    if (
+        getattr(reg, "tau_update", None) != "sparse_adam_ahead"
+        or cfg.regularizer.fbeta.tau_lr is not None
+    ):
+        return None
+    return next(g for g in optimizer.param_groups if any(p is reg.eps_param for p in g["params"]))
 
 
 def _num_groups(data: DataBundle) -> int:
@@ -487,6 +502,8 @@ def train_step(
         scaler.update()
     else:
         optimizer.step()
+    if s.tau_lr_group is not None:  # the lr this step used, before the schedule moves it
+        reg.tau_lr = float(s.tau_lr_group["lr"])
     if s.scheduler is not None:
         s.scheduler.step()
     if reg is not None:

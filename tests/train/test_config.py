@@ -275,7 +275,7 @@ def test_sparse_tau_lr_is_not_the_network_lr():
 def test_auto_tau_update_is_pinned_in_the_config():
     """``tau_update: auto`` (the default): the library's defaults resolve to ``sparse_adam_ahead``
     with the tracked projection at every size, at the regularizer group's lr (the step a dense
-    ``tau`` takes), and ``pin_resolved`` writes the choice into the config (a resumed run
+    ``tau`` takes; ``tau_lr`` stays null), and ``pin_resolved`` writes the choice into the config (a resumed run
     rebuilds it from there); an explicit projection or the paper preset keeps the dense update,
     and so do ``optim.name: sgd`` and fp16 (pinned before the regularizer is built); an explicit
     sparse update under fp16 is refused."""
@@ -294,10 +294,11 @@ def test_auto_tau_update_is_pinned_in_the_config():
         again = FBetaRegularizer(labels, **C.from_dict(cfg.to_dict()).regularizer.kwargs())
         assert (again.projection, again.tau_update) == expected
     assert FBetaRegularizer(labels[:3]).tau_update == "sparse_adam_ahead"  # 2 positives too
-    cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "optim": {"lr": 3e-3}})
-    assert cfg.regularizer.fbeta.tau_lr == 3e-3
+    # ahead's tau_lr stays null: the trainer gives it the group's lr at every step (test_train)
     cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "optim": {"regularizer_lr": 0.05}})
-    assert cfg.regularizer.fbeta.tau_lr == 0.05
+    assert cfg.regularizer.fbeta.tau_lr is None
+    cfg = C.from_dict(cfg.to_dict())
+    assert cfg.regularizer.fbeta.tau_lr is None
     cfg = C.from_dict({"regularizer": {"name": "fbeta"}, "train": {"precision": "fp16"}})
     assert cfg.regularizer.fbeta.tau_update == "dense"
     explicit = {"name": "fbeta", "fbeta": {"tau_update": "sparse_adam_ahead"}}

@@ -307,3 +307,33 @@ def test_auto_tau_update_is_resolved_and_pinned(digits_smnist, tmp_path):
     last = ckpt["regularizer"]["tau_adam_last"]
     assert 0 < int(last.max()) <= steps
     assert 0 < float(ckpt["regularizer"]["active_sums"][0, 1])  # rows at the threshold
+
+
+def test_ahead_tau_step_follows_the_lr_schedule(digits_smnist, tmp_path, monkeypatch):
+    """The defaults' sparse ``tau`` step (``sparse_adam_ahead``, ``tau_lr: null``) takes the lr the
+    regularizer's group used in that step, under the poly schedule as a dense ``tau`` in that
+    group would; an explicit ``tau_lr`` is kept as given. Both are what the saved config says."""
+    import reparam.sparse as sparse
+
+    seen: list[float] = []
+    step = sparse.sparse_step_
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["lr"])
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(sparse, "sparse_step_", spy)
+    poly = ("optim.schedule=poly", "optim.regularizer_lr=0.02", "train.epochs=2")
+    run(_cfg(digits_smnist, tmp_path / "run", *poly), log=lambda *_: None)
+    saved = C.load(tmp_path / "run" / "config.yaml")
+    assert saved.regularizer.fbeta.tau_update == "sparse_adam_ahead"
+    assert saved.regularizer.fbeta.tau_lr is None
+    total = len(seen)
+    assert total == checkpoint.latest(tmp_path / "run")[1]["global_step"] > 10
+    expected = [0.02 * (1 - t / total) ** 0.9 for t in range(total)]
+    assert seen == pytest.approx(expected, rel=1e-12)
+    seen.clear()
+    given = (*poly, "regularizer.fbeta.tau_lr=0.005")
+    run(_cfg(digits_smnist, tmp_path / "given", *given), log=lambda *_: None)
+    assert set(seen) == {0.005}
+    assert C.load(tmp_path / "given" / "config.yaml").regularizer.fbeta.tau_lr == 0.005
