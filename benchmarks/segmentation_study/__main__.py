@@ -7,6 +7,7 @@
     python -m benchmarks.segmentation_study archive   # finished runs' figures into docs/figures/
     python -m benchmarks.segmentation_study picture --tasks sky --size 120 160 --best U-Net
     python -m benchmarks.segmentation_study floor --camvid <CamVid dir> --tasks sky --size 360 480
+    python -m benchmarks.segmentation_study fit --tasks all --size 120 160 --seeds 0 1 --methods ...
 
 ``run`` builds the CamVid caches (``data_prep.camvid``: sky vs rest, the paper's experiment 2; the
 11 classes with experiment 3's shape label) at ``--size`` and trains every (task, method, seed) of
@@ -25,10 +26,12 @@ each cache's floor in the repository. ``timing`` measures one training step of e
 the baseline's, interleaved, on CamVid batches, and each task loss's and objective's share of it.
 ``picture`` draws the six test images with the least sky: image, baseline, ``--best``, truth.
 ``floor`` builds the caches of ``--tasks`` at ``--size``, keeps their 1-pixel boundary floor in
-``--archive`` and writes ``segmentation_study_floor.md`` with every floor kept there.
+``--archive`` and writes ``segmentation_study_floor.md`` with every floor kept there. ``fit`` scores
+each finished run's best-val checkpoint on its cache's train split beside test: what a
+model misses on its own training images is not a matter of data.
 
-Modules, imported one way: ``spec`` (what is compared) <- ``floor``, ``timing`` <- ``tables`` <-
-``picture`` <- ``__main__`` (this CLI).
+Modules, imported one way: ``spec`` (what is compared) <- ``floor``, ``timing`` <- ``tables``,
+``fit`` <- ``picture`` <- ``__main__`` (this CLI).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from pathlib import Path
 from data_prep import camvid
 
 from ..sweep import archive, restore, run_jobs
+from .fit import write_fit
 from .floor import floor_report, save_floors
 from .picture import picture
 from .spec import METHODS, SIZES, TASKS, cache, jobs
@@ -50,7 +54,7 @@ from .timing import timing
 
 def _arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("run", "table", "timing", "archive", "picture", "floor"))
+    p.add_argument("what", choices=("run", "table", "timing", "archive", "picture", "floor", "fit"))
     p.add_argument("--camvid", type=Path, help="run, timing: the CamVid folder (SegNet layout)")
     p.add_argument("--runs", type=Path, default=Path("runs/segmentation_study"))
     p.add_argument(
@@ -109,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         command += "sky all --size H W (each size in the table; archive adds the study's)"
         (a.out / "segmentation_study_floor.md").write_text(f"<!-- {command} -->\n{text}\n")
         print(text)
+        return 0
+    if a.what == "fit":
+        print(write_fit(a.runs, a.tasks[0], size, a.methods, a.seeds, a.out, a.epochs))
         return 0
     if a.what == "picture":
         path = picture(a.runs, a.tasks[0], size, a.best, a.seeds[0], a.out, a.epochs)

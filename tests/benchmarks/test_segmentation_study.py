@@ -12,6 +12,7 @@ import yaml
 
 from benchmarks.segmentation_study import __main__ as cli
 from benchmarks.segmentation_study import spec
+from benchmarks.segmentation_study.fit import split_summary
 from benchmarks.segmentation_study.timing import timing
 from tests.data_prep.test_camvid import write_layout
 
@@ -107,6 +108,19 @@ def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     ]
     assert cli.main(["picture", *args, "--best", "group DRO"]) == 0  # from the runs' checkpoints
     assert (tmp_path / "figs" / "segmentation_study_smallest_sky_32x48.png").stat().st_size > 0
+    assert cli.main(["fit", *args]) == 0  # train split beside test, from the same checkpoints
+    fitted = (tmp_path / "figs" / "segmentation_study_fit_sky_32x48.md").read_text()
+    assert fitted.startswith("<!-- python -m benchmarks.segmentation_study fit --tasks sky")
+    assert [line.split(" | ")[:2] for line in fitted.splitlines()[3:]] == [
+        ["| baseline", "1"],
+        ["| group DRO", "1"],
+    ]
+    # its test column is the trainer's own test evaluation of the selected epoch
+    run = tmp_path / "runs" / "sky-32x48-baseline-seed0"
+    (epoch,) = json.loads((run / "metrics.json").read_text())["history"]
+    again = split_summary(run, tmp_path / "data" / "camvid-sky-32x48", "test")
+    assert again["miou"] == pytest.approx(epoch["test_miou"], abs=1e-12)
+    assert again["iou"] == pytest.approx(epoch["test_iou"], abs=1e-12)
     shutil.rmtree(tmp_path / "runs")  # a later session: the archived runs count as done
     assert cli.main(["run", *args, "--archive", "kept"]) == 0
     assert "0 of 2 runs to do" in capsys.readouterr().out
