@@ -32,6 +32,20 @@ def test_projection_benchmark_memory_only_against_a_revision(tmp_path, capsys):
     assert "tree at HEAD" in capsys.readouterr().out
 
 
+def test_projection_benchmark_by_clipped_coordinates(tmp_path):
+    """``--clipped --against REF``: the tree by the number of clipped coordinates, beside REF's
+    (here HEAD), both giving the same threshold."""
+    root = Path(projection.__file__).resolve().parents[2]
+    git = ["git", "cat-file", "-e", "HEAD:projections/__init__.py"]
+    if subprocess.run(git, cwd=root, check=False, capture_output=True).returncode:
+        pytest.skip("not a git checkout with projections/ at HEAD")
+    args = ["--quick", "--clipped", "--against", "HEAD", "--repeats", "1", "--out", str(tmp_path)]
+    projection.main(args)
+    rows = [r for r in (tmp_path / "projection_clipped.md").read_text().splitlines() if "| 1e" in r]
+    # sizes 1e4 and 1e5; every count below n: 0 .. 3000 at 1e4, 0 .. 1e4 at 1e5
+    assert len(rows) == 6 + 7 and all(r.endswith("| True |") for r in rows)
+
+
 def test_overhead_benchmark_quick(tmp_path, digits_smnist, capsys):
     assert (
         overhead.main(

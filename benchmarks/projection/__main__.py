@@ -5,6 +5,8 @@ pass, a generic QP solver, qpth.
     python -m benchmarks.projection --quick          # small sizes, seconds (smoke test)
     python -m benchmarks.projection --memory-only --against REF --threads 1
                                   # only "Near the memory limit", with the tree at git revision REF
+    python -m benchmarks.projection --clipped --against REF
+                                  # the tree by the number of clipped coordinates, 1e6 and 1e7
 
 Prints four tables measured in one run and writes ``projection.md`` and ``projection.png`` into
 ``--out``.
@@ -20,9 +22,9 @@ import torch
 
 from benchmarks._timing import machine_line, package_at
 
-from .run import time_batched, time_memory_limit, time_qp_solver, time_sizes
-from .spec import FULL, QUICK
-from .tables import memory_table, plot, report
+from .run import time_batched, time_clipped, time_memory_limit, time_qp_solver, time_sizes
+from .spec import CLIPPED, FULL, QUICK
+from .tables import clipped_table, memory_table, plot, report
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -40,6 +42,11 @@ def main(argv: list[str] | None = None) -> str:
         action="store_true",
         help='only the table "Near the memory limit", to projection_memory.md',
     )
+    ap.add_argument(
+        "--clipped",
+        action="store_true",
+        help="only the tree by the number of clipped coordinates, to projection_clipped.md",
+    )
     ap.add_argument("--against", metavar="REF", help="also the tree at git revision REF")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
@@ -56,15 +63,12 @@ def main(argv: list[str] | None = None) -> str:
         f"# Projection benchmark\n\n{machine_line(args.device)}; median of {repeats} runs.\n",
         flush=True,
     )
+    if args.clipped:
+        rows = time_clipped(list(budget.memory_sizes), list(CLIPPED), repeats, against)
+        return _one_table(args, repeats, clipped_table(rows, args.against), "projection_clipped")
     if args.memory_only:
         mem = time_memory_limit(list(budget.memory_sizes), repeats, args.device, against)
-        text = (
-            f"{machine_line(args.device)}; load average {os.getloadavg()[0]:.2f}; median of "
-            f"{repeats} rounds\n\n{memory_table(mem, args.against)}"
-        )
-        print("\n" + text)
-        (args.out / "projection_memory.md").write_text(text + "\n")
-        return text
+        return _one_table(args, repeats, memory_table(mem, args.against), "projection_memory")
     rows = time_sizes(sizes, repeats, args.device)
     mem = time_memory_limit(list(budget.memory_sizes), budget.memory_repeats, args.device, against)
     qp = time_qp_solver(budget.qp_n, budget.qp_repeats)
@@ -74,6 +78,18 @@ def main(argv: list[str] | None = None) -> str:
     (args.out / "projection.md").write_text(text + "\n")
     plot(rows, args.out / "projection.png")
     print(f"\nwrote {args.out / 'projection.md'} and {args.out / 'projection.png'}")
+    return text
+
+
+def _one_table(args: argparse.Namespace, repeats: int, table: str, name: str) -> str:
+    """One table of the run, under the machine line and the load, printed and written to
+    ``<out>/<name>.md``."""
+    text = (
+        f"{machine_line(args.device)}; load average {os.getloadavg()[0]:.2f}; median of "
+        f"{repeats} rounds\n\n{table}"
+    )
+    print("\n" + text)
+    (args.out / f"{name}.md").write_text(text + "\n")
     return text
 
 

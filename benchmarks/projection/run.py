@@ -105,6 +105,41 @@ def time_memory_limit(
     return rows
 
 
+def time_clipped(
+    sizes: list[int], clipped: list[int], repeats: int, against: ModuleType | None = None
+) -> list[dict]:
+    """One float32 Gaussian vector, ``eps`` set so that ``k`` coordinates are clipped (``r`` =
+    the ``k+1``-th largest value; ``k = 0``: ``eps = 0``): the tree's time by ``k`` (which path
+    it takes), in turn with the tree at revision ``against`` and one ``torch.minimum`` pass
+    before each call (as in :func:`time_memory_limit`); ``same`` whether both give the same
+    ``e*``."""
+    rows = []
+    for n in sizes:
+        _, tau = _data(n, "cpu")
+        top = torch.sort(tau, descending=True).values
+        for k in (k for k in clipped if k < n):
+            delta = 0.0 if k == 0 else float((k + 1) * top[k].double() - top[:k].double().sum())
+            eps = torch.tensor(delta)
+            calls = {"tree": lambda eps=eps, tau=tau: project_onto_c(eps, tau, method="tree")}
+            if against is not None:
+                calls["against"] = lambda eps=eps, tau=tau: against.project_onto_c(
+                    eps, tau, method="tree"
+                )
+            times: dict[str, list[float]] = {key: [] for key in calls}
+            for _ in range(repeats):
+                for key, fn in calls.items():
+                    torch.minimum(tau, eps)
+                    t0 = time.perf_counter()
+                    fn()
+                    times[key].append(time.perf_counter() - t0)
+            row = {"n": n, "k": k, **{key: statistics.median(v) for key, v in times.items()}}
+            if against is not None:
+                row["same"] = float(calls["tree"]()[0]) == float(calls["against"]()[0])
+            rows.append(row)
+        print(f"  n={n:.0e} done", flush=True)
+    return rows
+
+
 def time_qp_solver(n: int, repeats: int) -> dict:
     """A generic QP solver (cvxpy, default QP solver and OSQP) on the same projection problem; ours
     in float64 like the solvers."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SOFT_STRENGTH = 1e-2
+CLIPPED = (0, 20, 100, 300, 1000, 3000, 10_000, 100_000)  # --clipped: coordinates clipped
 
 
 @dataclass(frozen=True)

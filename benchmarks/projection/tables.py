@@ -72,6 +72,27 @@ def memory_table(mem: list[dict], against: str | None = None) -> str:
     )
 
 
+def clipped_table(rows: list[dict], against: str | None = None) -> str:
+    """The tree by the number of clipped coordinates (and at revision ``against``)."""
+    extra = [] if against is None else [f"tree at {against} [ms]", "now / then", "same e*"]
+    return markdown_table(
+        ["n (float32)", "clipped", "tree [ms]", *extra],
+        [
+            [
+                _power(r["n"]),
+                str(r["k"]),
+                fmt_ms(r["tree"]),
+                *(
+                    []
+                    if against is None
+                    else [fmt_ms(r["against"]), f"{r['tree'] / r['against']:.2f}", str(r["same"])]
+                ),
+            ]
+            for r in rows
+        ],
+    )
+
+
 def qp_table(qp: dict) -> str:
     """Ours against cvxpy's QP solvers on one vector (float64)."""
     header = [

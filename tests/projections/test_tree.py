@@ -153,6 +153,7 @@ def test_newton_hands_over_to_the_randomized_method(monkeypatch, use_numpy):
     method finishes from the last lower bound, still exactly; here it takes over at once."""
     calls = _count_passes(monkeypatch)
     monkeypatch.setattr(_tree, "MIN_GATHER_CAP", 8)  # the tree gives up at once
+    monkeypatch.setattr(_tree, "GATHER_DIVISOR", 1 << 62)
     monkeypatch.setattr(_tree, "NEWTON_STEPS", 0)
     x = torch.randn(40_000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     for delta in [-10_000.0, -1000.0]:
@@ -164,6 +165,7 @@ def test_newton_hands_over_to_the_randomized_method(monkeypatch, use_numpy):
 def test_tree_gives_up_to_newton_when_too_many_values_are_above_its_bound(monkeypatch, use_numpy):
     calls = _count_passes(monkeypatch)
     monkeypatch.setattr(_tree, "MIN_GATHER_CAP", 64)
+    monkeypatch.setattr(_tree, "GATHER_DIVISOR", 1 << 62)
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     for delta in [-1000.0, 0.0]:
         _check_root(delta, x, use_numpy=use_numpy)
@@ -224,6 +226,7 @@ def test_non_contiguous_row_shapes_and_half_precision():
 
 def test_deterministic_and_global_rng_untouched(monkeypatch):
     monkeypatch.setattr(_tree, "MIN_GATHER_CAP", 64)  # through the sample and Newton
+    monkeypatch.setattr(_tree, "GATHER_DIVISOR", 1 << 62)
     x = torch.randn(200_000, generator=torch.Generator().manual_seed(7))
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -288,7 +291,7 @@ def test_on_device(device):
             torch.testing.assert_close(t.cpu(), t0)
 
 
-@given(points(max_n=400), st.sampled_from(["tree", "newton"]), st.booleans())
+@given(points(max_n=400), st.sampled_from(["tree", "newton", "sorted_cap"]), st.booleans())
 def test_every_path_on_generated_inputs(p, path, use_numpy):
     """Tiny tree parameters put short generated vectors (ties, scale spread) through the descent
     (several levels, tails) or, with no room to gather, through the sample and Newton."""
@@ -301,6 +304,9 @@ def test_every_path_on_generated_inputs(p, path, use_numpy):
         mp.setattr(_tree, "SAMPLE", 5)
         if path == "newton":
             mp.setattr(_tree, "MIN_GATHER_CAP", 0)
+            mp.setattr(_tree, "GATHER_DIVISOR", 1 << 62)
+        elif path == "sorted_cap":  # the descent gathers, then hands many clipped values on
+            mp.setattr(_tree, "MIN_SORTED", 0)
         got = _tree.root_tree(delta, gamma, use_numpy=use_numpy).item()
     expected = root_sort(delta, gamma).item()
     scale = max(1.0, abs(delta.item()), float(gamma.abs().max()) if gamma.numel() else 0.0)
@@ -335,3 +341,21 @@ def test_blocks_with_a_short_last_one_at_real_sizes(n):
     x[-1] = 50.0  # alone in the short last block (when there is one)
     for delta in [0.0, 3.0, -float(n) / 64]:
         _check_root(delta, x)
+
+
+def test_many_clipped_values_in_the_gathered_blocks_go_on_to_newton(monkeypatch):
+    """Blocks that hold many coordinates above the tree's bound, more than PY_MAX_VALUES of them
+    clipped (here: the largest values side by side, as in sorted input): sorting them all would
+    cost more than Newton's passes, so the descent hands its bound on; the root stays exact."""
+    calls = _count_passes(monkeypatch)
+    monkeypatch.setattr(_tree, "MIN_SORTED", 1000)
+    n = 200_000
+    x = torch.linspace(1.0, -1.0, n, dtype=torch.float64)  # the largest values in one stretch
+    k = 3000  # coordinates clipped, in 3 blocks of 1024: r = x[k], delta = (k + 1) r - sum(x[:k])
+    delta = float((k + 1) * x[k] - x[:k].sum())
+    _check_root(delta, x)
+    assert calls["count"] >= 1 and not calls["linear"]
+    calls.update(count=0, sum=0)
+    monkeypatch.setattr(_tree, "MIN_SORTED", 1 << 20)  # allowed to sort them: no pass at all
+    _check_root(delta, x)
+    assert calls == {"count": 0, "sum": 0, "linear": 0}
