@@ -21,6 +21,8 @@ def constant(value: float | tuple[float, ...], like: Tensor, shape: tuple[int, .
 
 @functools.lru_cache(maxsize=128)
 def _make(value, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    if isinstance(value, tuple):
-        return torch.tensor(value, dtype=torch.float64).to(device, dtype)
+    if isinstance(value, tuple):  # filled on the device: torch.tensor(...).to(cuda) is a host copy,
+        # which synchronizes (tests/train/test_sync.py, on CUDA)
+        parts = [torch.full((), float(v), dtype=torch.float64, device=device) for v in value]
+        return torch.stack(parts).to(dtype)
     return torch.full(shape, value, dtype=dtype, device=device)

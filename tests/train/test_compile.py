@@ -17,6 +17,11 @@ from train.loop import run
 from .run_utils import final_checkpoint, quiet, smnist_cfg
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+# On CUDA inductor's kernels sum in another order than cuBLAS / the eager kernels. Measured (torch
+# 2.11 + CUDA 13, H100 and H200, 2026-11-26): after one epoch the first layer's weights differ by up
+# to 1.16e-6 absolute (parameters of size 0.03; 7.6e-3 relative on an entry near zero), every other
+# tensor by at most 2.4e-7, every metric equal to 8 digits. 10x headroom over that.
+CUDA_TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 
 def _eager_and_compiled(data, tmp_path, *extra: str) -> list[tuple[dict, dict]]:
@@ -34,15 +39,15 @@ def _eager_and_compiled(data, tmp_path, *extra: str) -> list[tuple[dict, dict]]:
     return out
 
 
-def _assert_close_runs(runs: list[tuple[dict, dict]]) -> None:
+def _assert_close_runs(runs: list[tuple[dict, dict]], tolerance: dict = TOLERANCE) -> None:
     (eager_row, eager), (compiled_row, compiled) = runs
     assert compiled["model"].keys() == eager["model"].keys()  # no "_orig_mod." prefix
     for part in ("model", "regularizer"):
         for name, value in eager[part].items():
-            torch.testing.assert_close(compiled[part][name], value, **TOLERANCE, msg=name)
+            torch.testing.assert_close(compiled[part][name], value, **tolerance, msg=name)
     for p, state in eager["optimizer"]["state"].items():
         for key, value in state.items():
-            torch.testing.assert_close(compiled["optimizer"]["state"][p][key], value, **TOLERANCE)
+            torch.testing.assert_close(compiled["optimizer"]["state"][p][key], value, **tolerance)
     assert compiled_row.keys() == eager_row.keys()
     for key, value in eager_row.items():
         if isinstance(value, float) and not key.endswith("seconds"):
@@ -58,4 +63,5 @@ def test_compiled_training_matches_eager(digits_smnist, tmp_path):
 
 @pytest.mark.cuda
 def test_compiled_training_matches_eager_on_cuda(digits_smnist, tmp_path):
-    _assert_close_runs(_eager_and_compiled(digits_smnist, tmp_path, "train.device=cuda"))
+    runs = _eager_and_compiled(digits_smnist, tmp_path, "train.device=cuda")
+    _assert_close_runs(runs, CUDA_TOLERANCE)
