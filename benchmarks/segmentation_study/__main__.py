@@ -8,6 +8,7 @@
     python -m benchmarks.segmentation_study picture --tasks sky --size 120 160 --best U-Net
     python -m benchmarks.segmentation_study floor --camvid <CamVid dir> --tasks sky --size 360 480
     python -m benchmarks.segmentation_study fit --tasks all --size 120 160 --seeds 0 1 --methods ...
+    python -m benchmarks.segmentation_study resolution --runs <GPU runs>  # resolution_gpu.sh's runs
 
 ``run`` builds the CamVid caches (``data_prep.camvid``: sky vs rest, the paper's experiment 2; the
 11 classes with experiment 3's shape label) at ``--size`` and trains every (task, method, seed) of
@@ -28,10 +29,11 @@ the baseline's, interleaved, on CamVid batches, and each task loss's and objecti
 ``floor`` builds the caches of ``--tasks`` at ``--size``, keeps their 1-pixel boundary floor in
 ``--archive`` and writes ``segmentation_study_floor.md`` with every floor kept there. ``fit`` scores
 each finished run's best-val checkpoint on its cache's train split beside test: what a
-model misses on its own training images is not a matter of data.
+model misses on its own training images is not a matter of data. ``resolution`` tables the runs of
+``resolution_gpu.sh`` (the 11-class recipe at 120x160 and 360x480 on a GPU) beside the CPU study's.
 
 Modules, imported one way: ``spec`` (what is compared) <- ``floor``, ``timing`` <- ``tables``,
-``fit`` <- ``picture`` <- ``__main__`` (this CLI).
+``fit``, ``resolution`` <- ``picture`` <- ``__main__`` (this CLI).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from ..sweep import archive, restore, run_jobs
 from .fit import write_fit
 from .floor import floor_report, save_floors
 from .picture import picture
+from .resolution import write_resolution
 from .spec import METHODS, SIZES, TASKS, cache, jobs
 from .tables import ARCHIVED, table
 from .timing import timing
@@ -54,7 +57,10 @@ from .timing import timing
 
 def _arguments() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("run", "table", "timing", "archive", "picture", "floor", "fit"))
+    p.add_argument(
+        "what",
+        choices=("run", "table", "timing", "archive", "picture", "floor", "fit", "resolution"),
+    )
     p.add_argument("--camvid", type=Path, help="run, timing: the CamVid folder (SegNet layout)")
     p.add_argument("--runs", type=Path, default=Path("runs/segmentation_study"))
     p.add_argument(
@@ -113,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         command += "sky all --size H W (each size in the table; archive adds the study's)"
         (a.out / "segmentation_study_floor.md").write_text(f"<!-- {command} -->\n{text}\n")
         print(text)
+        return 0
+    if a.what == "resolution":
+        print(write_resolution(a.runs, a.archive, a.out))
         return 0
     if a.what == "fit":
         print(write_fit(a.runs, a.tasks[0], size, a.methods, a.seeds, a.out, a.epochs))

@@ -235,3 +235,126 @@ def test_plateau_reports_block_means_and_the_last_slope():
     assert "1-5: 0.200; 6-10: 0.700" in plateau(rising)
     assert "slope over the last 10 epochs +0.1000 ± +0.0000" in plateau(rising)
     assert "+0.0000 ± +0.0000 per epoch" in plateau(flat) and "2 seeds" in plateau(flat)
+
+
+GPU_RUNS = ROOT / "docs" / "figures" / "segmentation_study_runs" / "gpu"
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v}
+    return out
+
+
+def test_the_shipped_small_object_recipe_is_the_measured_gpu_run():
+    """configs/camvid_small_objects.yaml trains what the measured 360x480 baseline (seed 0) of
+    resolution_gpu.sh trained, but for its name, the cache's folder and the device left to auto."""
+    from train import config as C
+
+    shipped = _flat(C.load(ROOT / "configs" / "camvid_small_objects.yaml").to_dict())
+    measured = yaml.safe_load((GPU_RUNS / "all-360x480-baseline-seed0" / "config.yaml").read_text())
+    measured = _flat(measured)
+    differ = {k for k in shipped.keys() | measured.keys() if shipped.get(k) != measured.get(k)}
+    assert differ == {"experiment", "data.path", "train.device", "train.out"}
+    assert (shipped["data.path"], measured["data.path"]) == (
+        "data/camvid-360x480",
+        "data/gpu-camvid-360x480",
+    )
+    assert (shipped["train.device"], measured["train.device"]) == ("auto", "cuda")
+
+
+def test_the_resolution_table_in_docs_is_the_archived_gpu_runs(tmp_path):
+    """``resolution`` on the archived runs writes docs/figures/segmentation_study_resolution.md as
+    it is in the repository."""
+    from benchmarks.segmentation_study.resolution import write_resolution
+
+    write_resolution(GPU_RUNS, GPU_RUNS.parent, tmp_path)
+    name = "segmentation_study_resolution.md"
+    assert (tmp_path / name).read_text() == (ROOT / "docs" / "figures" / name).read_text()
+
+
+def _fake_run(folder: Path, test_iou: list[float], epochs: int = 2, finished: bool = True) -> None:
+    row = {"test_miou": float(sum(test_iou) / len(test_iou)), "test_iou": test_iou}
+    row |= {"test_miou_gap": 0.01, "val_miou": 0.5, "epoch": epochs}
+    history = [row | {"epoch": e + 1, "train_seconds": 2.0} for e in range(epochs)]
+    metrics = {
+        "config": {"train": {"epochs": epochs, "device": "cuda"}},
+        "final": {"epochs": epochs if finished else epochs - 1},
+        "selected": row,
+        "history": history,
+    }
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+
+
+def test_resolution_groups_finished_runs_by_size_and_arm(tmp_path):
+    """Each (size, arm) row is the mean over its finished seeds; an unfinished run and a folder of
+    another name do not count; the baseline comes first at each size."""
+    from benchmarks.segmentation_study.floor import CLASS_NAMES
+    from benchmarks.segmentation_study.resolution import gpu_runs, resolution_table
+
+    classes = list(CLASS_NAMES)
+    small = [classes.index(c) for c in spec.SMALL_CLASSES]
+
+    def iou(v_small: float) -> list[float]:
+        return [v_small if i in small else 0.5 for i in range(len(classes))]
+
+    _fake_run(tmp_path / "all-360x480-baseline-seed0", iou(0.2))
+    _fake_run(tmp_path / "all-360x480-baseline-seed1", iou(0.4))
+    _fake_run(tmp_path / "all-360x480-baseline-seed2", iou(0.9), finished=False)
+    _fake_run(tmp_path / "all-120x160-unet_mfce-seed0", iou(0.1))
+    _fake_run(tmp_path / "all-120x160-baseline-seed0", iou(0.05))
+    _fake_run(tmp_path / "sky-120x160-baseline-seed0", iou(0.7))
+    runs = gpu_runs(tmp_path)
+    assert list(runs) == [
+        ((120, 160), "baseline"),
+        ((120, 160), "U-Net + median-frequency CE"),
+        ((360, 480), "baseline"),
+    ]
+    assert len(runs[((360, 480), "baseline")]) == 2
+    text = resolution_table(tmp_path, tmp_path / "no-archive")
+    row = next(line for line in text.splitlines() if line.startswith("| GPU | 360x480 | baseline"))
+    assert "| 2 |" in row and "| 0.300 ± 0.141 |" in row  # small classes: mean, sd of 0.2 and 0.4
+    with pytest.raises(ValueError, match="--runs"):
+        gpu_runs(tmp_path / "no-archive")
+
+
+def test_resolution_gpu_script_trains_both_arms_that_the_table_reads(tmp_path):
+    """resolution_gpu.sh end to end on the CPU (1 epoch, 3 frames, 120x160 only): its runs are the
+    folders ``resolution`` reads, trained with the recipe, and its archive of them comes back."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    from benchmarks.segmentation_study.resolution import gpu_runs
+
+    camvid = write_layout(tmp_path / "camvid")
+    (tmp_path / "out").mkdir()
+    env = os.environ | {
+        "OUT": str(tmp_path / "out"),
+        "CAMVID": str(camvid),
+        "WORK": str(tmp_path),
+        "DEV": "cpu",
+        "EPOCHS": "1",
+        "SEEDS_LO": "0",
+        "SEEDS_HI": "",
+        "PY": sys.executable,
+    }
+    script = ROOT / "benchmarks" / "segmentation_study" / "resolution_gpu.sh"
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = gpu_runs(tmp_path / "runs" / "gpu")
+    assert list(runs) == [((120, 160), "baseline"), ((120, 160), "U-Net + median-frequency CE")]
+    (base,), (unet,) = runs.values()
+    for m in (base, unet):
+        assert m["config"]["data"]["scale_range"] == [0.5, 2.0]
+        assert m["config"]["optim"]["schedule"] == "poly"
+    assert unet["config"]["train"]["class_weights"] == "median_frequency"
+    assert (unet["config"]["model"]["name"], base["config"]["model"]["name"]) == (
+        "unet",
+        "deeplabv3plus",
+    )
+    with tarfile.open(tmp_path / "out" / "runs.tar.gz") as tar:
+        assert "runs/gpu/all-120x160-baseline-seed0/metrics.json" in tar.getnames()
