@@ -231,17 +231,26 @@ class SparseTau:
         given, the sparse step also takes the lr of the optimizer's group that steps ``eps``, at
         every step (schedules included): the step a dense ``tau`` in that group would take."""
         handle = super().attach(optimizer)
-        if self.tau_update != "sparse_adam_ahead" or self._tau_lr_given:
+        group = self.tau_lr_source(optimizer)
+        if group is None:
             return handle
         handle.remove()
-        groups = optimizer.param_groups
-        group = next(g for g in groups if any(p is self.eps_param for p in g["params"]))
 
         def hook(*_) -> None:
             self.tau_lr = float(group["lr"])
             self.after_step_()
 
         return optimizer.register_step_post_hook(hook)
+
+    def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with
+        ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not given, the group that steps ``eps``
+        (set ``self.tau_lr`` from its ``"lr"`` before each ``after_step_()``, as ``attach`` does);
+        else ``None`` (``tau_lr`` is fixed)."""
+        if self.tau_update != "sparse_adam_ahead" or self._tau_lr_given:
+            return None
+        groups = optimizer.param_groups
+        return next(g for g in groups if any(p is self.eps_param for p in g["params"]))
 
     def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
         """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient (a

@@ -248,19 +248,9 @@ def setup(
         "none yet" if found is None else str(found[0]),
         list(reg.parameters()) if reg is not None else [],
         criterion=criterion.to(device) if criterion is not None else None,
-        tau_lr_group=_tau_lr_group(cfg, reg, optimizer),
+        # F-beta's sparse_adam_ahead with tau_lr null: the group whose lr its tau step follows
+        tau_lr_group=reg.tau_lr_source(optimizer) if hasattr(reg, "tau_lr_source") else None,
     )
-
-
-def _tau_lr_group(cfg: Config, reg: nn.Module | None, optimizer: torch.optim.Optimizer):
-    """The optimizer group that steps ``eps`` when F-beta's ``sparse_adam_ahead`` follows its lr
-    (``regularizer.fbeta.tau_lr: null``), else None."""
-    if (
-        getattr(reg, "tau_update", None) != "sparse_adam_ahead"
-        or cfg.regularizer.fbeta.tau_lr is not None
-    ):
-        return None
-    return next(g for g in optimizer.param_groups if any(p is reg.eps_param for p in g["params"]))
 
 
 def _num_groups(data: DataBundle) -> int:

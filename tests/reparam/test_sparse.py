@@ -393,3 +393,14 @@ def test_attach_gives_sparse_adam_ahead_the_optimizers_lr():
         other(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
         other_opt.step()
         assert int(other.tau_adam_step) == 1 and other.tau_lr == kw.get("tau_lr", 1e-2)
+        assert other.tau_lr_source(other_opt) is None
+
+
+def test_tau_lr_source_is_the_group_that_steps_eps():
+    """What a loop that calls ``after_step_()`` itself (the trainer) reads the lr from: the group
+    holding ``eps`` for ``sparse_adam_ahead`` without ``tau_lr``, else None."""
+    reg = FBetaRegularizer(LABELS)
+    groups = [{"params": [torch.zeros(1)]}, {"params": reg.parameters(), "lr": 3e-3}]
+    opt = torch.optim.Adam(groups)
+    assert reg.tau_lr_source(opt) is opt.param_groups[1]
+    assert FBetaRegularizer(LABELS, tau_lr=0.05).tau_lr_source(opt) is None
