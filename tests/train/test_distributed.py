@@ -329,11 +329,11 @@ def test_two_processes_train_like_one(runs):
         ("sparse_sgd", "epoch"),
         ("sparse_adam", "epoch"),
         ("sparse_adam", "tracked"),
-        # not with tracked: tau and eps start equal (1, 1), at the kink of min(tau_k, e*), and
-        # there one row's first gradient follows the 1e-7 rounding of eps between 1 and 2
-        # processes (measured: row 47 of 300, at every tau_lr); the replicated tracked set is
-        # the lazy rule's case above
         ("sparse_adam_ahead", "epoch"),
+        # the defaults: tau and eps start equal (1, 1), at the kink of min(tau_k, e*), and there
+        # one row's first gradient follows the 1e-7 rounding of eps between 1 and 2 processes
+        # (measured: row 47 of 300, at every tau_lr), so that row may end elsewhere
+        ("sparse_adam_ahead", "tracked"),
     ],
 )
 def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist, tmp_path):
@@ -359,9 +359,16 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
     keys = [*REG_STATE, *(("tau_adam_moments", "tau_adam_step") if adam else ())]
     keys += ["tau_adam_last"] if rule == "sparse_adam_ahead" else []
     keys += ["tau_active", "active_sums"] if projection == "tracked" else []
+    kink = rule == "sparse_adam_ahead" and projection == "tracked"
     for k in keys:
-        torch.testing.assert_close(rank0["regularizer"][k], one[k], rtol=0, atol=1e-5, msg=k)
-        assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k
+        assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k  # replicated
+        two_k, one_k = rank0["regularizer"][k], one[k]
+        if kink and k in ("tau_param", "lam", "tau_adam_moments"):  # per row: all but the kink's
+            far = (two_k.double() - one_k.double()).abs().reshape(len(one_k), -1) > 1e-5
+            assert int(far.any(1).sum()) <= 1, k
+        else:  # mu sums over the rows, the kink's too
+            atol = 1e-4 if kink and k == "mu" else 1e-5
+            torch.testing.assert_close(two_k, one_k, rtol=0, atol=atol, msg=k)
     for k, value in found[1][0]["model"].items():
         torch.testing.assert_close(rank0["model"][k], value, rtol=0, atol=1e-5, msg=k)
     # the comparison means something: the rows of tau moved apart (per-row lambda)
