@@ -46,6 +46,35 @@ def median_seconds(
     return statistics.median(times)
 
 
+def rotation_medians(
+    calls: dict[str, Callable[[], object]],
+    repeats: int,
+    *,
+    device: str = "cpu",
+    warmup: bool = False,
+    before: Callable[[], object] | None = None,
+) -> dict[str, float]:
+    """Median wall time of each of ``calls``, timed in turn for ``repeats`` rounds, so that a busy
+    machine slows them alike and none always runs right after the same one. ``before`` runs untimed
+    before each call (a pass that evicts the caches, say); CUDA work is synchronized around each
+    timed call."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    if warmup:
+        for fn in calls.values():
+            fn()
+    times: dict[str, list[float]] = {key: [] for key in calls}
+    for _ in range(repeats):
+        for key, fn in calls.items():
+            if before is not None:
+                before()
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[key].append(time.perf_counter() - t0)
+    return {key: statistics.median(v) for key, v in times.items()}
+
+
 _ROOT = Path(__file__).resolve().parents[1]
 _COPIES: list[tempfile.TemporaryDirectory] = []  # package_at's copies, for this process
 

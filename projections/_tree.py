@@ -154,27 +154,10 @@ class _Passes:
         x, n = self.x, self.n
         if n <= TOP_NODES:
             return [self.a if self.use_numpy else x]
-        g = n // LEAF
-        level = torch.amax(x[: g * LEAF].view(g, LEAF), dim=1)
-        if self.use_numpy:
-            level = level.numpy()
-            if g * LEAF < n:
-                level = np.append(level, self.a[g * LEAF :].max())
-        elif g * LEAF < n:
-            level = torch.cat((level, x[g * LEAF :].amax().reshape(1)))
-        levels = [self.a if self.use_numpy else x, level]
+        level = _block_max(x, LEAF)  # torch on both paths: its reduction is the one pass over x
+        levels = [self.a, level.numpy()] if self.use_numpy else [x, level]
         while len(levels[-1]) > TOP_NODES:
-            below = levels[-1]
-            g = len(below) // FANOUT
-            if self.use_numpy:
-                level = below[: g * FANOUT].reshape(g, FANOUT).max(1)
-                if g * FANOUT < len(below):
-                    level = np.append(level, below[g * FANOUT :].max())
-            else:
-                level = below[: g * FANOUT].view(g, FANOUT).amax(1)
-                if g * FANOUT < len(below):
-                    level = torch.cat((level, below[g * FANOUT :].amax().reshape(1)))
-            levels.append(level)
+            levels.append(_block_max(levels[-1], FANOUT))
         return levels
 
     def values(self, level) -> np.ndarray:
@@ -225,6 +208,17 @@ class _Passes:
     def sum_above(self, p: float) -> float:
         """``sum_{x_i > p} x_i`` in one pass; overwrites the workspace (and the masks in it)."""
         return float(torch.threshold(self.x, p, 0.0, out=self.workspace).sum())
+
+
+def _block_max(level: Tensor | np.ndarray, size: int) -> Tensor | np.ndarray:
+    """The maxima of consecutive blocks of ``size`` entries of ``level`` (a tensor or an array),
+    the last block of whatever is left (fewer than ``size``)."""
+    g = len(level) // size
+    if isinstance(level, np.ndarray):
+        out = level[: g * size].reshape(g, size).max(1)
+        return np.append(out, level[g * size :].max()) if g * size < len(level) else out
+    out = level[: g * size].view(g, size).amax(1)
+    return torch.cat((out, level[g * size :].amax().reshape(1))) if g * size < len(level) else out
 
 
 def _above_half_max(delta: float, a: np.ndarray) -> float:

@@ -248,7 +248,6 @@ def setup(
         "none yet" if found is None else str(found[0]),
         list(reg.parameters()) if reg is not None else [],
         criterion=criterion.to(device) if criterion is not None else None,
-        # F-beta's sparse_adam_ahead with tau_lr null: the group whose lr its tau step follows
         tau_lr_group=reg.tau_lr_source(optimizer) if hasattr(reg, "tau_lr_source") else None,
     )
 

@@ -4,14 +4,13 @@ coordinates, near the memory limit against one elementwise pass, against a gener
 
 from __future__ import annotations
 
+import functools
 import importlib.util
-import statistics
-import time
 from types import ModuleType
 
 import torch
 
-from benchmarks._timing import median_seconds
+from benchmarks._timing import median_seconds, rotation_medians
 from projections import project_onto_c, soft_project_onto_c
 from projections.soft import DIFFSORT_MAX_N
 
@@ -71,7 +70,6 @@ def time_memory_limit(
     neither runs right after the other method (whose temporaries evict the caches). ``against``
     (the ``projections`` package of another revision): its tree joins the tree's rotation, as
     ``"tree (against)"``."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     rows = []
     for n in sizes:
         eps, tau = _data(n, device)
@@ -85,20 +83,11 @@ def time_memory_limit(
                 pair["tree (against)"] = lambda eps=eps, tau=tau: against.project_onto_c(
                     eps, tau, method="tree"
                 )
-            times: dict[str, list[float]] = {k: [] for k in pair}
-            for fn in pair.values():
-                fn()  # warm-up
-            for _ in range(repeats):
-                for k, fn in pair.items():
-                    sync()
-                    t0 = time.perf_counter()
-                    fn()
-                    sync()
-                    times[k].append(time.perf_counter() - t0)
+            times = rotation_medians(pair, repeats, device=device, warmup=True)
             if "tree (against)" in times:
-                row["tree (against)"] = statistics.median(times["tree (against)"])
-            row[method] = statistics.median(times[method])
-            row[f"torch.minimum ({method})"] = statistics.median(times["torch.minimum"])
+                row["tree (against)"] = times["tree (against)"]
+            row[method] = times[method]
+            row[f"torch.minimum ({method})"] = times["torch.minimum"]
         row["torch.minimum"] = min(row["torch.minimum (linear)"], row["torch.minimum (tree)"])
         rows.append(row)
         print(f"  n={n:.0e} done", flush=True)
@@ -125,14 +114,8 @@ def time_clipped(
                 calls["against"] = lambda eps=eps, tau=tau: against.project_onto_c(
                     eps, tau, method="tree"
                 )
-            times: dict[str, list[float]] = {key: [] for key in calls}
-            for _ in range(repeats):
-                for key, fn in calls.items():
-                    torch.minimum(tau, eps)
-                    t0 = time.perf_counter()
-                    fn()
-                    times[key].append(time.perf_counter() - t0)
-            row = {"n": n, "k": k, **{key: statistics.median(v) for key, v in times.items()}}
+            before = functools.partial(torch.minimum, tau, eps)
+            row = {"n": n, "k": k, **rotation_medians(calls, repeats, before=before)}
             if against is not None:
                 row["same"] = float(calls["tree"]()[0]) == float(calls["against"]()[0])
             rows.append(row)

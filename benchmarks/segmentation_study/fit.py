@@ -23,24 +23,30 @@ from .spec import SMALL_CLASSES, cache, jobs
 BATCH = 16  # images per forward
 
 
-def split_summary(run: Path, cache_dir: Path, split: str) -> dict:
-    """The trainer's segmentation summary (``miou``, ``iou`` per class, ...) of the best-val
-    checkpoint of ``run`` on ``cache_dir``'s ``split``."""
+def class_maps(run: Path, images: np.ndarray) -> np.ndarray:
+    """The class map of every cached image (``(N, H, W, 3)`` uint8, as the cache holds them) by
+    the best-val checkpoint of ``run`` (``train.predict.load_predictor``), ``BATCH`` at a time."""
     import torch
 
     from train.predict import load_predictor
 
-    meta = json.loads((cache_dir / "meta.json").read_text())
     predictor = load_predictor(run, "best", "cpu", note=lambda _: None)
-    images = np.load(cache_dir / split / "images.npy", mmap_mode="r")
-    labels = np.load(cache_dir / split / "labels.npy")
-    shape = np.load(cache_dir / split / "shape.npy")
-    pred = np.concatenate(
+    return np.concatenate(
         [
             predictor(torch.from_numpy(np.array(images[i : i + BATCH])).permute(0, 3, 1, 2)).numpy()
             for i in range(0, len(images), BATCH)
         ]
     )
+
+
+def split_summary(run: Path, cache_dir: Path, split: str) -> dict:
+    """The trainer's segmentation summary (``miou``, ``iou`` per class, ...) of the best-val
+    checkpoint of ``run`` on ``cache_dir``'s ``split``."""
+    meta = json.loads((cache_dir / "meta.json").read_text())
+    images = np.load(cache_dir / split / "images.npy", mmap_mode="r")
+    labels = np.load(cache_dir / split / "labels.npy")
+    shape = np.load(cache_dir / split / "shape.npy")
+    pred = class_maps(run, images)
     return score(labels, pred, shape, int(meta["num_classes"]), int(meta["shape_bins"]))
 
 

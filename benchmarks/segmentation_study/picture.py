@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from .._report import save_figure, subplots
+from .fit import class_maps
 from .spec import cache, jobs
 
 
@@ -23,10 +24,6 @@ def picture(
     """``segmentation_study_smallest_sky_<H>x<W>.png``: the six test images with the least sky,
     each with the baseline's class map, ``best``'s and the ground truth (seed ``seed``'s runs in
     ``root``, their best-val checkpoints)."""
-    import torch
-
-    from train.predict import load_predictor
-
     keys = {m: job.key for _, m, job in jobs(epochs, [seed], [task], ["baseline", best], size)}
     test = Path(cache(task, size)) / "test"
     if not (test / "images.npy").is_file():
@@ -36,12 +33,7 @@ def picture(
     chosen = np.argsort(fractions, kind="stable")[:6]
     images = np.load(test / "images.npy", mmap_mode="r")[chosen]
     labels = np.load(test / "labels.npy", mmap_mode="r")[chosen]
-    maps = {}
-    for method, key in keys.items():
-        predictor = load_predictor(root / key, "best", "cpu", note=lambda _: None)
-        maps[method] = predictor(
-            torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
-        ).numpy()
+    maps = {method: class_maps(root / key, images) for method, key in keys.items()}
     fig, axes = subplots(len(chosen), 4, figsize=(10, 2.0 * len(chosen)), squeeze=False)
     titles = ["image", f"baseline (seed {seed})", f"{best} (seed {seed})", "ground truth"]
     for r, i in enumerate(chosen):

@@ -18,8 +18,9 @@ import statistics
 from pathlib import Path
 
 from .._report import markdown_table, mean_sd
+from ..sweep import metrics
 from .floor import class_names, small_classes
-from .spec import SMALL_CLASSES
+from .spec import SMALL_CLASSES, jobs
 from .tables import plateau
 
 ARMS = {  # folder name of the GPU runs -> the study's method
@@ -37,13 +38,7 @@ def gpu_runs(root: Path) -> dict[tuple[tuple[int, int], str], list[dict]]:
     found: dict[tuple[tuple[int, int], str], list[tuple[int, dict]]] = {}
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         match = FOLDER.fullmatch(folder.name)
-        if not folder.is_dir() or match is None or match.group(3) not in ARMS:
-            continue
-        try:
-            m = json.loads((folder / "metrics.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if m.get("final", {}).get("epochs") != m["config"]["train"]["epochs"]:
+        if match is None or match.group(3) not in ARMS or (m := metrics(folder)) is None:
             continue
         size = (int(match.group(1)), int(match.group(2)))
         found.setdefault((size, ARMS[match.group(3)]), []).append((int(match.group(4)), m))
@@ -54,19 +49,13 @@ def gpu_runs(root: Path) -> dict[tuple[tuple[int, int], str], list[dict]]:
     return {k: [m for _, m in sorted(found[k], key=lambda x: x[0])] for k in keys}
 
 
-def cpu_runs(archive: Path, methods: list[str]) -> dict[str, list[dict]]:
-    """The CPU study's finished 120x160 runs of ``methods`` kept in ``archive``."""
-    out = {}
-    for method in methods:
-        name = method.replace(" ", "_").replace(",", "")
-        ms = []
-        for folder in sorted(archive.glob(f"all-120x160-{name}-seed*")):
-            try:
-                ms.append(json.loads((folder / "metrics.json").read_text()))
-            except (OSError, json.JSONDecodeError):
-                continue
-        if ms:
-            out[method] = ms
+def cpu_runs(archive: Path, methods: list[str], seeds: range = range(3)) -> dict[str, list[dict]]:
+    """The CPU study's finished 120x160 runs of ``methods`` kept in ``archive`` (``spec.jobs``'
+    keys, each run trained with its job's settings)."""
+    out: dict[str, list[dict]] = {}
+    for _, method, job in jobs(None, list(seeds), ["all"], methods, (120, 160)):
+        if (m := metrics(archive / job.key, job)) is not None:
+            out.setdefault(method, []).append(m)
     return out
 
 
