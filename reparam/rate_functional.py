@@ -14,6 +14,9 @@ sound. The full Lagrangians (8a-c) here are the references the minibatch estimat
 
 from __future__ import annotations
 
+import math
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -259,3 +262,64 @@ def best_rescaled_precision_margin(
         for d in (-1.0, 1.0)
     )
     return float(max(values[i], refined, flat))
+
+
+# --- decision thresholds at a target rate ----------------------------------------------------------
+
+
+class RateThreshold(NamedTuple):
+    """A decision threshold ``t`` (decisions ``u > t``) and the recall and precision of those
+    decisions on the scores it was chosen on; ``met``: whether the target holds there."""
+
+    threshold: float
+    recall: float
+    precision: float
+    met: bool
+
+
+def _cuts(u_pos: Tensor, u_neg: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Every cut between distinct scores, highest first: ``(t, tp, k, n_pos)`` with ``t`` the
+    midpoint between the last score kept and the first dropped (below all scores: ``min - 1/2``),
+    ``tp`` / ``k`` the positives / samples kept (float64, exact integers)."""
+    u = torch.cat([u_pos.detach().reshape(-1), u_neg.detach().reshape(-1)]).double().cpu()
+    y = torch.cat([torch.ones(u_pos.numel()), torch.zeros(u_neg.numel())]).double()
+    u, order = torch.sort(u, descending=True)
+    tp, k = torch.cumsum(y[order], 0), torch.arange(1, u.numel() + 1, dtype=torch.float64)
+    last = torch.ones(u.numel(), dtype=torch.bool)  # the last of each run of equal scores
+    last[:-1] = u[1:] < u[:-1]
+    nxt = torch.cat([u[1:], u[-1:] - 1.0])  # the first dropped score (below all: min - 1)
+    t = (u + nxt) / 2
+    return t[last], tp[last], k[last], torch.tensor(float(u_pos.numel()), dtype=torch.float64)
+
+
+def threshold_at_recall(u_pos: Tensor, u_neg: Tensor, recall: float) -> RateThreshold:
+    """The best precision subject to recall ``>= recall``: among the cuts whose decisions ``u > t``
+    keep at least ``ceil(recall n)`` positives, the one of highest precision (ties: the highest
+    cut). Always met (keeping every sample has recall 1). ``O((n + m) log(n + m))``, one sort."""
+    _need_positives(u_pos)
+    t, tp, k, n = _cuts(u_pos, u_neg)
+    feasible = tp >= math.ceil(recall * float(n) - 1e-9)
+    precision = torch.where(feasible, tp / k, torch.full_like(tp, -1.0))
+    i = int(torch.argmax(precision))  # the first maximum: the highest cut among ties
+    return RateThreshold(float(t[i]), float(tp[i] / n), float(tp[i] / k[i]), True)
+
+
+def threshold_at_precision(u_pos: Tensor, u_neg: Tensor, precision: float) -> RateThreshold:
+    """The best recall subject to precision ``>= precision``: among the cuts whose decisions have
+    precision ``tp / k >= precision``, the one keeping the most positives (ties: the highest cut).
+    When no cut meets the target, the cut of highest precision (ties: the most positives), with
+    ``met=False``."""
+    _need_positives(u_pos)
+    t, tp, k, n = _cuts(u_pos, u_neg)
+    prec = tp / k
+    feasible = prec >= precision - 1e-12
+    if bool(feasible.any()):
+        i = int(torch.argmax(torch.where(feasible, tp, torch.full_like(tp, -1.0))))
+    else:
+        i = int(torch.argmax(prec + tp * 1e-12 / max(float(n), 1.0)))
+    return RateThreshold(float(t[i]), float(tp[i] / n), float(prec[i]), bool(feasible[i]))
+
+
+def _need_positives(u_pos: Tensor) -> None:
+    if u_pos.numel() == 0:
+        raise ValueError("a rate threshold needs at least one positive score, got none")

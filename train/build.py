@@ -53,6 +53,11 @@ def run_folder(cfg: Config) -> Path:
     return out
 
 
+def _processes() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def build_regularizer(
     r: RegularizerConfig, shape_labels: torch.Tensor, groups: torch.Tensor | None = None
 ) -> nn.Module | None:
@@ -63,7 +68,17 @@ def build_regularizer(
         return None
     try:
         extra = {} if groups is None else {"groups": groups}
-        return REGULARIZERS[r.name](shape_labels, **r.kwargs(), **extra)
+        kwargs = r.kwargs()
+        if "dual_every" in kwargs and _processes() > 1:
+            # the per-step dual step writes the local batch's rows of tau and lambda and steps nu
+            # on the local batch, so ranks would drift apart; the epoch step runs on merged scores
+            if kwargs["dual_every"] == "step":
+                raise ValueError(
+                    f"regularizer.{r.name}.dual_every=step runs in one process only (each rank "
+                    f"would step nu on its own batches): use dual_every=epoch under torchrun"
+                )
+            kwargs["dual_every"] = "epoch"
+        return REGULARIZERS[r.name](shape_labels, **kwargs, **extra)
     except ValueError as e:
         raise ValueError(f"regularizer ({r.name}): {e}") from e
 

@@ -57,6 +57,8 @@ REGULARIZERS: dict[str, type] = {
     "libauc_auc": LibAUCMargin,
 }
 SMNIST_MODELS = ("linear", "mlp")
+# the objectives whose target picks a decision threshold (train.shape_threshold=val)
+THRESHOLD_OBJECTIVES = ("fbeta", "precision_at_recall", "recall_at_precision")
 
 
 def options(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
@@ -92,6 +94,9 @@ class DataConfig:
     train_subset: int | None = None  # use the first N training images (None: all)
     # first N images of the reported split (segmentation: test where the cache has one, else val)
     test_subset: int | None = None
+    # S-MNIST: hold out the last fraction of the training images (after train_subset) as a val
+    # split that selects the epoch (and, with train.shape_threshold=val, the shape threshold)
+    val_fraction: float | None = None
     batch_size: int = 100
     eval_batch_size: int = 2000
     num_workers: int = 0
@@ -262,6 +267,11 @@ class TrainConfig:
     class_weights: Literal[CLASS_WEIGHT_RULES] = "none"
     progress: bool = True  # tqdm bar (shown only on a terminal)
     log_images: int = 4  # segmentation: validation images shown in TensorBoard per epoch
+    # the shape node's decision threshold the test split is also reported at (test_shape_*_at_
+    # threshold), saved in checkpoints/best.pt for train.predict: "learned": the objective's own
+    # (F-beta's and the rate objectives' decision_threshold); "val": chosen each epoch on the val
+    # split (the rate objectives' calibrate, F-beta's best cut), needs a val split
+    shape_threshold: Literal["learned", "val"] = "learned"
 
 
 @dataclass
@@ -561,6 +571,20 @@ def _validate(cfg: Config) -> None:
                 f"(the target {key} in (0, 1)), e.g. regularizer.{name}.{key}=0.8"
             )
     smnist = not cfg.data.segmentation
+    vf = cfg.data.val_fraction
+    if vf is not None and not (smnist and 0 < vf < 1):
+        raise ValueError(
+            f"data.val_fraction must be null or in (0, 1) and is for S-MNIST only (segmentation "
+            f"caches bring their val split), got {vf!r} with data.kind {cfg.data.kind!r}"
+        )
+    if cfg.train.shape_threshold == "val" and (
+        r.name not in THRESHOLD_OBJECTIVES or r.target != "shape_node"
+    ):
+        raise ValueError(
+            f"train.shape_threshold=val chooses the threshold of a target on the val split: it "
+            f"needs regularizer.name in {THRESHOLD_OBJECTIVES} on the shape node, got "
+            f"regularizer.name={r.name} (target {r.target})"
+        )
     if smnist != (cfg.model.name in SMNIST_MODELS):
         expected = (
             f"one of {SMNIST_MODELS}"

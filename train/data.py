@@ -222,7 +222,7 @@ class DataBundle:
     image_shape: tuple[int, int]
     class_names: list[str] | None = None
     # the split the run selects its epoch on, when it is not the reported one (CamVid: val)
-    val: SegmentationCacheDataset | None = None
+    val: SegmentationCacheDataset | IndexedTensorDataset | None = None
 
     @property
     def train_shape_labels(self) -> Tensor:
@@ -248,7 +248,28 @@ def load_data(cfg: DataConfig, seed: int = 0, pixel_index: bool = False) -> Data
             shape=torch.from_numpy(arrays["shape"][:n]),
         )
     canvas = tuple(meta["image_shape"])
-    return DataBundle(out["train"], out["test"], meta, num_classes=10, image_shape=canvas)
+    val = None
+    if cfg.val_fraction is not None:
+        out["train"], val = _hold_out(out["train"], cfg.val_fraction)
+    return DataBundle(out["train"], out["test"], meta, num_classes=10, image_shape=canvas, val=val)
+
+
+def _hold_out(
+    train: IndexedTensorDataset, fraction: float
+) -> tuple[IndexedTensorDataset, IndexedTensorDataset]:
+    """``(train, val)``: ``fraction`` of the images, drawn by a fixed permutation (the same val
+    split for every training seed; the cache is ordered, e.g. by shape class), held out. Each
+    part is its own dataset, indexed ``0 .. len - 1`` (the regularizer's sample indices)."""
+    n_val = max(1, round(fraction * len(train)))
+    if n_val >= len(train):
+        raise ValueError(f"data.val_fraction={fraction} leaves no training image of {len(train)}")
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    keep, held = order[n_val:].sort().values, order[:n_val].sort().values
+    train_part, val = (
+        IndexedTensorDataset(**{k: v[rows] for k, v in train.tensors.items()})
+        for rows in (keep, held)
+    )
+    return train_part, val
 
 
 def _load_segmentation(cfg: DataConfig, seed: int, pixel_index: bool = False) -> DataBundle:

@@ -30,13 +30,16 @@ def evaluate(
     segmentation: bool = False,
     precision: str = "fp32",
     threshold: float | None = None,
+    return_shape: bool = False,
 ) -> dict[str, Any]:
     """Task metrics overall and per shape group, from confusion matrices accumulated over the
     whole split and summed over processes (classification: accuracy; segmentation: mIoU, pixel
     acc., mean class acc., fwIoU); the shape node's metrics for ``positive_class`` against the
     rest: F-beta, precision and recall of its decisions ``u > 0`` (the learned threshold) and the
-    ROC-AUC of its scores; with a ``threshold`` (F-beta's learned ``decision_threshold``) also the
-    F-beta of ``u > threshold`` (``shape_fbeta_at_threshold``). With ``keep_images > 0`` (segmentation) the first images, predictions
+    ROC-AUC of its scores; with a ``threshold`` (the objective's learned ``decision_threshold``, or
+    one chosen on val) also the F-beta, precision and recall of ``u > threshold``
+    (``shape_*_at_threshold``). With ``return_shape`` the shape scores and positives are returned under ``"_shape"``.
+    With ``keep_images > 0`` (segmentation) the first images, predictions
     and labels are returned under ``"_images"``."""
     model.eval()
     dtype = autocast_dtype(precision)
@@ -82,6 +85,10 @@ def evaluate(
         out["shape_fbeta_at_threshold"] = fbeta_of_decisions(
             u_pos - threshold, u_neg - threshold, beta
         )
+        recall, prec = recall_precision(u_pos - threshold, u_neg - threshold)
+        out |= {"shape_precision_at_threshold": prec, "shape_recall_at_threshold": recall}
+    if return_shape:  # for a threshold chosen on this split (train.loop)
+        out["_shape"] = (scores, positive)
     if kept:
         out["_images"] = tuple(torch.cat(parts)[:keep_images] for parts in zip(*kept, strict=True))
     if per_image:  # in data-set order (the processes' shards interleave)

@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from reparam.functional import best_fbeta_threshold
+
 from . import checkpoint, distributed, reporting, run_info
 from . import config as config_mod
 from .build import (
@@ -187,6 +189,18 @@ def setup(
         )
         for ds in (data.test, data.val)
     )
+    if cfg.train.shape_threshold == "val":
+        if data.val is None:
+            raise ValueError(
+                "train.shape_threshold=val needs a val split: set data.val_fraction (S-MNIST), or "
+                "use a segmentation cache with a test split (CamVid), whose val split selects"
+            )
+        positive = cfg.regularizer.positive_classes()[0]
+        if not bool((data.val.shape_labels == positive).any()):
+            raise ValueError(
+                f"train.shape_threshold=val: the val split ({len(data.val)} samples) has no "
+                f"sample of shape class {positive}, so no threshold can meet the target there"
+            )
     groups = None
     if cfg.train.group_weighting != "none":
         groups = GroupWeighting(
@@ -534,7 +548,9 @@ def save_checkpoint(
 def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None, dict | None]:
     """The epoch's evaluation: the reported split (``test_*``, with the images for TensorBoard and
     the per-image IoUs of segmentation) and, when the data set has one, the selection split
-    (``val_*``)."""
+    (``val_*``). The shape node is also reported at a decision threshold (``shape_threshold``,
+    ``*_shape_*_at_threshold``): the objective's learned one, or with
+    ``train.shape_threshold=val`` the one its target picks on the val split (evaluated first)."""
     kwargs = dict(
         device=s.device,
         num_classes=s.data.num_classes,
@@ -545,18 +561,34 @@ def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None
         precision=cfg.train.precision,
         threshold=_learned_threshold(s.reg) if s.pixel_classes is None else None,
     )
+    val = None
+    if s.val_loader is not None:
+        chosen_on_val = cfg.train.shape_threshold == "val"
+        val = evaluate(s.model, s.val_loader, return_shape=chosen_on_val, **kwargs)
+        val.pop("_per_image", None)
+        if chosen_on_val:
+            scores, positive = val.pop("_shape")
+            kwargs["threshold"] = val_threshold(s.reg, scores, positive, cfg.regularizer.fbeta.beta)
     test = evaluate(s.model, s.test_loader, keep_images=cfg.train.log_images, **kwargs)
     images, per_image = test.pop("_images", None), test.pop("_per_image", None)
     out = {f"test_{name}": v for name, v in test.items()}
-    if s.val_loader is not None:
-        val = evaluate(s.model, s.val_loader, **kwargs)
-        val.pop("_per_image", None)
+    if val is not None:
         out |= {f"val_{name}": v for name, v in val.items()}
+    if kwargs["threshold"] is not None:
+        out["test_shape_threshold"] = kwargs["threshold"]
     return out, images, per_image
 
 
+def val_threshold(reg: nn.Module, scores: Tensor, positive: Tensor, beta: float) -> float:
+    """The shape node's threshold chosen on the val split's ``scores`` (``positive``: bool): the
+    rate objectives' ``calibrate`` (the target met with the best other rate), F-beta's best cut."""
+    if hasattr(reg, "calibrate"):
+        return reg.calibrate(scores, positive.long()).threshold
+    return best_fbeta_threshold(scores[positive], scores[~positive], beta)[0]
+
+
 def _learned_threshold(reg: nn.Module | None) -> float | None:
-    """The F-beta regularizer's learned decision threshold of the first positive class (None for
-    the objectives that learn none)."""
+    """The objective's learned decision threshold (F-beta's of the first positive class, the rate
+    objectives'; None for the objectives that learn none)."""
     threshold = getattr(reg, "decision_threshold", None)
     return None if threshold is None else float(threshold[0])

@@ -7,7 +7,10 @@ files left out) it writes, at the image's own size:
 * ``OUT/classes/<stem>.png``: the class map, uint8 class indices (0 .. num_classes - 1), one channel;
 * ``OUT/overlays/<stem>.png``: the image blended with one colour per class (``--alpha``): CamVid's
   conventional colours when the run's classes are CamVid's 11, else the fixed seeded palette of the
-  trainer's TensorBoard images (``reporting.class_palette``).
+  trainer's TensorBoard images (``reporting.class_palette``);
+* ``OUT/shape.csv``: one row per image, the shape node's score and its decision ``u > t``, with
+  ``t`` the threshold saved in the checkpoint (``train.shape_threshold``: the objective's learned
+  one, or the one chosen on the val split), else 0.
 
 The model is rebuilt from the run folder alone, without the training data: ``config.yaml`` (the
 architecture; the encoder is built without pretrained weights, the checkpoint has them), ``run.json``
@@ -37,7 +40,9 @@ written; every file is written atomically (``train.files``).
 from __future__ import annotations
 
 import argparse
+import csv
 import dataclasses
+import io
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,10 +56,11 @@ from torch import Tensor, nn
 
 from . import checkpoint, reporting, run_info
 from . import config as config_mod
-from .files import atomic_path
+from .files import atomic_path, write_text_atomic
 from .models import build_model
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+SHAPE_CSV = "shape.csv"  # per image: the shape node's score and its decision
 CHOICES = ("best", "last")
 # CamVid's conventional colours (SegNet's), by the class names of data_prep.camvid
 CAMVID_COLOURS: dict[str, tuple[int, int, int]] = {
@@ -83,12 +89,22 @@ class Predictor:
     device: torch.device
     checkpoint: Path
     epoch: int | None  # the epoch the weights are from, where the checkpoint says
+    # the shape node's decision u > shape_threshold: the threshold saved with the checkpoint
+    # (train.shape_threshold), else 0
+    shape_threshold: float = 0.0
+    shape_column: int | None = None  # the column of a multi-column shape node (None: one score)
 
     @torch.inference_mode()
     def __call__(self, images: Tensor) -> Tensor:
         """uint8 ``(B, 3, H, W)`` at ``size`` -> uint8 ``(B, H, W)`` class indices (CPU)."""
-        logits, _ = self.model(images.to(self.device))
-        return logits.argmax(1).to(torch.uint8).cpu()
+        return self.predict(images)[0]
+
+    @torch.inference_mode()
+    def predict(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """The class maps (as :meth:`__call__`) and the shape node's scores ``(B,)`` (CPU)."""
+        logits, u = self.model(images.to(self.device))
+        u = u if self.shape_column is None or u.dim() == 1 else u[:, self.shape_column]
+        return logits.argmax(1).to(torch.uint8).cpu(), u.float().cpu()
 
 
 # --- the run folder -------------------------------------------------------------------------
@@ -134,7 +150,19 @@ def load_predictor(
     model.load_state_dict(state["model"])
     model.to(dev).eval()
     names = info.get("class_names")
-    return Predictor(model, size, num_classes, names, dev, path, state.get("epoch"))
+    threshold = state.get("shape_threshold")
+    column = cfg.regularizer.positive_classes()[0] if int(info["shape_scores"]) > 1 else None
+    return Predictor(
+        model,
+        size,
+        num_classes,
+        names,
+        dev,
+        path,
+        state.get("epoch"),
+        0.0 if threshold is None else float(threshold),
+        column,
+    )
 
 
 def resolve_device(name: str | torch.device) -> torch.device:
@@ -332,6 +360,9 @@ def predict_images(
         d.mkdir(parents=True, exist_ok=True)
     palette = class_palette(predictor.class_names, predictor.num_classes)
     written, skipped = 0, []
+    shape_csv = io.StringIO()  # the csv module quotes a name with a comma
+    shape_rows = csv.writer(shape_csv, lineterminator="\n")
+    shape_rows.writerow(["image", "shape_score", "shape_decision"])
     for start in range(0, len(paths), batch_size):
         batch: list[tuple[Path, Image.Image]] = []
         for path in paths[start : start + batch_size]:
@@ -344,8 +375,11 @@ def predict_images(
                 skipped.append(path)
         if not batch:
             continue
-        maps = predictor(torch.stack([to_input(image, predictor.size) for _, image in batch]))
-        for (path, image), small in zip(batch, maps.numpy(), strict=True):
+        maps, scores = predictor.predict(
+            torch.stack([to_input(image, predictor.size) for _, image in batch])
+        )
+        for (path, image), small, u in zip(batch, maps.numpy(), scores.tolist(), strict=True):
+            shape_rows.writerow([path.name, f"{u:.6g}", int(u > predictor.shape_threshold)])
             full = Image.fromarray(small).resize(image.size, Image.Resampling.NEAREST)
             save_png(full, classes_dir / f"{path.stem}.png")
             save_png(
@@ -354,6 +388,7 @@ def predict_images(
             written += 1
     if not written:
         raise ValueError(f"none of the {len(paths)} images could be read ({skipped[0]} and others)")
+    write_text_atomic(shape_csv.getvalue(), out / SHAPE_CSV)
     return written, skipped
 
 
@@ -410,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         h, w = predictor.size
         print(
             f"{predictor.checkpoint}{epoch}: {predictor.num_classes} classes, trained at "
-            f"{h}x{w}; {len(paths)} image(s) on {predictor.device}"
+            f"{h}x{w}; {len(paths)} image(s) on {predictor.device}; shape decision u > "
+            f"{predictor.shape_threshold:.6g}"
         )
         written, skipped = predict_images(
             predictor, paths, a.out, a.batch_size, a.alpha, a.skip_bad, warn=_stderr
@@ -420,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(a.out)
     print(
-        f"wrote {written} class map(s) to {out / 'classes'} and overlay(s) to {out / 'overlays'}"
+        f"wrote {written} class map(s) to {out / 'classes'}, overlay(s) to {out / 'overlays'} "
+        f"and the shape decisions to {out / SHAPE_CSV}"
         + (f"; skipped {len(skipped)} unreadable image(s)" if skipped else "")
     )
     return 0

@@ -116,6 +116,8 @@ def save_best(state: TrainState, out: str | Path, cfg: Config) -> bool:
         "global_step": state.global_step,
         "config": state.config,
         "model": state.model.state_dict(),
+        # the shape node's decision threshold at this epoch (train.shape_threshold), for predict
+        "shape_threshold": state.history[-1].get("test_shape_threshold"),
     }
     checkpoint.save_atomic(best, path)
     return True

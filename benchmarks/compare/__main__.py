@@ -3,6 +3,7 @@
     python -m benchmarks.compare fixed  [--jobs 2] [--table-only] ...   # part 1, fixed features
     python -m benchmarks.compare mnist  --mnist-dir DIR [--jobs 2] ...  # part 2, imbalanced MNIST
     python -m benchmarks.compare smnist --mnist-dir DIR [--jobs 2] ...  # part 3, S-MNIST subgroups
+    python -m benchmarks.compare rates  [--mnist-dir DIR] [--jobs 2] ... # part 4, rate targets
 
 Each part is resumable (finished runs are JSON files and are skipped) and takes ``--jobs``; the
 options after the part's name are its own (``python -m benchmarks.compare fixed --help``).
@@ -16,6 +17,7 @@ PARTS = {  # part -> the module of its command line
     "fixed": "benchmarks.compare.fixed.__main__",
     "mnist": "benchmarks.compare.mnist.__main__",
     "smnist": "benchmarks.compare.smnist",
+    "rates": "benchmarks.compare.rates",
 }
 
 

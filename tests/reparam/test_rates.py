@@ -30,6 +30,7 @@ def _setup(kind, seed=0, **kwargs):
     labels = (torch.rand(N, generator=gen) < 0.4).long()
     labels[:2] = torch.tensor([0, 1])
     kwargs.setdefault("projection", "epoch")  # the loss sees tau_param itself (closed forms)
+    kwargs.setdefault("dual_every", "epoch")  # the forward moves no multiplier (closed forms)
     reg = cls(labels, **target, **kwargs)
     with torch.no_grad():  # a generic state, not the initial one
         reg.tau_param.copy_(torch.rand(reg.tau_param.shape, generator=gen) * 1.5 - 0.3)
@@ -220,7 +221,7 @@ def test_state_dict_round_trip_and_float32_state(kind):
     reg(u, torch.arange(N))
     reg.end_epoch_()
     cls, target = KINDS[kind]
-    clone = cls(labels, **target, projection="epoch")
+    clone = cls(labels, **target, projection="epoch", dual_every=reg.dual_every)
     clone.load_state_dict(copy.deepcopy(reg.state_dict()))
     for (k, a), (_, b) in zip(reg.state_dict().items(), clone.state_dict().items(), strict=True):
         assert torch.equal(a, b), k

@@ -302,3 +302,30 @@ def test_images_are_read_upright_as_8_bit_rgb(tmp_path):
     (tmp_path / "empty.jpg").write_bytes(b"")
     with pytest.raises(ValueError, match=r"empty\.jpg: not a readable image"):
         read_image(tmp_path / "empty.jpg")
+
+
+def test_shape_decisions_use_the_saved_threshold(run, images, tmp_path, capsys):
+    """``OUT/shape.csv``: each image's shape score (the network's, as the class maps are its
+    argmax) and its decision at the threshold ``checkpoints/best.pt`` saved (else 0)."""
+    best = checkpoint.load(run_info.best_path(run))
+    assert best["shape_threshold"] is None  # the run's objective learns no threshold
+    out = tmp_path / "plain"
+    argv = ["--images", str(images[0].parent), "--out"]
+    rc, stdout, _ = _cli(["--run", str(run), *argv, str(out)], capsys)
+    assert rc == 0 and "shape decision u > 0" in stdout
+    rows = (out / "shape.csv").read_text().splitlines()
+    assert rows[0] == "image,shape_score,shape_decision" and len(rows) == 4
+    scores = {r.split(",")[0]: float(r.split(",")[1]) for r in rows[1:]}
+    assert all(int(r.split(",")[2]) == (scores[r.split(",")[0]] > 0) for r in rows[1:])
+    # a run whose best.pt saved a threshold: between the two highest scores, one image above
+    copy = _copy_run(run, tmp_path / "copy", steps=False)
+    (copy / checkpoint.FOLDER / run_info.BEST).unlink()
+    ordered = sorted(scores.values())
+    t = (ordered[1] + ordered[2]) / 2
+    checkpoint.save_atomic(best | {"shape_threshold": t}, copy / checkpoint.FOLDER / run_info.BEST)
+    rc, stdout, _ = _cli(["--run", str(copy), *argv, str(tmp_path / "t")], capsys)
+    assert rc == 0 and f"shape decision u > {t:.6g}" in stdout
+    rows = (tmp_path / "t" / "shape.csv").read_text().splitlines()[1:]
+    decided = {r.split(",")[0]: int(r.split(",")[2]) for r in rows}
+    assert decided == {name: int(u > t) for name, u in scores.items()}
+    assert sum(decided.values()) == 1
