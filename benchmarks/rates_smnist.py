@@ -5,8 +5,9 @@ the shape term reach the classifier), 3 seeds.
     python -m benchmarks.rates_smnist --mnist-dir data/mnist --jobs 2     # ~25 min on 2 cores
 
 Same machinery as ``benchmarks.smnist_results`` (one process per run, one thread each, finished
-runs reused); writes ``docs/figures/rates_smnist.md``: the shape node's test precision / recall at
-its learned threshold ``u > 0`` and the ROC-AUC of its scores, the task accuracy overall and per
+runs reused); writes ``docs/figures/rates_smnist.md``: the shape node's test precision / recall of
+``u > 0``, the ROC-AUC of its scores, the precision / recall at the objective's learned
+``decision_threshold`` (F-beta, P@R, R@P), the task accuracy overall and per
 shape group, and the training time per epoch relative to F-beta's (mean +- sd over seeds).
 """
 
@@ -82,6 +83,7 @@ HEADER = [
     "shape precision (test, u > 0)",
     "shape recall",
     "shape ROC-AUC",
+    "precision / recall at its threshold",
     "task acc %",
     "small %",
     "big %",
@@ -99,12 +101,22 @@ def _row(name: str, ms: list[dict[str, Any]], ref_epoch: float | None) -> list[s
         mean_sd([x["test_shape_precision"] for x in f]),
         mean_sd([x["test_shape_recall"] for x in f]),
         mean_sd([x["test_shape_auc"] for x in f], ".4f"),
+        _at_threshold(f),
         percent([x["test_accuracy"] for x in f]),
         percent([x["test_accuracy_small"] for x in f]),
         percent([x["test_accuracy_big"] for x in f]),
         percent([x["test_accuracy_gap"] for x in f]),
         mean_sd(rel, ".2f"),
     ]
+
+
+def _at_threshold(finals: list[dict[str, Any]]) -> str:
+    """The shape node's test precision / recall at the objective's learned ``decision_threshold``
+    (F-beta's F1-optimal cut, the rate objectives' target cut); n/a for those that learn none."""
+    if any(x.get("test_shape_precision_at_threshold") is None for x in finals):
+        return "n/a"
+    p = mean_sd([x["test_shape_precision_at_threshold"] for x in finals])
+    return f"{p} / {mean_sd([x['test_shape_recall_at_threshold'] for x in finals])}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -148,13 +148,18 @@ class _RateObjective(ReparamRegularizer):
 
     def _gather(self, idx: Tensor, slots: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (``slots``:
-        its rows of ``tau``, ``-1`` for a negative; mode ``"clip"``: the rows clipped at 1, O(B))."""
-        (tau,) = self.constrained_parameters()
+        its rows of ``tau``, ``-1`` for a negative). The box's projection is separable, so modes
+        ``"inline"`` and ``"clip"`` project the batch's rows only (O(B); the same values and
+        gradients as projecting all of ``tau``), and the graph keeps no reference to ``tau``
+        itself: the per-step dual step may write its rows before an earlier batch's backward
+        (gradient accumulation)."""
         is_pos = slots >= 0
         slots = slots.clamp_min(0)
         scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
-        rows = tau.index_select(0, slots)
-        if self.projection == "clip":
+        rows = self.tau_param.index_select(0, slots)
+        if self.projection == "inline":
+            (rows,) = self._project(rows, strength=self.inline_strength)
+        elif self.projection == "clip":
             rows = rows.clamp(max=1)
         return is_pos, rows, self.lam.index_select(0, slots), scale
 
@@ -172,7 +177,8 @@ class _RateObjective(ReparamRegularizer):
         z = z.detach().float()
         is_pos = slots >= 0
         violation = self._batch_violation(z, is_pos)
-        self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
+        # a new tensor, not an in-place write: an earlier batch's graph may hold the old nu
+        self.nu = (self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max)
         rows = slots[is_pos].long()
         self.tau_param.index_copy_(0, rows, R.capped(z[is_pos]))
         stationary = self._stationary_lambda().to(self.lam.dtype)

@@ -17,7 +17,14 @@ for a in 0.9, 0.95. Arms, each a run:
 * ``rate``: the library's objective alone, at its own ``decision_threshold`` and at its
   ``calibrate``-d val threshold;
 * ``rate+ce@alpha``: cross-entropy + alpha times the objective (alpha 1e-3, 1e-2, 1e-1), at the
-  val threshold.
+  val threshold;
+* ``rate, nu on val``: the two-dataset formulation of Cotter et al. (ICML 2019): the objective alone,
+  its per-sample blocks on the training batches, but ``nu`` stepped only on the violation of a val
+  batch drawn after every step (the same step size as the library's per-step ``nu`` step).
+
+``--study schedule`` trains the objective alone under other dual schedules on mnist9 (P@R 0.95 and
+0.99): the paper's once-per-epoch step (``dual_every="epoch"``) at its default ``lambda`` step and at
+10, and the per-step ``nu`` step at 0.01 and 0.03 against the default 0.1.
 
 A record per run (JSON, ``--runs``) holds the test recall and precision at each decision, whether
 the target held on test, the certified value and the seconds per epoch; finished runs are skipped.
@@ -42,6 +49,7 @@ from benchmarks._timing import machine_line
 from benchmarks.sweep import run_pool
 from reparam import PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
+from reparam.rates import DEFAULT_NU_STEP
 from train.files import write_text_atomic
 
 EPOCHS, BATCH, LR, HIDDEN, SEEDS = 8, 128, 1e-3, 256, (0, 1, 2)
@@ -49,9 +57,33 @@ DATASETS = ("mnist9", "imb91", "imb50")
 MODELS = ("linear", "mlp")
 TARGETS = ("par0.9", "par0.95", "par0.99", "rap0.9", "rap0.95")  # objective + target
 ALPHAS = (1e-3, 1e-2, 1e-1)
-ARMS = ("ce", "rate", *(f"rate+ce@{a:g}" for a in ALPHAS))
+ARMS = ("ce", "rate", *(f"rate+ce@{a:g}" for a in ALPHAS), "rate, nu on val")
+# --study schedule: the objective alone under other dual schedules (what picked the defaults)
+SCHEDULES = {
+    "rate, epoch schedule": {"dual_every": "epoch"},
+    "rate, epoch schedule, lambda step 10": {"dual_every": "epoch", "dual_lr_lambda": 10.0},
+    "rate, nu step 0.01": {"dual_lr_nu_step": 0.01},
+    "rate, nu step 0.03": {"dual_lr_nu_step": 0.03},
+}
+ALONE = ("rate", "rate, nu on val", *SCHEDULES)
+SCHEDULE_STUDY = {
+    "data": ["mnist9"],
+    "targets": ["par0.95", "par0.99"],
+    "arms": ["rate", *SCHEDULES],
+}
+# the decisions each arm is reported at: u > 0, the val threshold, the objective's own
+SHOWN = (
+    {arm: ("at_val",) for arm in ARMS}
+    | {
+        "ce": ("at_zero", "at_val"),
+        "rate": ("at_zero", "at_val", "at_own"),
+        "rate, nu on val": ("at_val", "at_own"),
+    }
+    | {arm: ("at_zero", "at_val", "at_own") for arm in SCHEDULES}
+)
 RUNS = Path("benchmarks/compare/rates_runs")
 TABLE = Path("docs/figures/compare_rates.md")
+SCHEDULE_TABLE = Path("docs/figures/compare_rates_schedule.md")
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -109,12 +141,25 @@ class Job:
     path: str
 
 
-def objective(target: str, labels: Tensor) -> PrecisionAtRecall | RecallAtPrecision:
+def objective(
+    target: str, labels: Tensor, **options: float
+) -> PrecisionAtRecall | RecallAtPrecision:
     """The library's objective for ``target`` (``par0.95``: P@R r = 0.95), its defaults."""
     value = float(target[3:])
     if target.startswith("par"):
-        return PrecisionAtRecall(labels, recall=value)
-    return RecallAtPrecision(labels, precision=value)
+        return PrecisionAtRecall(labels, recall=value, **options)
+    return RecallAtPrecision(labels, precision=value, **options)
+
+
+def val_violation(target: str, u: Tensor, positive: Tensor) -> Tensor:
+    """The rate constraint's violation on a val batch (hinge bounds, normalized by its positives):
+    P@R ``r - mean_+ min(u, 1)``; R@P ``(a fp+ - (1 - a) tp-) / n+``."""
+    value, n_pos = float(target[3:]), positive.sum().clamp_min(1)
+    tp = torch.where(positive, R.capped(u), 0).sum()
+    if target.startswith("par"):
+        return value - tp / n_pos
+    fp = torch.where(positive, 0, R.hinge_fp(u)).sum()
+    return (value * fp - (1 - value) * tp) / n_pos
 
 
 def at_target(target: str, val: Split, test: Split, u_val: Tensor, u_test: Tensor) -> dict:
@@ -147,9 +192,14 @@ def run(job: Job) -> dict[str, Any]:
         model = torch.nn.Sequential(
             torch.nn.Linear(dim, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
         )
-    reg = None if job.arm == "ce" else objective(job.target, y)
-    ce_weight = 0.0 if job.arm == "rate" else 1.0
-    alpha = 1.0 if job.arm == "rate" else float(job.arm.partition("@")[2] or 0)
+    on_val = job.arm == "rate, nu on val"
+    # nu on val: the training batches step no nu (per step nor at the epoch end)
+    options = {"dual_lr_nu_step": 0.0, "dual_lr_nu": 0.0} if on_val else SCHEDULES.get(job.arm, {})
+    reg = None if job.arm == "ce" else objective(job.target, y, **options)
+    alone = job.arm in ALONE
+    ce_weight = 0.0 if alone else 1.0
+    alpha = 1.0 if alone else float(job.arm.partition("@")[2] or 0)
+    x_val, y_val = data["val"]
     params = [*model.parameters(), *(reg.parameters() if reg is not None else [])]
     opt = torch.optim.Adam(params, lr=LR)
     if reg is not None:
@@ -169,6 +219,12 @@ def run(job: Job) -> dict[str, Any]:
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if on_val:  # Cotter et al.: the multiplier sees the constraint on the second data set
+                pick = torch.randint(len(y_val), (BATCH,), generator=g)
+                with torch.no_grad():
+                    u_val = model(x_val[pick]).squeeze(1)
+                    step = DEFAULT_NU_STEP * val_violation(job.target, u_val, y_val[pick] == 1)
+                    reg.nu.copy_((reg.nu + step).clamp_min(0))
         if reg is not None:
             reg.end_epoch_()
     seconds = (time.perf_counter() - start) / job.epochs
@@ -188,6 +244,8 @@ def run(job: Job) -> dict[str, Any]:
             for k in (
                 "certified_recall",
                 "certified_precision",
+                "train_recall",
+                "train_precision",
                 "train_recall_at_threshold",
                 "train_precision_at_threshold",
                 "nu",
@@ -206,7 +264,8 @@ def jobs(args: argparse.Namespace) -> list[Job]:
             for seed in args.seeds:
                 for arm in args.arms:
                     for target in [None] if arm == "ce" else args.targets:
-                        name = f"{dataset}-{model}-{arm}-{target or 'all'}-seed{seed}.json"
+                        slug = arm.replace(", ", "-").replace(" ", "-")
+                        name = f"{dataset}-{model}-{slug}-{target or 'all'}-seed{seed}.json"
                         path = str(Path(args.runs) / name)
                         out.append(
                             Job(
@@ -255,12 +314,8 @@ def table(records: list[dict]) -> str:
     for dataset in (*DATASETS, "digits"):
         for model in MODELS:
             rows = []
-            for arm in ARMS:
-                for point in ("at_zero", "at_val", "at_own"):
-                    if point == "at_own" and arm != "rate":
-                        continue
-                    if point == "at_zero" and arm not in ("ce", "rate"):
-                        continue
+            for arm in (*ARMS, *SCHEDULES):
+                for point in SHOWN[arm]:
                     cells, secs = [], []
                     for target in TARGETS:
                         ds = by.get((dataset, model, arm, point, target), [])
@@ -288,6 +343,45 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def training_table(records: list[dict]) -> str:
+    """The objective's own figures at the end of training, per arm and target (mean ± sd over
+    seeds): the training recall and precision of ``u > 0``, the certified recall and ``nu`` (from
+    the remembered scores), the recall at its own threshold."""
+    by: dict[tuple, list[dict]] = {}
+    for rec in records:
+        j = rec["job"]
+        if "stats" in rec:
+            by.setdefault((j["dataset"], j["model"], j["arm"], j["target"]), []).append(
+                rec["stats"]
+            )
+    keys = (
+        "train_recall",
+        "train_precision",
+        "certified_recall",
+        "train_recall_at_threshold",
+        "nu",
+    )
+    rows = [
+        [f"{d} / {m}", arm, t, *(mean_sd([s[k] for s in stats]) for k in keys)]
+        for (d, m, arm, t), stats in sorted(by.items())
+    ]
+    header = [
+        "data / model",
+        "arm",
+        "target",
+        "recall u > 0",
+        "precision u > 0",
+        "certified recall",
+        "recall at own t",
+        "nu",
+    ]
+    return (
+        "\n## Training side (remembered scores, last epoch)\n\n"
+        + markdown_table(header, rows)
+        + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.compare rates",
@@ -297,7 +391,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mnist-dir", default=None)
     p.add_argument("--data", nargs="+", default=list(DATASETS), choices=[*DATASETS, "digits"])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=[*ARMS, *SCHEDULES])
+    p.add_argument(
+        "--study",
+        choices=("main", "schedule"),
+        default="main",
+        help="schedule: the dual schedules and nu step sizes (mnist9, P@R 0.95 / 0.99), "
+        f"written to {SCHEDULE_TABLE}",
+    )
     p.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     p.add_argument("--epochs", type=int, default=EPOCHS)
@@ -306,13 +407,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(TABLE))
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args(argv)
+    if args.study == "schedule":
+        for key, value in SCHEDULE_STUDY.items():  # unless given on the command line
+            if getattr(args, key) == p.get_default(key):
+                setattr(args, key, value)
+        if args.out == str(TABLE):
+            args.out = str(SCHEDULE_TABLE)
     todo = jobs(args)
     if not args.table_only:
         pending = [j for j in todo if load_record(j) is None]
         print(f"{len(todo) - len(pending)} of {len(todo)} runs finished; {len(pending)} to run")
         run_pool(run, pending, args.jobs, _save)
     records = [r for j in todo if (r := load_record(j)) is not None]
-    text = table(records)
+    text = table(records) + (training_table(records) if args.study == "schedule" else "")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(text, Path(args.out))
     print(text)

@@ -280,3 +280,21 @@ def test_decision_threshold_survives_a_state_dict_round_trip():
     clone.load_state_dict(reg.state_dict())
     assert torch.equal(clone.decision_threshold, reg.decision_threshold)
     assert clone.stats()["decision_threshold"] == reg.stats()["decision_threshold"]
+
+
+@pytest.mark.parametrize("projection", ["inline", "clip", "epoch"])
+@pytest.mark.parametrize(
+    "cls, target", [(PrecisionAtRecall, {"recall": 0.8}), (RecallAtPrecision, {"precision": 0.8})]
+)
+def test_gradient_accumulation_over_per_step_dual_steps(cls, target, projection):
+    """Two batches' losses, one backward: the second forward's dual step writes ``tau`` rows and
+    a new ``nu`` while the first batch's graph is alive; the gradient of the first batch is the
+    one its own forward saw."""
+    labels, gen = _labels(40, seed=1)
+    u = torch.randn(40, generator=gen, requires_grad=True)
+    reg = cls(labels, **target, projection=projection)
+    first = reg(u[:10], torch.arange(10))
+    (alone,) = torch.autograd.grad(first, u, retain_graph=True)
+    second = reg(u[10:20], torch.arange(10, 20))
+    (both,) = torch.autograd.grad(first + second, u)
+    assert torch.equal(both[:10], alone[:10])
