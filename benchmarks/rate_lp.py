@@ -147,11 +147,25 @@ def solve_roc_auc(a: np.ndarray, s: np.ndarray, grid: int) -> RateLP:
 # --- convergence on fixed features ---------------------------------------------------------------
 
 SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 on (w, b, tau))
-    "documented: inline, eta 0.1 / 1.0, B 20, 200 ep": dict(
+    # the library's defaults: multipliers at every batch (ROC-AUC: once per epoch, its default)
+    "defaults: inline, eta 0.1 / 1.0, nu step 0.1, B 20, 200 ep": dict(
         projection="inline", dual_lr_lambda=0.1, dual_lr_nu=1.0, batch_size=20, epochs=200
     ),
+    "epoch schedule: inline, eta 0.1 / 1.0, B 20, 200 ep": dict(
+        projection="inline",
+        dual_lr_lambda=0.1,
+        dual_lr_nu=1.0,
+        dual_every="epoch",
+        batch_size=20,
+        epochs=200,
+    ),
     "paper preset: epoch, eta 1e-3 / 1e-5, B 20, 40 ep": dict(
-        projection="epoch", dual_lr_lambda=1e-3, dual_lr_nu=1e-5, batch_size=20, epochs=40
+        projection="epoch",
+        dual_lr_lambda=1e-3,
+        dual_lr_nu=1e-5,
+        dual_every="epoch",
+        batch_size=20,
+        epochs=40,
     ),
 }
 PROBLEMS = {  # objective -> (its class, cases (dim, mean), target, the exact solver)

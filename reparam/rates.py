@@ -8,26 +8,35 @@ Lagrangian term stops pulling a score up at 1) and ``tau_i <= 1`` (the box ``C_b
 ``min(tau, 1)``), the
 false positives above by ``fp+(u) = sum_{S-} max(0, 1 + u_j)``. Each rate constraint has one
 multiplier ``nu >= 0`` (per grid point for ROC-AUC). Every per-sample sum is estimated on the
-minibatch with the factor ``N / B`` (unbiased, as for F-beta), and the dual step runs once per
-epoch on the remembered scores:
+minibatch with the factor ``N / B`` (unbiased, as for F-beta). With ``dual_every="step"`` (the
+default of P@R and R@P) the multipliers move at every batch, before its loss: ``nu`` on the batch's
+estimate of the violation, then each of the batch's positives takes the saddle point of its own
+block, ``tau_i = min(u_i, 1)`` and ``lambda_i = c(nu)`` (``L`` is linear in ``tau_i`` with the
+coefficient ``lambda_i - c(nu)``). Once per epoch, on the remembered scores (the paper's schedule, and
+with ``"step"`` the correction):
 
 .. math::
     \lambda_i \leftarrow \max(0, \lambda_i + \eta_\lambda (\tau_i - \min(u_i, 1))),\qquad
     \nu \leftarrow \min(\nu_{\max}, \max(0, \nu + \eta_\nu\, \mathrm{violation})).
+
+P@R and R@P also learn a decision threshold (the cut of the remembered scores that meets the target)
+and calibrate one on held-out scores (docs/rates.md).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from . import _checks
 from . import rate_functional as R
-from .base import ReparamRegularizer
+from .rate_base import (
+    PointRateObjective,
+    RateObjective,
+    recall_precision_stats,
+)
 
 # RecallAtPrecision reports a target as out of reach when no rescaling of the remembered scores has
 # certified it for INFEASIBLE_PATIENCE epochs and INFEASIBLE_MIN_BATCHES optimizer steps (feasible
@@ -36,274 +45,9 @@ from .base import ReparamRegularizer
 INFEASIBLE_PATIENCE = 20
 INFEASIBLE_MIN_BATCHES = 500
 INFEASIBLE_CHECK_EVERY = 5
-# dual_every: "step" (the per-sample block at its saddle at every touch, nu stepped on every batch,
-# the exact epoch-end step as the correction) or "epoch" (the paper's Algorithm 3 schedule)
-DUAL_EVERY = ("step", "epoch")
-# the per-step nu step on the batch's estimate of the violation (docs/rates.md: measured on real
-# MNIST, 390 steps an epoch, against 0.01 and 0.03)
-DEFAULT_NU_STEP = 0.1
 
 
-class _RateObjective(ReparamRegularizer):
-    """Shared by the rate objectives: ``tau`` in the box ``tau <= 1``, multipliers ``nu >= 0``
-    with an optional cap, the per-batch gathers. Its keyword arguments are the options every rate
-    objective takes (each subclass adds its target and passes the rest through ``**options``).
-
-    Args:
-        shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
-        projection, inline_strength: as for ``FBetaRegularizer`` (the projection is onto
-            ``tau <= 1``: ``min(tau, 1)``, or with ``inline_strength = s > 0`` the smooth
-            ``tau - s softplus((tau - 1)/s)``).
-        dual_lr_lambda, dual_lr_nu: constant dual step sizes (defaults: what converges on the
-            fixed-feature problems of docs/rates.md with ``projection="inline"``); plain
-            attributes, so a schedule is set from the user's loop.
-        nu_max: cap on ``nu`` (``None``: no cap; with a cap the constraint becomes a penalty of
-            bounded weight, the remedy for an unreachable target); nu_init: the initial ``nu``.
-        lambda_init: initial ``lambda``; ``None``: the value that makes every ``tau_i`` stationary
-            inside the box (``dL/dtau_i = 0``; docs/method.md sec. 8). With 0, the head gets no
-            pull toward the positives until the dual steps have grown ``lambda``.
-        dual_every: when the multipliers move (docs/method.md sec. 8). ``"step"``: at every
-            batch, first the per-sample block, then ``nu``: each of the batch's positives gets the
-            saddle point of its own ``(tau_i, lambda_i)`` given its fresh score and ``nu``
-            (``tau_i = min(u_i, 1)``, ``lambda_i`` = the stationary value), then
-            ``nu <- clip(nu + dual_lr_nu_step * violation_B)`` on the batch's unbiased estimate;
-            the once-per-epoch step on the remembered scores stays as the correction.
-            ``"epoch"``: only the once-per-epoch step (the paper's Algorithm 3). ``None``: the
-            objective's default (``"step"``; ``"epoch"`` for ROC-AUC).
-        dual_lr_nu_step: the per-step ``nu`` step size of ``dual_every="step"``.
-    """
-
-    _constrained_names = ("tau_param",)
-    _default_dual_every = "step"
-    # 3: the per-sample block's step ("dual_every"), the learned decision threshold
-    _version = 3
-
-    def __init__(
-        self,
-        shape_labels: object,
-        *,
-        positive_class: int = 1,
-        projection: str = "inline",
-        inline_strength: float = 0.0,
-        dual_lr_lambda: float = 0.1,
-        dual_lr_nu: float = 1.0,
-        nu_max: float | None = None,
-        nu_init: float = 1.0,
-        lambda_init: float | None = None,
-        dual_every: str | None = None,
-        dual_lr_nu_step: float = DEFAULT_NU_STEP,
-    ) -> None:
-        if isinstance(positive_class, bool) or not isinstance(positive_class, int):
-            raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
-        if projection == "tracked":
-            raise ValueError(
-                "projection='tracked' tracks F-beta's shared threshold eps; a rate objective's "
-                "box tau <= 1 has none (its projection is separable): use 'clip', which is "
-                "then the exact projection at O(B) per step, or 'inline'"
-            )
-        super().__init__(
-            shape_labels,
-            positive_classes=(positive_class,),
-            projection=projection,
-            inline_strength=inline_strength,
-            dual_lr_lambda=dual_lr_lambda,
-        )
-        self.positive_class = positive_class
-        self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)
-        self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
-        self._nu_init = _checks.number("nu_init", nu_init, 0, hi=self.nu_max)
-        self._lambda_init = (
-            None if lambda_init is None else _checks.number("lambda_init", lambda_init, 0)
-        )
-        self.dual_every = _checks.choice(
-            "dual_every", self._default_dual_every if dual_every is None else dual_every, DUAL_EVERY
-        )
-        self.dual_lr_nu_step = _checks.number("dual_lr_nu_step", dual_lr_nu_step, 0)
-
-    def _init_rows(self, columns: int, stationary_lambda: float) -> None:
-        """``tau`` (parameter, 1), ``lambda`` (``lambda_init``, else ``stationary_lambda``) per
-        positive, ``(n,)`` or ``(n, columns)``; ``nu`` per constraint. Called by the subclass."""
-        n_pos = self.pos_index.numel()
-        shape = (n_pos,) if columns == 0 else (n_pos, columns)
-        lam = stationary_lambda if self._lambda_init is None else self._lambda_init
-        self.tau_param = nn.Parameter(torch.ones(shape))
-        self.register_buffer("lam", torch.full(shape, lam))
-        self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
-
-    @property
-    def tau(self) -> Tensor:
-        """The ``tau`` the loss uses (in mode ``"inline"``, ``min(tau_param, 1)``)."""
-        return self._effective(0)
-
-    @property
-    def n_negatives(self) -> float:
-        return self._n_neg_list[0]
-
-    def _project(self, tau: Tensor, strength: float = 0.0) -> tuple[Tensor]:
-        """``min(tau, 1)``; with ``strength s > 0`` the smooth ``tau - s softplus((tau - 1)/s)``
-        (also ``<= min(tau, 1)``, so always feasible, and exact as ``s -> 0``)."""
-        if strength > 0:
-            return (tau - strength * torch.nn.functional.softplus((tau - 1) / strength),)
-        return (torch.clamp(tau, max=1),)
-
-    def _gather(self, idx: Tensor, slots: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (``slots``:
-        its rows of ``tau``, ``-1`` for a negative). The box's projection is separable, so modes
-        ``"inline"`` and ``"clip"`` project the batch's rows only (O(B); the same values and
-        gradients as projecting all of ``tau``), and the graph keeps no reference to ``tau``
-        itself: the per-step dual step may write its rows before an earlier batch's backward
-        (gradient accumulation)."""
-        is_pos = slots >= 0
-        slots = slots.clamp_min(0)
-        scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
-        rows = self.tau_param.index_select(0, slots)
-        if self.projection == "inline":
-            (rows,) = self._project(rows, strength=self.inline_strength)
-        elif self.projection == "clip":
-            rows = rows.clamp(max=1)
-        return is_pos, rows, self.lam.index_select(0, slots), scale
-
-    @torch.no_grad()
-    def _step_duals_(self, z: Tensor, slots: Tensor) -> None:
-        r"""``dual_every="step"``, before the batch's loss: ``nu`` steps on the batch's estimate
-        of the violation, then each positive of the batch takes the saddle point of its own block
-        given its fresh score ``z_i`` (``u_i``, or ``u_i + b_k``) and the new ``nu``. ``L`` is
-        linear in ``tau_i`` with the coefficient ``lambda_i - c(nu)`` (``c = nu`` for P@R,
-        ``1 + nu (1 - a)`` for R@P, 1 for ROC-AUC), so the block's saddle is
-        ``lambda_i = c(nu)``, ``tau_i = min(z_i, 1)`` (docs/method.md sec. 8): the slack sits
-        on its score and the score is pulled up with weight ``c(nu)``. O(B)."""
-        if self.dual_every != "step":
-            return
-        z = z.detach().float()
-        is_pos = slots >= 0
-        violation = self._batch_violation(z, is_pos)
-        # a new tensor, not an in-place write: an earlier batch's graph may hold the old nu
-        self.nu = (self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max)
-        rows = slots[is_pos].long()
-        self.tau_param.index_copy_(0, rows, R.capped(z[is_pos]))
-        stationary = self._stationary_lambda().to(self.lam.dtype)
-        self.lam.index_copy_(0, rows, stationary.expand((rows.numel(), *self.lam.shape[1:])))
-
-    def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
-        """The batch's unbiased estimate of :meth:`_violation` (shaped like ``nu``)."""
-        raise NotImplementedError
-
-    def _stationary_lambda(self) -> Tensor:
-        """``c(nu)``: the ``lambda`` that makes ``L`` flat in ``tau`` (shaped like ``nu``)."""
-        raise NotImplementedError
-
-    def _scale_pos(self, batch: int) -> float:
-        return self.n_samples / (self._n_pos_list[0] * batch)
-
-    def _clipped(self, position: int) -> Tensor:
-        return self.tau_param.detach().clamp(max=1)
-
-    def _dual_step_(self) -> None:
-        """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""
-        self.nu.copy_((self.nu + self.dual_lr_nu * self._violation()).clamp(0, self.nu_max))
-
-    def _violation(self) -> Tensor:
-        raise NotImplementedError
-
-    def _rate_stats(self) -> dict[str, float | int | list | bool | None]:
-        return {
-            "nu": float(self.nu.mean()),
-            "nu_capped": bool((self.nu >= self.nu_max).any()),
-            "rate_violation": float(self._violation().max()),
-        }
-
-    def extra_repr(self) -> str:
-        return (
-            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, {self._target_repr()}, "
-            f"projection={self.projection!r}, nu_max={self.nu_max}"
-        )
-
-    def _target_repr(self) -> str:
-        raise NotImplementedError
-
-
-class _PointRateObjective(_RateObjective):
-    """P@R and R@P: one target on the decisions ``u > t``, so besides the certificate of
-    ``u > 0`` they learn a **decision threshold** of their own and can be calibrated on held-out
-    scores (docs/rates.md).
-
-    ``decision_threshold`` (buffer ``(1,)``): at every epoch end, the cut ``t`` whose decisions
-    ``u > t`` on the remembered training scores meet the target with the best other rate
-    (:meth:`_select_threshold`; ``0`` until the first epoch end). The hinge bounds count a positive
-    fully only at ``u >= 1``, so the certified target at ``u > 0`` leaves the true rate there
-    above it; the threshold makes the training decision tight.
-    """
-
-    def __init__(self, shape_labels: object, **options: Any) -> None:
-        super().__init__(shape_labels, **options)
-        self.register_buffer("decision_threshold", torch.zeros(1))
-        self.register_buffer("threshold_met", torch.zeros((), dtype=torch.bool))
-
-    def _end_epoch_body_(self) -> None:
-        super()._end_epoch_body_()
-        u_pos, u_neg = self._split_scores()
-        if u_pos.numel():
-            chosen = self._select_threshold(u_pos, u_neg)
-            self.decision_threshold.fill_(chosen.threshold)
-            self.threshold_met.fill_(chosen.met)
-
-    def calibrate(self, scores: object, labels: object) -> R.RateThreshold:
-        """The decision threshold chosen on held-out data (a validation split): the cut ``t``
-        whose decisions ``u > t`` meet the target there with the best other rate -- for P@R the
-        best precision with recall ``>= r``, for R@P the best recall with precision ``>= a``
-        (none meets it: the most precise cut, ``met=False``). Returns ``RateThreshold(threshold,
-        recall, precision, met)`` on those scores; the regularizer's state is not changed.
-
-        Args:
-            scores: the shape node's scores ``(M,)`` (or ``(M, 1)``), finite.
-            labels: ``(M,)`` integer shape labels; ``positive_class`` is the positive.
-        """
-        if isinstance(scores, np.ndarray):
-            scores = torch.from_numpy(scores)
-        if not isinstance(scores, Tensor) or not scores.is_floating_point():
-            raise ValueError(
-                f"scores must be a floating tensor (M,), got {_checks.describe(scores)}"
-            )
-        u = scores.detach()
-        if u.dim() == 2 and u.shape[1] == 1:
-            u = u[:, 0]
-        if u.dim() != 1 or u.numel() == 0:
-            raise ValueError(
-                f"scores must have shape (M,) or (M, 1) with M > 0, got {tuple(scores.shape)}"
-            )
-        y = _checks._int_vector("labels", labels, "class ids")
-        if y.numel() != u.numel():
-            raise ValueError(f"labels must have one entry per score ({u.numel()}), got {y.numel()}")
-        if not bool(torch.isfinite(u).all()):
-            raise ValueError(
-                f"scores must be finite, got {int((~torch.isfinite(u)).sum())} non-finite"
-            )
-        pos = (y == self.positive_class).to(u.device)
-        if not bool(pos.any()):
-            raise ValueError(
-                f"labels must contain positives (positive_class={self.positive_class}) to "
-                f"calibrate on, got labels {sorted(set(y.tolist()))[:10]}"
-            )
-        return self._select_threshold(u[pos], u[~pos])
-
-    def _threshold_stats(self) -> dict[str, float | bool | None]:
-        """``decision_threshold`` and the recall / precision of ``u > decision_threshold`` on
-        the remembered scores; ``threshold_met``: whether they meet the target."""
-        u_pos, u_neg = self._split_scores()
-        t = float(self.decision_threshold[0])
-        recall, precision = R.recall_precision(u_pos - t, u_neg - t)
-        return {
-            "decision_threshold": t,
-            "train_recall_at_threshold": recall,
-            "train_precision_at_threshold": precision,
-            "threshold_met": bool(self.threshold_met),
-        }
-
-    def _select_threshold(self, u_pos: Tensor, u_neg: Tensor) -> R.RateThreshold:
-        raise NotImplementedError
-
-
-class PrecisionAtRecall(_PointRateObjective):
+class PrecisionAtRecall(PointRateObjective):
     r"""Best precision at recall ``>= recall`` (8a of docs/method.md sec. 8); always feasible.
 
     .. math::
@@ -319,7 +63,7 @@ class PrecisionAtRecall(_PointRateObjective):
         recall: the target ``r`` in (0, 1).
         **options: the options every rate objective takes (``positive_class``, ``projection``,
             ``inline_strength``, ``dual_lr_lambda``, ``dual_lr_nu``, ``nu_max``, ``nu_init``,
-            ``lambda_init``; see ``_RateObjective``). The stationary ``lambda_init`` is ``nu_init``.
+            ``lambda_init``; see ``RateObjective``). The stationary ``lambda_init`` is ``nu_init``.
     """
 
     def __init__(self, shape_labels: object, *, recall: float, **options: Any) -> None:
@@ -354,13 +98,13 @@ class PrecisionAtRecall(_PointRateObjective):
         """``certified_recall`` / ``certified_precision``: bounds on the recall and precision of
         ``u > 0`` over the scored samples (sound: docs/method.md sec. 8); ``train_recall`` /
         ``train_precision``: their true values; ``nu``, the violation ``r - mean tau``."""
-        return _recall_precision_stats(self) | self._threshold_stats() | self._rate_stats()
+        return recall_precision_stats(self) | self._threshold_stats() | self._rate_stats()
 
     def _target_repr(self) -> str:
         return f"recall={self.recall}"
 
 
-class RecallAtPrecision(_PointRateObjective):
+class RecallAtPrecision(PointRateObjective):
     r"""Best recall at precision ``>= precision`` (8b of docs/method.md sec. 8).
 
     .. math::
@@ -476,7 +220,7 @@ class RecallAtPrecision(_PointRateObjective):
         scores can meet the target) and ``infeasible_suspected``."""
         margin = float(self.certifiable_margin)
         return (
-            _recall_precision_stats(self)
+            recall_precision_stats(self)
             | self._threshold_stats()
             | self._rate_stats()
             | {
@@ -489,7 +233,7 @@ class RecallAtPrecision(_PointRateObjective):
         return f"precision={self.precision}"
 
 
-class ROCAUC(_RateObjective):
+class ROCAUC(RateObjective):
     r"""ROC-AUC on a grid of ``K`` false-positive rates ``t_k = (k - 1/2)/K`` (8c of
     docs/method.md sec. 8): ``AUC ~ (1/K) sum_k TPR at FPR <= t_k``.
 
@@ -580,17 +324,6 @@ class ROCAUC(_RateObjective):
 
     def _target_repr(self) -> str:
         return f"grid={self.grid}"
-
-
-def _recall_precision_stats(reg: _RateObjective) -> dict[str, float | None]:
-    u_pos, u_neg = reg._split_scores()
-    recall, precision = R.recall_precision(u_pos, u_neg)
-    return {
-        "certified_recall": R.certified_recall(u_pos),
-        "certified_precision": R.certified_precision(u_pos, u_neg),
-        "train_recall": recall,
-        "train_precision": precision,
-    }
 
 
 __all__ = ["ROCAUC", "PrecisionAtRecall", "RecallAtPrecision"]

@@ -80,7 +80,17 @@ def test_rate_objective_snippet_builds_each_objective():
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope = {"s": torch.tensor([0, 1, 1, 0, 1, 0])}
     exec(compile(code, "README.md", "exec"), scope)
-    assert type(scope["reg"]).__name__ == "ROCAUC" and scope["reg"].grid == 10
+    assert type(scope["reg"]).__name__ == "PrecisionAtRecall" and scope["reg"].recall == 0.9
+    # the second block: calibrate on held-out scores, predict on others
+    second = re.findall(r"```python\n(.*?)```", section, re.S)[1]
+    scope |= {
+        "val_scores": torch.tensor([2.0, 1.0, 0.5, -1.0, 0.2]),
+        "val_labels": torch.tensor([1, 1, 0, 0, 1]),
+        "test_scores": torch.tensor([1.5, -2.0, 0.3]),
+    }
+    exec(compile(second, "README.md", "exec"), scope)
+    assert scope["cut"].met and scope["cut"].recall == 1.0
+    assert scope["predict"].tolist() == [True, False, True]
 
 
 def test_offline_segmentation_commands_run(tmp_path):

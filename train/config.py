@@ -15,7 +15,6 @@ import collections.abc
 import copy
 import dataclasses
 import inspect
-import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from reparam.baselines.objectives import NEWTON
 from reparam.fbeta import AUTO_TAU_UPDATE, DEFAULT_TAU_LR
 from reparam.sparse import TAU_UPDATES
 
+from .dotted import build_dataclass, flatten, set_dotted
 from .losses import CLASS_WEIGHT_RULES, TASK_LOSSES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
@@ -342,7 +342,7 @@ def from_dict(raw: dict[str, Any]) -> Config:
     objective left at ``null`` get the values it will use (:func:`_resolve_defaults`)."""
     raw = copy.deepcopy(raw)
     _drop_removed(raw)
-    cfg = _build(Config, raw, "")
+    cfg = build_dataclass(Config, raw, "")
     _validate(cfg)
     _resolve_defaults(cfg.regularizer)
     _resolve_pixel_target(cfg)
@@ -467,80 +467,12 @@ def load(path: str | Path, overrides: list[str] = ()) -> Config:
     return from_dict(raw)
 
 
-def set_dotted(raw: dict[str, Any], item: str) -> None:
-    """Apply one ``a.b.c=value`` override to nested dicts (the value is parsed as YAML)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key:
-        raise ValueError(f"override {item!r} must look like key=value, e.g. train.epochs=5")
-    *parents, leaf = key.strip().split(".")
-    node = raw
-    for p in parents:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"override {item!r}: {p!r} is not a section")
-    node[leaf] = yaml.safe_load(value) if value.strip() else None
-
-
 def save(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
-# --- internals ----------------------------------------------------------------------------------
-
-
-def _build(cls: type, raw: Any, prefix: str) -> Any:
-    where = prefix.rstrip(".") or "config"
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where} must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(raw) - set(names))
-    if unknown:
-        raise ValueError(
-            f"unknown key{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(prefix + k for k in unknown)}; valid keys in {where}: {', '.join(names)}"
-        )
-    kwargs = {}
-    for name in names:
-        if name not in raw:
-            continue
-        hint, value, key = hints[name], raw[name], prefix + name
-        if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value, key + ".")
-        else:
-            kwargs[name] = _coerce(value, hint, key)
-    return cls(**kwargs)
-
-
-def _coerce(value: Any, hint: Any, key: str) -> Any:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"{key} must be one of {args}, got {value!r}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], key)
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"{key} must be a list, got {value!r}")
-        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
-    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if hint is float and isinstance(value, str):  # YAML reads "1e-3" (no dot) as a string
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if hint in (int, str, bool) and type(value) is hint:
-        return value
-    raise ValueError(f"{key} must be {getattr(hint, '__name__', hint)}, got {value!r}")
-
-
 def _validate(cfg: Config) -> None:
-    flat = _flatten(cfg.to_dict())
+    flat = flatten(cfg.to_dict())
     for key in POSITIVE:
         if not flat[key] > 0:
             raise ValueError(f"{key} must be > 0, got {flat[key]!r}")
@@ -604,13 +536,3 @@ def _validate(cfg: Config) -> None:
     from .losses import validate_task_loss  # the task loss's own rules, next to it
 
     validate_task_loss(cfg)
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flatten(v, f"{prefix}{k}.")
-        else:
-            out[prefix + k] = v
-    return out

@@ -1,4 +1,4 @@
-"""The comparison of docs/comparison.md: one entry point for its three parts.
+"""The comparisons of docs/comparison.md (parts 1-3) and docs/rates.md (part 4): one entry point.
 
     python -m benchmarks.compare fixed  [--jobs 2] [--table-only] ...   # part 1, fixed features
     python -m benchmarks.compare mnist  --mnist-dir DIR [--jobs 2] ...  # part 2, imbalanced MNIST
@@ -17,7 +17,7 @@ PARTS = {  # part -> the module of its command line
     "fixed": "benchmarks.compare.fixed.__main__",
     "mnist": "benchmarks.compare.mnist.__main__",
     "smnist": "benchmarks.compare.smnist",
-    "rates": "benchmarks.compare.rates",
+    "rates": "benchmarks.compare.rates.__main__",
 }
 
 

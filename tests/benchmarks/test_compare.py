@@ -11,7 +11,10 @@ from benchmarks.compare.fixed import spec as fixed
 
 def test_dispatcher_rejects_an_unknown_part(capsys):
     assert compare.main(["cifar"]) == 2
-    assert "must be one of ('fixed', 'mnist', 'smnist'), got 'cifar'" in capsys.readouterr().err
+    assert (
+        "must be one of ('fixed', 'mnist', 'smnist', 'rates'), got 'cifar'"
+        in capsys.readouterr().err
+    )
     assert compare.main([]) == 2
 
 

@@ -525,3 +525,20 @@ def test_global_batch_must_divide_among_processes(digits_smnist, tmp_path, monke
     with pytest.raises(ValueError, match=r"data\.batch_size 25 .*divisible by .* processes 2"):
         loop.run(cfg, log=lambda *_: None)
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_rate_objectives_step_their_duals_per_epoch_under_several_processes(monkeypatch):
+    """The per-step dual step would step ``nu`` on each rank's own batches: under torchrun the
+    trainer builds the rate objectives with ``dual_every="epoch"``; asking for "step" is an error."""
+    from train import build
+
+    cfg = C.from_dict(
+        {"regularizer": {"name": "precision_at_recall", "precision_at_recall": {"recall": 0.9}}}
+    )
+    labels = torch.tensor([0, 1, 1, 0])
+    assert build.build_regularizer(cfg.regularizer, labels).dual_every == "step"
+    monkeypatch.setattr(build, "_processes", lambda: 2)
+    assert build.build_regularizer(cfg.regularizer, labels).dual_every == "epoch"
+    cfg.regularizer.precision_at_recall.dual_every = "step"
+    with pytest.raises(ValueError, match="dual_every=step runs in one process only"):
+        build.build_regularizer(cfg.regularizer, labels)

@@ -1,0 +1,131 @@
+"""One run of part 4: a model trained by one arm at one target and seed; its record (the test
+recall and precision at each decision, the objective's figures, the seconds per epoch)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from benchmarks._timing import machine_line
+from reparam import PrecisionAtRecall, RecallAtPrecision
+from reparam import rate_functional as R
+from reparam.rate_base import DEFAULT_NU_STEP
+
+from .spec import ALONE, BATCH, HIDDEN, LR, SCHEDULES, TARGETS, Job, Split, load
+
+
+def objective(
+    target: str, labels: Tensor, **options: float
+) -> PrecisionAtRecall | RecallAtPrecision:
+    """The library's objective for ``target`` (``par0.95``: P@R r = 0.95), its defaults."""
+    value = float(target[3:])
+    if target.startswith("par"):
+        return PrecisionAtRecall(labels, recall=value, **options)
+    return RecallAtPrecision(labels, precision=value, **options)
+
+
+def val_violation(target: str, u: Tensor, positive: Tensor) -> Tensor:
+    """The rate constraint's violation on a val batch (hinge bounds, normalized by its positives):
+    P@R ``r - mean_+ min(u, 1)``; R@P ``(a fp+ - (1 - a) tp-) / n+``."""
+    value, n_pos = float(target[3:]), positive.sum().clamp_min(1)
+    tp = torch.where(positive, R.capped(u), 0).sum()
+    if target.startswith("par"):
+        return value - tp / n_pos
+    fp = torch.where(positive, 0, R.hinge_fp(u)).sum()
+    return (value * fp - (1 - value) * tp) / n_pos
+
+
+def at_target(target: str, val: Split, test: Split, u_val: Tensor, u_test: Tensor) -> dict:
+    """Test recall / precision at the threshold that meets ``target`` on val with the best other
+    rate, and whether the target holds on test there."""
+    pos = val[1] == 1
+    chooser = R.threshold_at_recall if target.startswith("par") else R.threshold_at_precision
+    t = chooser(u_val[pos], u_val[~pos], float(target[3:])).threshold
+    return decision(target, test, u_test, t)
+
+
+def decision(target: str, test: Split, u_test: Tensor, t: float) -> dict:
+    pos = test[1] == 1
+    recall, precision = R.recall_precision(u_test[pos] - t, u_test[~pos] - t)
+    recall, precision = recall or 0.0, precision or 0.0
+    held = (
+        recall >= float(target[3:]) if target.startswith("par") else precision >= float(target[3:])
+    )
+    return {"threshold": t, "recall": recall, "precision": precision, "held": held}
+
+
+def run(job: Job) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    data = load(job.dataset, job.mnist_dir)
+    (x, y), dim = data["train"], data["train"][0].shape[1]
+    torch.manual_seed(job.seed)
+    if job.model == "linear":
+        model = torch.nn.Linear(dim, 1)
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(dim, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
+        )
+    on_val = job.arm == "rate, nu on val"
+    # nu on val: the training batches step no nu (per step nor at the epoch end)
+    options = {"dual_lr_nu_step": 0.0, "dual_lr_nu": 0.0} if on_val else SCHEDULES.get(job.arm, {})
+    reg = None if job.arm == "ce" else objective(job.target, y, **options)
+    alone = job.arm in ALONE
+    ce_weight = 0.0 if alone else 1.0
+    alpha = 1.0 if alone else float(job.arm.partition("@")[2] or 0)
+    x_val, y_val = data["val"]
+    params = [*model.parameters(), *(reg.parameters() if reg is not None else [])]
+    opt = torch.optim.Adam(params, lr=LR)
+    if reg is not None:
+        reg.attach(opt)
+    g = torch.Generator().manual_seed(job.seed)
+    start = time.perf_counter()
+    for _ in range(job.epochs):
+        perm = torch.randperm(len(y), generator=g)
+        for i in range(0, len(y), BATCH):
+            idx = perm[i : i + BATCH]
+            u = model(x[idx]).squeeze(1)
+            loss = ce_weight * torch.nn.functional.binary_cross_entropy_with_logits(
+                u, y[idx].float()
+            )
+            if reg is not None:
+                loss = loss + alpha * reg(u, idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if on_val:  # Cotter et al.: the multiplier sees the constraint on the second data set
+                pick = torch.randint(len(y_val), (BATCH,), generator=g)
+                with torch.no_grad():
+                    u_val = model(x_val[pick]).squeeze(1)
+                    step = DEFAULT_NU_STEP * val_violation(job.target, u_val, y_val[pick] == 1)
+                    reg.nu.copy_((reg.nu + step).clamp_min(0))
+        if reg is not None:
+            reg.end_epoch_()
+    seconds = (time.perf_counter() - start) / job.epochs
+    with torch.no_grad():
+        u_val, u_test = (model(data[s][0]).squeeze(1) for s in ("val", "test"))
+    record: dict[str, Any] = {"job": asdict(job), "seconds_per_epoch": seconds}
+    record["machine"] = machine_line()
+    targets = TARGETS if job.target is None else (job.target,)
+    record["at_zero"] = {t: decision(t, data["test"], u_test, 0.0) for t in targets}
+    record["at_val"] = {t: at_target(t, data["val"], data["test"], u_val, u_test) for t in targets}
+    if reg is not None:
+        s = reg.stats()
+        own = float(reg.decision_threshold[0])
+        record["at_own"] = {job.target: decision(job.target, data["test"], u_test, own)}
+        record["stats"] = {
+            k: s[k]
+            for k in (
+                "certified_recall",
+                "certified_precision",
+                "train_recall",
+                "train_precision",
+                "train_recall_at_threshold",
+                "train_precision_at_threshold",
+                "nu",
+            )
+        }
+    return record

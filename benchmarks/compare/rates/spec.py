@@ -1,0 +1,96 @@
+"""What part 4 compares: the data (train / val / test), the arms, the targets, the seeds and the
+budget, and one run's job."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+EPOCHS, BATCH, LR, HIDDEN, SEEDS = 8, 128, 1e-3, 256, (0, 1, 2)
+DATASETS = ("mnist9", "imb91", "imb50")
+MODELS = ("linear", "mlp")
+TARGETS = ("par0.9", "par0.95", "par0.99", "rap0.9", "rap0.95")  # objective + target
+ALPHAS = (1e-3, 1e-2, 1e-1)
+ARMS = ("ce", "rate", *(f"rate+ce@{a:g}" for a in ALPHAS), "rate, nu on val")
+# --study schedule: the objective alone under other dual schedules (what picked the defaults)
+SCHEDULES = {
+    "rate, epoch schedule": {"dual_every": "epoch"},
+    "rate, epoch schedule, lambda step 10": {"dual_every": "epoch", "dual_lr_lambda": 10.0},
+    "rate, nu step 0.01": {"dual_lr_nu_step": 0.01},
+    "rate, nu step 0.03": {"dual_lr_nu_step": 0.03},
+}
+ALONE = ("rate", "rate, nu on val", *SCHEDULES)
+SCHEDULE_STUDY = {
+    "data": ["mnist9"],
+    "targets": ["par0.95", "par0.99"],
+    "arms": ["rate", *SCHEDULES],
+}
+# the decisions each arm is reported at: u > 0, the val threshold, the objective's own
+SHOWN = (
+    {arm: ("at_val",) for arm in ARMS}
+    | {
+        "ce": ("at_zero", "at_val"),
+        "rate": ("at_zero", "at_val", "at_own"),
+        "rate, nu on val": ("at_val", "at_own"),
+    }
+    | {arm: ("at_zero", "at_val", "at_own") for arm in SCHEDULES}
+)
+RUNS = Path("benchmarks/compare/rates_runs")
+TABLE = Path("docs/figures/compare_rates.md")
+SCHEDULE_TABLE = Path("docs/figures/compare_rates_schedule.md")
+
+
+Split = tuple[Tensor, Tensor]
+
+
+def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
+    """``{train, val, test: (x float32 (N, D), y int64 (N,), 1 = positive)}``."""
+    if dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        x, digits = load_digits(return_X_y=True)
+        order = np.random.default_rng(0).permutation(len(digits))
+        x = torch.from_numpy(x[order].astype(np.float32) / 16)
+        y = torch.from_numpy((digits[order] == 9).astype(np.int64))
+        a, b = int(0.6 * len(y)), int(0.8 * len(y))
+        return {"train": (x[:a], y[:a]), "val": (x[a:b], y[a:b]), "test": (x[b:], y[b:])}
+    if mnist_dir is None:
+        raise ValueError(f"--mnist-dir is needed for data {dataset!r}")
+    if dataset == "mnist9":
+        from data_prep.smnist import load_mnist
+
+        raw = load_mnist(Path(mnist_dir), verify=False)[0]
+        out = {}
+        for split, (images, digits) in raw.items():
+            x = torch.from_numpy(images.reshape(len(digits), -1).astype(np.float32) / 255)
+            out[split] = (x, torch.from_numpy((digits == 9).astype(np.int64)))
+        (x, y) = out["train"]
+        return {"train": (x[:50000], y[:50000]), "val": (x[50000:], y[50000:]), "test": out["test"]}
+    from benchmarks.compare.mnist.spec import prepare
+
+    ratio = {"imb91": 0.91, "imb50": 0.5}[dataset]
+    parts = prepare(Path(mnist_dir), ratio, data_seed=0, quick=False)
+    x, y = parts["train"]
+    order = torch.from_numpy(np.random.default_rng(1).permutation(len(y)))
+    n_val = len(y) // 6
+    val, train = order[:n_val], order[n_val:]
+    return {"train": (x[train], y[train]), "val": (x[val], y[val]), "test": parts["test"]}
+
+
+# --- one run --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    dataset: str
+    model: str
+    arm: str
+    target: str | None  # None for the cross-entropy run (it serves every target)
+    seed: int
+    epochs: int
+    mnist_dir: str | None
+    path: str
