@@ -82,11 +82,7 @@ def evaluate(
     out |= {"shape_precision": prec, "shape_recall": recall, "shape_auc": roc_auc(u_pos, u_neg)}
     out["shape_positive_rate"] = float((scores > 0).float().mean()) if len(scores) else None
     if threshold is not None:
-        out["shape_fbeta_at_threshold"] = fbeta_of_decisions(
-            u_pos - threshold, u_neg - threshold, beta
-        )
-        recall, prec = recall_precision(u_pos - threshold, u_neg - threshold)
-        out |= {"shape_precision_at_threshold": prec, "shape_recall_at_threshold": recall}
+        out |= shape_at_threshold(u_pos, u_neg, threshold, beta)
     if return_shape:  # for a threshold chosen on this split (train.loop)
         out["_shape"] = (scores, positive)
     if kept:
@@ -97,6 +93,16 @@ def evaluate(
         order = torch.argsort(index)
         out["_per_image"] = {"index": index[order].numpy(), "iou": iou[order].numpy()}
     return out
+
+
+def shape_at_threshold(u_pos: Tensor, u_neg: Tensor, threshold: float, beta: float) -> dict:
+    """The F-beta, precision and recall of the shape node's decisions ``u > threshold``."""
+    recall, prec = recall_precision(u_pos - threshold, u_neg - threshold)
+    return {
+        "shape_fbeta_at_threshold": fbeta_of_decisions(u_pos - threshold, u_neg - threshold, beta),
+        "shape_precision_at_threshold": prec,
+        "shape_recall_at_threshold": recall,
+    }
 
 
 def per_image_iou(label: Tensor, pred: Tensor, num_classes: int) -> Tensor:

@@ -46,7 +46,7 @@ from .build import (
 )
 from .config import Config
 from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
-from .evaluation import evaluate
+from .evaluation import evaluate, shape_at_threshold
 from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
 from .losses import TaskLoss, build_task_loss
@@ -548,8 +548,8 @@ def save_checkpoint(
 def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None, dict | None]:
     """The epoch's evaluation: the reported split (``test_*``, with the images for TensorBoard and
     the per-image IoUs of segmentation) and, when the data set has one, the selection split
-    (``val_*``). The shape node is also reported at a decision threshold (``shape_threshold``,
-    ``*_shape_*_at_threshold``): the objective's learned one, or with
+    (``val_*``). The shape node is also reported at a decision threshold
+    (``test_shape_threshold``, ``*_shape_*_at_threshold``): the objective's learned one, or with
     ``train.shape_threshold=val`` the one its target picks on the val split (evaluated first)."""
     kwargs = dict(
         device=s.device,
@@ -567,8 +567,9 @@ def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None
         val = evaluate(s.model, s.val_loader, return_shape=chosen_on_val, **kwargs)
         val.pop("_per_image", None)
         if chosen_on_val:
-            scores, positive = val.pop("_shape")
-            kwargs["threshold"] = val_threshold(s.reg, scores, positive, cfg.regularizer.fbeta.beta)
+            u, positive = val.pop("_shape")
+            kwargs["threshold"] = t = val_threshold(s.reg, u, positive, cfg.regularizer.fbeta.beta)
+            val |= shape_at_threshold(u[positive], u[~positive], t, cfg.regularizer.fbeta.beta)
     test = evaluate(s.model, s.test_loader, keep_images=cfg.train.log_images, **kwargs)
     images, per_image = test.pop("_images", None), test.pop("_per_image", None)
     out = {f"test_{name}": v for name, v in test.items()}

@@ -44,7 +44,8 @@ def test_threshold_chosen_on_val_is_reported_and_saved(digits_smnist, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     selected = metrics["selected"]
     t = selected["test_shape_threshold"]
-    assert selected["val_shape_recall_at_threshold"] >= 0.9  # the target holds where it was chosen
+    # the target holds where it was chosen, and the val figures are at the chosen threshold
+    assert selected["val_shape_recall_at_threshold"] >= 0.9
     best = torch.load(run_info.best_path(out), weights_only=False)
     assert best["epoch"] == selected["epoch"] and best["shape_threshold"] == t
     # the saved threshold is the val split's calibration by the saved weights
@@ -56,7 +57,10 @@ def test_threshold_chosen_on_val_is_reported_and_saved(digits_smnist, tmp_path):
     with torch.no_grad():
         _, u = model(data.val.tensors["image"])
     pos = data.val.shape_labels == 1
-    assert t == pytest.approx(R.threshold_at_recall(u[pos], u[~pos], 0.9).threshold, abs=1e-5)
+    chosen = R.threshold_at_recall(u[pos], u[~pos], 0.9)
+    assert t == pytest.approx(chosen.threshold, abs=1e-5)
+    assert selected["val_shape_recall_at_threshold"] == pytest.approx(chosen.recall)
+    assert selected["val_shape_precision_at_threshold"] == pytest.approx(chosen.precision)
 
 
 def test_learned_threshold_of_a_rate_objective_is_reported(digits_smnist, tmp_path):
