@@ -130,6 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--table-only", action="store_true", help="no training: tabulate finished runs")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        help="train only the variants whose names start with one of these (e.g. 'P@R' 'R@P'); "
+        "the table has every variant with finished runs",
+    )
     a = p.parse_args(argv)
     if not a.table_only:
         smnist.prepare(a.data, smnist.Options(), mnist_dir=a.mnist_dir)
@@ -138,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         (CONFIG, [*overrides, f"train.seed={seed}", f"data.path={a.data}"], str(out))
         for name, overrides in variants
         for seed in a.seeds
-        if metrics(out := _folder(a.runs, name, seed)) is None and not a.table_only
+        if metrics(out := _folder(a.runs, name, seed)) is None
+        and not a.table_only
+        and (a.variants is None or name.startswith(tuple(a.variants)))
     ]
     print(f"{len(todo)} runs to do ({len(variants) * len(a.seeds)} in the grid)", flush=True)
     run_pool(train_once, todo, a.jobs, lambda _, done: print("done", done, flush=True))

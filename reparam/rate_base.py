@@ -148,6 +148,10 @@ class RateObjective(ReparamRegularizer):
         slots = slots.clamp_min(0)
         scale = self._scale_pos(idx.numel())
         rows = self.tau_param.index_select(0, slots)
+        if self.dual_every == "step":
+            # the batch's rows sit at their block's saddle, where L is flat in tau: their gradient
+            # is zero (up to rounding, which Adam would amplify into steps of ~lr), so none flows
+            rows = rows.detach()
         if self.projection == "inline":
             (rows,) = self._project(rows, strength=self.inline_strength)
         elif self.projection == "clip":

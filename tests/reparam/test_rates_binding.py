@@ -4,6 +4,7 @@ threshold is tight, and ``calibrate`` picks the held-out threshold (docs/rates.m
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 import pytest
@@ -298,3 +299,21 @@ def test_gradient_accumulation_over_per_step_dual_steps(cls, target, projection)
     second = reg(u[10:20], torch.arange(10, 20))
     (both,) = torch.autograd.grad(first + second, u)
     assert torch.equal(both[:10], alone[:10])
+
+
+@pytest.mark.parametrize(
+    "cls, target", [(PrecisionAtRecall, {"recall": 0.9}), (RecallAtPrecision, {"precision": 0.9})]
+)
+def test_per_step_schedule_sends_tau_no_gradient_and_no_false_warning(digits, cls, target):
+    """At the block's saddle ``L`` is flat in ``tau``: no gradient reaches ``tau_param`` (R@P's
+    coefficient ``lambda - 1 - nu (1 - a)`` is zero only up to rounding, which Adam turns into
+    steps of ~lr), and the misuse monitor does not take the unmoved ``tau`` for a missing
+    optimizer."""
+    x, y = digits
+    reg = cls(y, **target)
+    model = _model("linear", 64, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        _train(x, y, model, reg, 3, 64, 1e-2)
+    assert reg.tau_param.grad is None
+    assert reg.stats()["violation_tau_gt_u_max"] == 0.0

@@ -84,7 +84,7 @@ def training_table(records: list[dict]) -> str:
         "nu",
     )
     rows = [
-        [f"{d} / {m}", arm, t, *(mean_sd([s[k] for s in stats]) for k in keys)]
+        [f"{d} / {m}", arm, t, *(mean_sd([s.get(k) for s in stats]) for k in keys)]
         for (d, m, arm, t), stats in sorted(by.items())
     ]
     header = [
