@@ -66,8 +66,6 @@ class RateObjective(ReparamRegularizer):
 
     _constrained_names = ("tau_param",)
     _default_dual_every = "step"
-    # 3: the per-sample block's step ("dual_every"), the learned decision threshold
-    _version = 3
 
     def __init__(
         self,
@@ -228,6 +226,8 @@ class PointRateObjective(RateObjective):
     fully only at ``u >= 1``, so the certified target at ``u > 0`` leaves the true rate there
     above it; the threshold makes the training decision tight.
     """
+
+    _version = 3  # 3: the learned decision threshold (buffers decision_threshold, threshold_met)
 
     def __init__(self, shape_labels: object, **options: Any) -> None:
         super().__init__(shape_labels, **options)

@@ -53,12 +53,29 @@ def test_forgetting_end_epoch_warns_after_one_epoch(kind):
 
 @pytest.mark.parametrize("kind", list(MAKERS))
 def test_regularizer_left_out_of_the_optimizer_warns(kind):
-    reg, head = MAKERS[kind](), ShapeHead(1)
+    # P@R and R@P under their default per-batch schedule set tau themselves (next test)
+    reg = MAKERS[kind](**({"dual_every": "epoch"} if kind in ("par", "rap") else {}))
+    head = ShapeHead(1)
     opt = torch.optim.Adam(head.parameters(), lr=1e-2, fused=True)  # fused: no version bumps
     with pytest.warns(RuntimeWarning, match="pass reg.parameters"):
         _loop(reg, head, opt, 3, end_epoch=True)
     with pytest.raises(ValueError, match=r"optimizer must step the regularizer's parameters"):
         reg.attach(opt)
+
+
+@pytest.mark.parametrize("kind", ["par", "rap"])
+def test_per_batch_schedule_needs_no_optimizer_for_tau(kind):
+    """With ``dual_every="step"`` each touched row of ``tau`` is set to its block's saddle and no
+    gradient reaches it: leaving ``reg.parameters()`` out of the optimizer loses nothing, and no
+    warning says otherwise."""
+    reg, head = MAKERS[kind](), ShapeHead(1)
+    opt = torch.optim.Adam(head.parameters(), lr=1e-2, fused=True)
+    before = reg.tau_param.detach().clone()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _loop(reg, head, opt, 3, end_epoch=True)
+    assert not [w for w in record if issubclass(w.category, RuntimeWarning)], _messages(record)
+    assert not torch.equal(reg.tau_param.detach(), before) and reg.tau_param.grad is None
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))
@@ -158,8 +175,11 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
     fresh = MAKERS[kind]()
     fresh.load_state_dict(state)  # the same version: loads
     assert torch.equal(fresh.scores, reg.scores)
-    state._metadata[""]["version"] = type(reg)._version + 1
-    with pytest.raises(RuntimeError, match=r"layout version 3, this library reads version 2"):
+    version = type(reg)._version  # 3 for P@R and R@P (the decision threshold), else 2
+    state._metadata[""]["version"] = version + 1
+    with pytest.raises(
+        RuntimeError, match=rf"layout version {version + 1}, this library reads version {version}"
+    ):
         MAKERS[kind]().load_state_dict(state)
     # version 1 (int64 indices and labels, stored seen_ever and class_of): refused, not misread
     v1 = type(state)(
@@ -168,7 +188,9 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
     v1["seen_ever"], v1["class_of"] = reg.seen_ever.clone(), reg.slot.long().clamp(-1, 0)
     v1._metadata = {k: dict(m) for k, m in state._metadata.items()}
     v1._metadata[""]["version"] = 1
-    with pytest.raises(RuntimeError, match=r"layout version 1, this library reads version 2"):
+    with pytest.raises(
+        RuntimeError, match=rf"layout version 1, this library reads version {version}"
+    ):
         MAKERS[kind]().load_state_dict(v1)
     old = {k: v for k, v in reg.state_dict().items() if k != "score_epoch"}  # an older layout
     with pytest.raises(RuntimeError, match=r"Missing key\(s\) in state_dict: \"score_epoch\""):
