@@ -59,24 +59,33 @@ def decision(target: str, test: Split, u_test: Tensor, t: float) -> dict:
 
 
 def run(job: Job) -> dict[str, Any]:
+    """Train ``job``'s model with its arm and return its record."""
     torch.set_num_threads(1)
     data = load(job.dataset, job.mnist_dir)
-    (x, y), dim = data["train"], data["train"][0].shape[1]
+    y = data["train"][1]
     torch.manual_seed(job.seed)
-    if job.model == "linear":
-        model = torch.nn.Linear(dim, 1)
-    else:
-        model = torch.nn.Sequential(
+    dim = data["train"][0].shape[1]
+    model = (
+        torch.nn.Linear(dim, 1)
+        if job.model == "linear"
+        else torch.nn.Sequential(
             torch.nn.Linear(dim, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
         )
-    on_val = job.arm == "rate, nu on val"
+    )
     # nu on val: the training batches step no nu (per step nor at the epoch end)
+    on_val = job.arm == "rate, nu on val"
     options = {"dual_lr_nu_step": 0.0, "dual_lr_nu": 0.0} if on_val else SCHEDULES.get(job.arm, {})
     reg = None if job.arm == "ce" else objective(job.target, y, **options)
+    seconds = train(job, data, model, reg)
+    return record_of(job, data, model, reg, seconds)
+
+
+def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) -> float:
+    """Adam on the model (and the objective's parameters), ``job.epochs`` epochs of shuffled
+    batches; the seconds per epoch."""
+    (x, y), (x_val, y_val) = data["train"], data["val"]
     alone = job.arm in ALONE
-    ce_weight = 0.0 if alone else 1.0
-    alpha = 1.0 if alone else float(job.arm.partition("@")[2] or 0)
-    x_val, y_val = data["val"]
+    ce_weight, alpha = (0.0, 1.0) if alone else (1.0, float(job.arm.partition("@")[2] or 0))
     params = [*model.parameters(), *(reg.parameters() if reg is not None else [])]
     opt = torch.optim.Adam(params, lr=LR)
     if reg is not None:
@@ -96,7 +105,7 @@ def run(job: Job) -> dict[str, Any]:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if on_val:  # Cotter et al.: the multiplier sees the constraint on the second data set
+            if job.arm == "rate, nu on val":  # Cotter et al.: nu sees the second data set
                 pick = torch.randint(len(y_val), (BATCH,), generator=g)
                 with torch.no_grad():
                     u_val = model(x_val[pick]).squeeze(1)
@@ -104,10 +113,31 @@ def run(job: Job) -> dict[str, Any]:
                     reg.nu.copy_((reg.nu + step).clamp_min(0))
         if reg is not None:
             reg.end_epoch_()
-    seconds = (time.perf_counter() - start) / job.epochs
+    return (time.perf_counter() - start) / job.epochs
+
+
+STATS = (
+    "certified_recall",
+    "certified_precision",
+    "train_recall",
+    "train_precision",
+    "train_recall_at_threshold",
+    "train_precision_at_threshold",
+    "nu",
+)
+
+
+def record_of(
+    job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any, seconds: float
+) -> dict[str, Any]:
+    """The test recall / precision at each decision, the objective's figures (the data folder
+    is not recorded: it is the user's)."""
     with torch.no_grad():
         u_val, u_test = (model(data[s][0]).squeeze(1) for s in ("val", "test"))
-    record: dict[str, Any] = {"job": asdict(job), "seconds_per_epoch": seconds}
+    record: dict[str, Any] = {
+        "job": asdict(job) | {"mnist_dir": None},
+        "seconds_per_epoch": seconds,
+    }
     record["machine"] = machine_line()
     targets = TARGETS if job.target is None else (job.target,)
     record["at_zero"] = {t: decision(t, data["test"], u_test, 0.0) for t in targets}
@@ -116,16 +146,5 @@ def run(job: Job) -> dict[str, Any]:
         s = reg.stats()
         own = float(reg.decision_threshold[0])
         record["at_own"] = {job.target: decision(job.target, data["test"], u_test, own)}
-        record["stats"] = {
-            k: s[k]
-            for k in (
-                "certified_recall",
-                "certified_precision",
-                "train_recall",
-                "train_precision",
-                "train_recall_at_threshold",
-                "train_precision_at_threshold",
-                "nu",
-            )
-        }
+        record["stats"] = {k: s[k] for k in STATS}
     return record
