@@ -104,10 +104,10 @@ def _segments(lib, reg, opt, u0, idx):
     of the batch's rows, which before issue 31 ``_checks.batch`` checked and ``_loss`` made)."""
     u = u0.clone().requires_grad_()
     yield
-    u, idx = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
+    u, idx, *ok = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
     rows = (lib._checks.rows(reg.slot, idx),) if hasattr(lib._checks, "rows") else ()
     yield
-    reg._remember_(u, idx)
+    reg._remember_(u, idx, *ok)  # ok: None (eager on the CPU), absent at older revisions
     yield
     loss = reg._loss(u, idx, *rows)
     yield

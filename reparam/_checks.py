@@ -114,11 +114,19 @@ def positive_classes(classes: object) -> tuple[int, ...]:
 
 def batch(
     scores: object, idx: object, classes: tuple[int, ...], n_total: int, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    """``(u, idx int64 (B,) on device)`` from the shape head's scores: ``(B,)`` or ``(B, 1)`` for
-    one positive class, else ``(B, K)`` with column ``c`` for class ``c``. ``u`` is float32,
+) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None]:
+    """``(u, idx int64 (B,) on device, ok)`` from the shape head's scores: ``(B,)`` or ``(B, 1)``
+    for one positive class, else ``(B, K)`` with column ``c`` for class ``c``. ``u`` is float32,
     ``(B,)`` for one positive class (a ``(B,)`` input itself: no view for autograd to undo),
-    else ``(B, P)``, column ``j`` the score of ``classes[j]``."""
+    else ``(B, P)``, column ``j`` the score of ``classes[j]``.
+
+    Types, dtypes and shapes are checked here (at trace time under ``torch.compile``). Values are
+    data: in eager mode on the CPU they are checked here too (a ``ValueError`` before anything is
+    written; ``ok`` is ``None``). Inside ``torch.compile`` or on an accelerator, reading them would
+    break the graph or wait for the device every step, so ``ok`` is ``(finite, in_range)``: two
+    bool ``(B,)`` masks computed on the device, the entries with a finite score and those with an
+    index in ``[0, n_total)``; ``idx`` is clamped into range, and the caller masks the others out
+    of its state and reports them at the epoch end (``ShapeObjective``)."""
     if not isinstance(scores, Tensor) or not scores.is_floating_point():
         raise ValueError(f"scores must be a floating-point tensor, got {describe(scores)}")
     if not isinstance(idx, Tensor) or idx.dtype != torch.int64 or idx.dim() != 1:
@@ -140,20 +148,40 @@ def batch(
         )
     if u.shape[0] != b:
         raise ValueError(f"scores and idx must have the same batch size, got {u.shape[0]} and {b}")
-    # Reading a value of an accelerator tensor waits for the device (a synchronization per
-    # step): scores and indices on the CPU are checked here; on an accelerator the caller checks
-    # (the trainer: its non-finite flag; an index out of range fails in the indexing kernels).
-    # One reduction instead of an elementwise test: a NaN/inf anywhere makes the sum non-finite;
-    # under no_grad, no autograd node and no detach.
-    if b and u.device.type == "cpu":
+    if b and not torch.compiler.is_compiling() and u.device.type == "cpu":
+        # One reduction instead of an elementwise test: a NaN/inf anywhere makes the sum
+        # non-finite; under no_grad, no autograd node and no detach.
         with torch.no_grad():
             if not math.isfinite(u.sum().item()) and not bool(torch.isfinite(u).all()):
                 raise ValueError(
                     "scores must be finite, got NaN or inf (check the network's outputs)"
                 )
-    if b and idx.device.type == "cpu" and device.type != "cpu":  # on the CPU: rows() checks
-        _index_range(idx, n_total)
-    return u.float(), idx.to(device)
+        if idx.device.type == "cpu" and device.type != "cpu":  # on the CPU: rows() checks
+            _index_range(idx, n_total)
+        return u.float(), idx.to(device), None
+    idx = idx.to(device)
+    with torch.no_grad():
+        finite = torch.isfinite(u) if u.dim() == 1 else torch.isfinite(u).all(1)
+        in_range = (idx >= 0) & (idx < n_total)
+    return u.float(), idx.clamp(0, n_total - 1), (finite, in_range)
+
+
+def fault_message(faults: Sequence[int], n_total: int) -> str | None:
+    """The error for the masked entries counted by ``ShapeObjective`` (``faults``:
+    ``[non-finite scores, indices out of range, first forward call with one]``), or ``None``."""
+    bad_scores, bad_idx, first = faults
+    if bad_scores == 0 and bad_idx == 0:
+        return None
+    parts = []
+    if bad_scores:
+        parts.append(f"scores must be finite, got {bad_scores} NaN or inf entries")
+    if bad_idx:
+        parts.append(f"idx must hold dataset indices in [0, {n_total}), got {bad_idx} outside")
+    return (
+        "; ".join(parts) + f" (first in forward call {first}, counting from 0). These entries "
+        "were masked: they reached no state (score memory, tau, lambda) and their loss term "
+        "was 0 (check the network's outputs and the sampler's indices)"
+    )
 
 
 def rows(slot: Tensor, idx: Tensor) -> Tensor:

@@ -59,22 +59,45 @@ class MisuseMonitor:
         self.samples_since_after += batch
         if self.samples_since_end <= n and self.samples_since_after <= n:
             return
+        self._check(self.samples_since_end, self.samples_since_after, n, duties, stacklevel=7)
+
+    def on_device_counts(
+        self,
+        since_end: int,
+        since_after: int,
+        n: int,
+        duties: Callable[[], tuple[bool, str | None, str]],
+    ) -> None:
+        """The same warnings from the counters a compiled forward keeps on the device, read at
+        the epoch end and by ``stats()``: inside ``torch.compile`` a forgotten ``end_epoch_()``
+        is reported at the next ``stats()`` or ``end_epoch_()``."""
+        if since_end > n or since_after > n:
+            self._check(since_end, since_after, n, duties, stacklevel=5)
+
+    def _check(
+        self,
+        since_end: int,
+        since_after: int,
+        n: int,
+        duties: Callable[[], tuple[bool, str | None, str]],
+        stacklevel: int,
+    ) -> None:
         needs_end_epoch, needs_after_step, epoch_work = duties()
-        if needs_end_epoch and self.samples_since_end > n:
+        if needs_end_epoch and since_end > n:
             self.warn_once(
                 "end_epoch",
-                f"{self.owner}: {self.samples_since_end} samples (more than one epoch of {n}) "
+                f"{self.owner}: {since_end} samples (more than one epoch of {n}) "
                 f"since the last end_epoch_(): without it there is no {epoch_work}. Call "
                 "reg.end_epoch_() once per epoch, or loop with `for epoch in reg.epochs(E):`.",
-                stacklevel=6,  # the caller of reg(...)
+                stacklevel=stacklevel,
             )
-        if self.samples_since_after > n and needs_after_step is not None:
+        if since_after > n and needs_after_step is not None:
             self.warn_once(
                 "after_step",
                 f"{self.owner}: reg.after_step_() has not been called for more than one epoch of "
                 f"samples, but {needs_after_step}. Call it after every optimizer.step(), or "
                 "reg.attach(optimizer) once.",
-                stacklevel=6,  # the caller of reg(...)
+                stacklevel=stacklevel,
             )
 
     @torch.no_grad()

@@ -21,7 +21,6 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -31,8 +30,8 @@ from projections import project_onto_c, soft_project_onto_c
 from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
-from .lagrangian import batch_lagrangian, lagrangian_terms
-from .sparse import TAU_UPDATES, SparseTau, one_row_per_sample
+from .lagrangian import batch_lagrangian
+from .sparse import TAU_UPDATES, SparseTau
 from .tracked import TrackedActiveSet
 
 # tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
@@ -223,7 +222,6 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             self._init_sparse_tau(n_pos)
         if self.projection == "tracked":  # the projection's active set A (reparam/tracked.py)
             self._init_tracked(n_pos, p)
-        self._pending: list[tuple[Tensor, Tensor, Tensor]] = []  # sparse tau: the pending grads
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -262,29 +260,31 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             eps, tau = self.constrained_parameters()
         else:
             eps, tau = self.eps_param, self.tau_param
-        lam, sink, share = self.lam, self._tau_grad_sink, None
+        lam, share = self.lam, None
         problem = scale = eps_weight = None
         if self._one_problem:  # the hot path: one problem, scalars
             is_pos = rows >= 0
+            touched = is_pos
             scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
         else:  # one entry per (sample, class column), each in its problem
             problem, scale, eps_weight = self._batch_problems(idx)
             columns = len(self.classes)
             row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
-            is_pos = ((rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)).reshape(-1)
-            u, problem = u.reshape(-1), problem.reshape(-1)
-        if projection == "tracked":  # the batch's rows as values; the loss sees e*
-            if self.tau_update == "dense":  # the optimizer moved every row: re-test all, O(n)
-                self._retest_all_()
-            tau, lam, rows, sink = self._tracked_batch(tau, rows)
+            is_pos = (rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)
+            touched = is_pos.any(1)  # a sample is a positive of one problem at most
+            u, problem, is_pos = u.reshape(-1), problem.reshape(-1), is_pos.reshape(-1)
+        if projection == "tracked" and self.tau_update == "dense":
+            self._retest_all_()  # the optimizer moved every row: re-test all, O(n)
+        slots = rows.clamp_min(0)
+        if projection == "tracked" or self.tau_update != "dense":  # the batch's rows, O(B)
+            tau, lam = self._batch_rows(tau, rows, touched)
+            slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
+        if problem is not None:  # a sample's row serves every column
+            slots = slots.unsqueeze(1).expand(-1, columns).reshape(-1)
+        if projection == "tracked":  # the loss sees e*
             eps, share = self._tracked_threshold(self.eps_param)
             if problem is None:
                 share = share.view(())
-        if problem is not None:
-            # a sample is a positive of one problem at most: its row serves every column
-            rows = rows.unsqueeze(1).expand(-1, columns).reshape(-1)
-            if sink is not None:
-                sink = partial(one_row_per_sample, sink, columns)
         return batch_lagrangian(
             eps,
             tau,
@@ -292,17 +292,30 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             lam,
             self.mu,
             is_pos,
-            rows.clamp_min(0),
+            slots,
             beta=self.beta,
             scale=scale,
             clip=projection in ("clip", "tracked"),
             cap=self.cap_scores,
-            tau_grad_sink=sink,
-            terms_fn=self._terms_fn,
             share=share,
             problem=problem,
             eps_weight=eps_weight,
         )
+
+    def _batch_rows(self, tau: Tensor, slots: Tensor, touched: Tensor) -> tuple[Tensor, ...]:
+        """The batch's view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values
+        (``(B,)``; mode ``"tracked"``: the offset plus ``eps`` for a row of ``A``; a sparse
+        ``tau``: plus the probe that collects their gradient, ``reparam.sparse``), their
+        ``lambda``. ``touched``: the samples that are positives."""
+        rows = slots.clamp_min(0)
+        values = tau.index_select(0, rows)
+        if self.projection == "tracked":
+            values = values + self._tracked_shift(rows)
+        if self.tau_update != "dense":
+            probe = self._probe_rows(rows, touched)
+            if probe is not None:
+                values = values + probe
+        return values, self.lam.index_select(0, rows)
 
     def _end_epoch_body_(self) -> None:
         """Mode ``"tracked"``: ``A`` re-computed from the exact root first (O(n)); then the
@@ -310,18 +323,6 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         if self.projection == "tracked":
             self._refresh_active_()
         super()._end_epoch_body_()
-
-    def compile(self, **kwargs: object) -> None:
-        """``torch.compile`` (with ``kwargs``) the regularizer's per-step math: the forward of
-        ``L_B`` with its closed-form derivatives (``reparam.lagrangian.lagrangian_terms``, one fused kernel);
-        the bookkeeping around it (score memory, counters, misuse checks) and the sparse ``tau``
-        step stay eager (compiled in-place updates of the ``(n,)`` buffers were slower: measured in
-        docs/results.md). Replaces ``nn.Module.compile``, which would trace the bookkeeping too.
-        The first steps compile (seconds); results match eager to rounding
-        (tests/reparam/test_compile.py)."""
-        self._terms_fn = torch.compile(lagrangian_terms, **kwargs)
-
-    _terms_fn = None  # None: the eager reparam.lagrangian.lagrangian_terms
 
     @property
     def _needs_after_step(self) -> str | None:
@@ -332,7 +333,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
     def _after_step_body_(self) -> None:
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
         (``reparam.sparse``), then the base's (projection in mode ``"step"``)."""
-        if self._pending:
+        if self.tau_update != "dense" and self._sparse_pending:
             self._sparse_tau_step_()
         super()._after_step_body_()
 

@@ -22,7 +22,6 @@ the same formula and runs ``gradcheck`` in float64.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -40,14 +39,12 @@ def batch_lagrangian(
     lam: Tensor,
     mu: Tensor,
     is_pos: Tensor,
-    slots: Tensor,
+    slots: Tensor | None,
     *,
     beta: float,
     scale: float | Tensor,
     clip: bool = False,
     cap: bool = False,
-    tau_grad_sink: Callable[[Tensor, Tensor, Tensor], None] | None = None,
-    terms_fn: Callable[..., Terms] | None = None,
     share: Tensor | None = None,
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
@@ -86,10 +83,8 @@ def batch_lagrangian(
     (``w = eps_weight``, ``\ell_e`` the entry's term above), with the same closed-form
     derivatives per problem; with one problem, ``w = 1`` and a scalar ``s``, it is the form above.
 
-    ``tau_grad_sink``: for sparse updates of ``tau`` (``reparam.sparse``; ``tau`` then needs no
-    grad): the backward calls ``tau_grad_sink(slots, is_pos, grad)`` with the gradient per batch
-    entry (0 for negatives) instead of building a dense ``(n,)`` gradient -- O(B), not O(n).
-    ``terms_fn``: the forward math (default :func:`lagrangian_terms`; a compiled copy of it).
+    ``slots`` ``None``: ``tau`` and ``lam`` are the batch's rows themselves, ``(B,)`` (the O(B)
+    modes: a sparse ``tau``, ``"tracked"``); ``tau``'s gradient is then ``(B,)`` too.
     """
     step = _Step(
         lam,
@@ -103,8 +98,6 @@ def batch_lagrangian(
         share,
         problem,
         eps_weight,
-        tau_grad_sink,
-        terms_fn or lagrangian_terms,
     )
     return _BatchLagrangian.apply(eps, tau, u, step)
 
@@ -115,7 +108,7 @@ class _Step(NamedTuple):
     lam: Tensor
     mu: Tensor
     is_pos: Tensor
-    slots: Tensor
+    slots: Tensor | None
     beta2: float
     scale: float | Tensor
     clip: bool
@@ -123,16 +116,15 @@ class _Step(NamedTuple):
     share: Tensor | None
     problem: Tensor | None
     eps_weight: Tensor | None
-    sink: Callable[[Tensor, Tensor, Tensor], None] | None
-    terms_fn: Callable[..., Terms]
 
 
 class _BatchLagrangian(torch.autograd.Function):
-    """Forward: ``terms_fn``'s value and derivatives; backward: those times the incoming gradient."""
+    """Forward: :func:`lagrangian_terms`' value and derivatives; backward: those times the
+    incoming gradient."""
 
     @staticmethod
     def forward(ctx, eps: Tensor, tau: Tensor, u: Tensor, step: _Step) -> Tensor:
-        loss, d_u, d_tau, d_eps, factor = step.terms_fn(
+        loss, d_u, d_tau, d_eps, factor = lagrangian_terms(
             eps,
             tau,
             u,
@@ -150,7 +142,7 @@ class _BatchLagrangian(torch.autograd.Function):
         )
         # intermediates, not inputs or outputs: kept on ctx (no saved-variable bookkeeping)
         ctx.d_u, ctx.d_tau, ctx.d_eps, ctx.factor = d_u, d_tau, d_eps, factor
-        ctx.slots, ctx.is_pos, ctx.sink, ctx.n_tau = step.slots, step.is_pos, step.sink, len(tau)
+        ctx.slots, ctx.n_tau = step.slots, len(tau)
         return loss
 
     @staticmethod
@@ -161,10 +153,10 @@ class _BatchLagrangian(torch.autograd.Function):
             g = g * ctx.factor
         grad_u = ctx.d_u * g if needs_u else None
         grad_tau = None
-        if needs_tau:
+        if needs_tau and ctx.slots is None:  # tau is the batch's rows
+            grad_tau = ctx.d_tau * g
+        elif needs_tau:
             grad_tau = ctx.d_tau.new_zeros(ctx.n_tau).index_add_(0, ctx.slots, ctx.d_tau * g)
-        elif ctx.sink is not None:
-            ctx.sink(ctx.slots, ctx.is_pos, ctx.d_tau * g)
         return grad_eps, grad_tau, grad_u, None
 
 
@@ -184,8 +176,7 @@ def lagrangian_terms(
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
 ) -> Terms:
-    """The forward math of :func:`batch_lagrangian` as one pure function (what ``reg.compile()``
-    hands to ``torch.compile``): ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
+    """The forward math of :func:`batch_lagrangian` as one pure function: ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
     gradient ``g``, ``dL/deps`` (shaped like ``eps``), and ``dL/du = f d_u``, ``dL/dtau = f d_tau``
     per batch entry (``f``: a float, ``scale`` or 1; one multiplication of ``g``)."""
     if problem is None:
@@ -195,12 +186,18 @@ def lagrangian_terms(
     )
 
 
+def _rows(tau: Tensor, lam: Tensor, slots: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The batch's ``tau`` and ``lambda`` (``slots`` ``None``: they are the rows already)."""
+    if slots is None:
+        return tau, lam
+    return tau.index_select(0, slots), lam.index_select(0, slots)
+
+
 def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share):
     """:func:`lagrangian_terms` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
     float): 16 operations on ``B``-long vectors; without ``clip``, ``d_u`` and ``d_tau`` per unit
     of ``scale`` (the backward multiplies the incoming gradient by it once)."""
-    t = tau.index_select(0, slots)
-    lam_b = lam.index_select(0, slots)
+    t, lam_b = _rows(tau, lam, slots)
     z = u + eps
     dphi = z > 0  # the hinge's derivative
     mu_lam = lam_b + mu  # a positive row's dL/dtau per unit of s
@@ -235,7 +232,7 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, s
 def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share, problem, w):
     """:func:`lagrangian_terms` for ``K`` problems: entry ``e`` in problem ``problem[e]`` (``-1``:
     none, weight 0), ``eps``, ``mu``, ``scale``, ``eps_weight`` (``w``) per problem ``(K,)``."""
-    t, lam_b = tau.index_select(0, slots), lam.index_select(0, slots)
+    t, lam_b = _rows(tau, lam, slots)
     k = problem.clamp_min(0)
     eps_e, mu_e = eps.index_select(0, k), mu.index_select(0, k)
     scale_e = torch.where(problem >= 0, scale.index_select(0, k), 0.0)

@@ -31,6 +31,9 @@ from torch import Tensor, nn
 from . import _checks
 from ._monitor import MisuseMonitor
 
+# the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
+_MASKED_SCORE = -1e6
+
 
 def _smallest_int(hi: int) -> torch.dtype:
     """The smallest signed integer dtype that holds ``-1 .. hi`` (labels, class numbers)."""
@@ -134,6 +137,13 @@ class ShapeObjective(nn.Module):
         self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
         self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
+        # inside torch.compile the monitor's counters are on the device: [samples since the last
+        # end_epoch_(), since the last after_step_()], read at the epoch end
+        self.register_buffer("_calls_since", torch.zeros(2, dtype=torch.int64), persistent=False)
+        self._device_counted = False  # whether a compiled forward has counted there
+        # masked entries (_mask_faults_): [non-finite scores, indices out of range, first call]
+        faults = torch.tensor([0, 0, -1], dtype=torch.int64)
+        self.register_buffer("input_faults", faults, persistent=False)
 
     def _init_groups(
         self, group_of: Tensor, labels: Tensor, classes: tuple[int, ...], problem_class: list[int]
@@ -205,6 +215,23 @@ class ShapeObjective(nn.Module):
 
     # --- the loss -------------------------------------------------------------------------------
 
+    def compile(self, **kwargs: object) -> None:
+        """``torch.compile`` the whole per-step path, each part one graph
+        (``fullgraph=True``, no graph break): the forward (``L_B``, the score memory, the counters
+        and the input masks; AOTAutograd compiles its backward with it) and :meth:`after_step_`
+        (the sparse ``tau`` step, the tracked active set, mode ``"step"``'s projection). The
+        epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile`` (for
+        example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop the
+        last partial batch). Replaces ``nn.Module.compile``; the state, checkpoints and
+        ``state_dict`` are unchanged. The first calls compile (seconds to a minute); results match
+        eager to rounding (tests/reparam/test_compile.py). Inside a compiled region of your own
+        (``torch.compile`` of your training step) the objective traces whole without this call."""
+        options = {"fullgraph": True, **kwargs}
+        self._compiled_forward = torch.compile(self._forward, **options)
+        self._compiled_after_step = torch.compile(self._after_step, **options)
+
+    _compiled_forward = _compiled_after_step = None  # set by compile()
+
     def forward(self, scores: Tensor, idx: Tensor) -> Tensor:
         """The objective's loss on the batch (for the reparameterized objectives the minibatch
         Lagrangian ``L_B``, docs/method.md sec. 3 and 8); remembers the batch's scores.
@@ -214,14 +241,46 @@ class ShapeObjective(nn.Module):
                 is the score of shape class ``c`` (``K = 1`` also for one class).
             idx: int64 ``(B,)`` dataset indices of the batch's samples.
         """
-        u, idx = _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
-        rows = _checks.rows(self.slot, idx)  # the batch's rows of tau; checks idx's range
+        if self._compiled_forward is not None and not torch.compiler.is_compiling():
+            return self._compiled_forward(scores, idx)
+        return self._forward(scores, idx)
+
+    def _forward(self, scores: Tensor, idx: Tensor) -> Tensor:
+        u, idx, ok = _checks.batch(
+            scores, idx, self.classes, self.n_samples, self.shape_labels.device
+        )
         batch = idx.numel()
-        self._monitor.on_forward(batch, self.n_samples, self._duties)
+        if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
+            self._calls_since.add_(batch)
+            self._device_counted = True
+        else:
+            self._monitor.on_forward(batch, self.n_samples, self._duties)
         if batch == 0:  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
-        self._remember_(u, idx)
+        if ok is None:  # eager on the CPU: idx checked by the gather's own bounds check
+            rows = _checks.rows(self.slot, idx)
+        else:
+            u, rows = self._mask_faults_(u, self.slot.index_select(0, idx), *ok)
+        self._remember_(u, idx, ok)
         return self._loss(u, idx, rows)
+
+    def _mask_faults_(
+        self, u: Tensor, rows: Tensor, finite: Tensor, in_range: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Inside ``torch.compile`` or on an accelerator (``_checks.batch``): an entry with a
+        non-finite score or an index out of range becomes a negative with a score of ``-1e6``
+        (its loss term and every gradient of it are 0; the state takes nothing from it), and is
+        counted in ``input_faults`` for :meth:`end_epoch_` to report. O(B), no host read."""
+        ok = finite & in_range
+        with torch.no_grad():
+            counts = torch.stack([(~finite).sum(), (~in_range).sum()])
+            first = self.input_faults[2]
+            self.input_faults[2].copy_(
+                torch.where((first < 0) & (counts.sum() > 0), self.batches, first)
+            )
+            self.input_faults[:2].add_(counts)
+        keep = ok.view(-1, *([1] * (u.dim() - 1)))
+        return torch.where(keep, u, _MASKED_SCORE), torch.where(ok, rows, -1)
 
     def _duties(self) -> tuple[bool, str | None, str]:
         """For the misuse warnings (``MisuseMonitor.on_forward``): whether ``end_epoch_()`` is
@@ -231,12 +290,19 @@ class ShapeObjective(nn.Module):
         return self._needs_end_epoch, self._needs_after_step, work
 
     @torch.no_grad()
-    def _remember_(self, u: Tensor, idx: Tensor) -> None:
+    def _remember_(self, u: Tensor, idx: Tensor, ok: tuple[Tensor, Tensor] | None) -> None:
         """Record the batch's scores and their epoch, and count the batch (explicit index ops:
-        ~3x cheaper than Python indexing per call; no autograd under ``no_grad``)."""
-        self.scores.index_copy_(0, idx, u.unsqueeze(1) if u.dim() == 1 else u)
+        ~3x cheaper than Python indexing per call; no autograd under ``no_grad``). A masked
+        entry (``ok``, :meth:`_mask_faults_`) writes back the row's own values."""
+        scores = u.unsqueeze(1) if u.dim() == 1 else u
         # index_fill_ with a tensor value would read it on the host
-        self.score_epoch.index_copy_(0, idx, self.epoch.expand(idx.numel()))
+        epoch = self.epoch.expand(idx.numel())
+        if ok is not None:
+            keep = ok[0] & ok[1]
+            scores = torch.where(keep.unsqueeze(1), scores, self.scores.index_select(0, idx))
+            epoch = torch.where(keep, epoch, self.score_epoch.index_select(0, idx))
+        self.scores.index_copy_(0, idx, scores)
+        self.score_epoch.index_copy_(0, idx, epoch)
         self.batches.add_(1)
 
     @property
@@ -267,16 +333,31 @@ class ShapeObjective(nn.Module):
 
     # --- the schedule ---------------------------------------------------------------------------
 
-    @torch.no_grad()
     def after_step_(self) -> None:
         """Call after every optimizer step (mode ``"step"`` projects here)."""
-        self._monitor.on_after_step(self.parameters)
+        if self._compiled_after_step is not None and not torch.compiler.is_compiling():
+            self._compiled_after_step()
+        else:
+            self._after_step()
+
+    @torch.no_grad()
+    def _after_step(self) -> None:
+        self._monitor.samples_since_after = 0  # a plain store: also inside torch.compile
+        if torch.compiler.is_compiling() or self._device_counted:
+            self._calls_since[1].zero_()
+        if not torch.compiler.is_compiling():  # the optimizer's first step of the epoch
+            self._monitor.on_after_step(self.parameters)
         self._after_step_body_()
 
     @torch.no_grad()
     def end_epoch_(self) -> None:
         """Call once per epoch: the objective's epoch end (projection and dual ascent for the
-        reparameterized objectives, docs/method.md sec. 3b), then the epoch counters."""
+        reparameterized objectives, docs/method.md sec. 3b), then the epoch counters.
+
+        Raises ``ValueError`` first if a forward call inside ``torch.compile`` or on an
+        accelerator got a non-finite score or an index out of range since the last epoch end
+        (those entries were masked: :meth:`_mask_faults_`)."""
+        self._check_device_counters()
         self._monitor.before_epoch_end(self.named_parameters)
         with self._memo_window():
             self._end_epoch_body_()
@@ -284,6 +365,20 @@ class ShapeObjective(nn.Module):
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
         self._monitor.after_epoch_end(self.parameters())
+
+    def _check_device_counters(self) -> None:
+        """The device's side of the misuse warnings and the input faults (one read)."""
+        if not self._device_counted and self.shape_labels.device.type == "cpu":
+            return  # eager on the CPU: counted and checked in Python
+        state = torch.cat([self._calls_since, self.input_faults]).tolist()
+        since_end, since_after = state[:2]
+        if since_end or since_after:
+            self._monitor.on_device_counts(since_end, since_after, self.n_samples, self._duties)
+            self._calls_since[0].zero_()
+        message = _checks.fault_message(state[2:], self.n_samples)
+        if message is not None:
+            self.input_faults.copy_(torch.tensor([0, 0, -1], device=self.input_faults.device))
+            raise ValueError(message)
 
     def _after_step_body_(self) -> None:
         pass
@@ -389,6 +484,9 @@ class ShapeObjective(nn.Module):
         were recorded (0: in the current epoch; right after ``end_epoch_()`` the epoch just finished
         has age 1). ``None`` means: not defined yet (no score, or no certificate).
         """
+        if self._device_counted:  # a compiled forward counts on the device: a forgotten end_epoch_
+            since_end, since_after = self._calls_since.tolist()
+            self._monitor.on_device_counts(since_end, since_after, self.n_samples, self._duties)
         seen = self.seen_ever
         age = (self.epoch - self.score_epoch)[seen].float()
         out: dict[str, float | int | list | bool | None] = {
@@ -469,6 +567,9 @@ class ShapeObjective(nn.Module):
                     continue
                 if b is not None and b.is_floating_point() and b.dtype != torch.float32:
                     module._buffers[name] = b.float()
+                elif b is not None and b.requires_grad and b.grad_fn is not None:
+                    # a leaf that collects gradients (reparam.sparse's probe) stays a leaf
+                    module._buffers[name] = b.detach().requires_grad_()
         return self
 
     def _warn_once(self, kind: str, message: str) -> None:

@@ -170,12 +170,26 @@ class RateObjective(ReparamRegularizer):
         z = z.detach().float()
         is_pos = slots >= 0
         violation = self._batch_violation(z, is_pos)
-        # a new tensor, not an in-place write: an earlier batch's graph may hold the old nu
-        self.nu = (self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max)
-        rows = slots[is_pos].long()
-        self.tau_param.index_copy_(0, rows, R.capped(z[is_pos]))
+        # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
+        # keeps the nu it saw (gradient accumulation)
+        self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
+        # fixed shapes (no host read, one graph under torch.compile): every entry writes. A
+        # negative writes the row of the batch's first positive with that positive's new value
+        # (with no positive: row 0 with its own value), so each row gets one value
+        rows = slots.clamp_min(0).long()
+        first = is_pos.to(torch.uint8).argmax().view(1)
+        target = torch.where(is_pos, rows, rows.index_select(0, first))
+        pos = is_pos.view(-1, *([1] * (self.lam.dim() - 1)))
         stationary = self._stationary_lambda().to(self.lam.dtype)
-        self.lam.index_copy_(0, rows, stationary.expand((rows.numel(), *self.lam.shape[1:])))
+        for state, new in ((self.tau_param, R.capped(z)), (self.lam, stationary)):
+            values = torch.where(pos, new.to(state.dtype), state.index_select(0, rows))
+            values = torch.where(pos, values, values.index_select(0, first))
+            state.index_copy_(0, target, values)
+
+    def _nu_now(self) -> Tensor:
+        """``nu`` as the loss reads it: a copy, which the per-step dual step's in-place write of
+        the next batch leaves alone (the backward may come after it: gradient accumulation)."""
+        return self.nu.clone()
 
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """The batch's unbiased estimate of :meth:`_violation` (shaped like ``nu``)."""

@@ -75,7 +75,9 @@ class PrecisionAtRecall(PointRateObjective):
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
         self._step_duals_(u, rows)
         is_pos, t, lam, scale = self._gather(idx, rows)
-        return R.precision_at_recall_minibatch(t, lam, self.nu[0], u, is_pos, scale, self.recall)
+        return R.precision_at_recall_minibatch(
+            t, lam, self._nu_now()[0], u, is_pos, scale, self.recall
+        )
 
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """``r - (N / (n B)) sum_{B+} min(u_i, 1)``."""
@@ -142,7 +144,9 @@ class RecallAtPrecision(PointRateObjective):
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
         self._step_duals_(u, rows)
         is_pos, t, lam, scale = self._gather(idx, rows)
-        return R.recall_at_precision_minibatch(t, lam, self.nu[0], u, is_pos, scale, self.precision)
+        return R.recall_at_precision_minibatch(
+            t, lam, self._nu_now()[0], u, is_pos, scale, self.precision
+        )
 
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """``(N / (n B)) [a sum_{B-} max(0, 1 + u_j) - (1 - a) sum_{B+} min(u_i, 1)]``."""
@@ -273,7 +277,9 @@ class ROCAUC(RateObjective):
         is_pos, t, lam, s_pos = self._gather(idx, rows)
         z = u[:, None] + self.offsets[None, :]  # (B, K): the score at every grid threshold
         s_neg = self.n_samples / (self.n_negatives * idx.numel())
-        return R.roc_auc_minibatch(t, lam, self.nu, z, is_pos, s_pos, s_neg, self.fpr_targets)
+        return R.roc_auc_minibatch(
+            t, lam, self._nu_now(), z, is_pos, s_pos, s_neg, self.fpr_targets
+        )
 
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """``(N / (m B)) sum_{B-} max(0, 1 + u_j + b_k) - t_k`` per grid point."""

@@ -49,16 +49,22 @@ sorts the indices and sizes its output by the data, a host synchronization on ac
 step. The rule is the same (``tests/reparam/test_sparse.py`` checks it against SparseAdam), and
 every operation here has a size fixed by the batch: no synchronization.
 
-Bookkeeping: the backward pass adds the batch's gradient into a dense accumulator ``acc`` (zero
-outside the touched rows) and a count of contributions per row, and remembers the rows; the step
-reads the rows' summed gradient, updates them and zeroes the accumulator there again. Several
-backward passes before one step (gradient accumulation) sum, as dense gradients do. A row listed
-twice (a sample twice in one batch) receives one update: each occurrence applies ``1 / count`` of
-it. A step whose gradient holds NaN/inf changes nothing (as a fused optimizer skips such a step).
+Bookkeeping, with no side effect in the backward pass (so ``torch.compile`` traces a step whole,
+forward, backward and :meth:`SparseTau.after_step_`, with no graph break): the loss sees the
+batch's rows of ``tau`` as ``tau[rows] + probe[a:b]``, with ``probe`` a zero leaf tensor of the
+regularizer that no optimizer steps; autograd leaves the rows' gradient in ``probe.grad[a:b]``.
+The forward remembers which rows stood at ``a:b``; the step adds those gradients into a dense
+accumulator ``acc`` (zero outside the touched rows) with a count of contributions per row, reads
+the rows' sums, updates them and zeroes the accumulator there again. Several backward passes
+before one step (gradient accumulation) use consecutive slices of ``probe`` and sum, as dense
+gradients do. A row listed twice (a sample twice in one batch) receives one update: each
+occurrence applies ``1 / count`` of it. A step whose gradient holds NaN/inf changes nothing (as a
+fused optimizer skips such a step).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
 
@@ -83,10 +89,16 @@ def accumulate_(acc: Tensor, rows: Tensor, touched: Tensor, grad: Tensor) -> Non
 def add_rows_(state: Tensor, rows: Tensor, values: Tensor) -> None:
     """``state[rows] += values`` for row-paired ``(n, 2)`` state, repeated rows summed in order.
 
-    ``scatter_add_`` with the row index broadcast over the pair, not ``index_add_``: on the CPU
-    (torch 2.13, one thread) ``index_add_`` of 2-column rows took 7.4 vs 4.3 us at 100 rows and
-    6-8x longer at 1.5e5 (a batch of pixels), the same sums (``tests/reparam/test_sparse.py``)."""
-    state.scatter_add_(0, rows.long().unsqueeze(1).expand(-1, state.shape[1]), values)
+    Eagerly ``scatter_add_`` with the row index broadcast over the pair, not ``index_add_``: on
+    the CPU (torch 2.13, one thread) ``index_add_`` of 2-column rows took 7.4 vs 4.3 us at 100
+    rows and 6-8x longer at 1.5e5 (a batch of pixels), the same sums
+    (``tests/reparam/test_sparse.py``). Inside ``torch.compile``, ``index_add_``: inductor cannot
+    update ``state`` in place through the broadcast index and copies all of it (2 ms at 1e6
+    rows against 23 us, torch 2.13)."""
+    if torch.compiler.is_compiling():
+        state.index_add_(0, rows.long(), values)
+    else:
+        state.scatter_add_(0, rows.long().unsqueeze(1).expand(-1, state.shape[1]), values)
 
 
 @torch.no_grad()
@@ -101,21 +113,32 @@ def sparse_step_(
     moments: Tensor | None = None,
     step: Tensor | None = None,
     last: Tensor | None = None,
-) -> None:
+    ahead: Tensor | None = None,
+    write: bool = True,
+) -> Tensor | None:
     """One ``rule`` step (``"sparse_sgd"`` / ``"sparse_adam"``, module docstring) on the rows
     ``rows[touched]`` of ``tau`` (and of the Adam state: ``moments`` ``(n, 2)`` = ``[m, v]``, the
-    step count ``step``; ``"sparse_adam_ahead"``: ``last``, the step of each row's last touch), from
+    step count ``step``; ``"sparse_adam_ahead"``: ``last``, the step of each row's last touch, and
+    ``ahead``, the table of :func:`_ahead_table` on the state's device; ``None``: made here), from
     the gradient summed in ``acc`` (:func:`accumulate_`), which is zero
     again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not ``touched``
     (their update is zero). In place; no host synchronization. Row-paired state (``[g, count]``,
-    ``[m, v]``) halves the scattered reads and writes of a step."""
+    ``[m, v]``) halves the scattered reads and writes of a step.
+
+    ``write=False``: ``tau`` is left alone and the step returns each entry's row change (the
+    row's whole update, 0 where not touched) for the caller to write once (mode ``"tracked"``:
+    inductor copies all of ``tau`` when it is read, written and written again in one graph)."""
     rows = rows.long()  # one conversion for the scatters below (int64 rows pass through)
     g, count = acc.index_select(0, rows).unbind(1)
     # a non-finite gradient skips the whole step (on the device): g . 0 is NaN iff one is
     ok = torch.dot(g, constant(0.0, g, g.shape)) == 0
     use, zero = ok & touched, constant(0.0, g)
+    change = None
     if rule == "sparse_sgd":  # 1/count of the row's step per occurrence: one update per row
-        tau.index_add_(0, rows, torch.where(use, g / count, zero), alpha=-lr)
+        if write:
+            tau.index_add_(0, rows, torch.where(use, g / count, zero), alpha=-lr)
+        else:
+            change = torch.where(use, g, zero) * -lr
     elif rule in ADAM_RULES:
         share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
         g = torch.where(ok, g, zero)
@@ -128,7 +151,10 @@ def sparse_step_(
             # sqrt(1 - b2^t) / (1 - b1^t) = prod([1 - b1^t, 1 - b2^t] ** [-1, 1/2]); t = 0: skipped
             size = (1 - betas ** step.clamp_min(1)).pow(constant((-1.0, 0.5), old)).prod()
             add_rows_(moments, rows, delta * share.unsqueeze(1))
-            tau.index_add_(0, rows, (m / (v.sqrt() + ADAM_EPS)).mul_(share * size), alpha=-lr)
+            if write:
+                tau.index_add_(0, rows, (m / (v.sqrt() + ADAM_EPS)).mul_(share * size), alpha=-lr)
+            else:
+                change = torch.where(use, m / (v.sqrt() + ADAM_EPS) * size, zero) * -lr
         else:  # sparse_adam_ahead: the k steps since the row's last touch decay its moments
             k = (step - last.index_select(0, rows)).to(old.dtype)
             decayed = old * betas.pow(k.unsqueeze(1))  # dense Adam's moments at the last step
@@ -136,15 +162,20 @@ def sparse_step_(
             ratio = constant(_AHEAD_RATIO, old)
             a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
             a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
-            future = _ahead_table(old).index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
+            ahead = _ahead_table(old.dtype).to(old.device) if ahead is None else ahead
+            future = ahead.index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
             move = (a_old * ratio.pow(k) - a_new / ratio) * future
             add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
-            tau.index_add_(0, rows, move * share, alpha=lr)
-            last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
+            if write:
+                tau.index_add_(0, rows, move * share, alpha=lr)
+            else:
+                change = torch.where(use, move, zero) * lr
+            _write_touched_(last, rows, use, (step + 1).to(last.dtype))
             step.add_(ok)
     else:
         raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
     zero_rows_(acc, rows)
+    return change
 
 
 # sparse_adam_ahead: r = b1 / sqrt(b2), the per-step decay of Adam's m / sqrt(v) without gradient;
@@ -152,24 +183,32 @@ def sparse_step_(
 # 1e-7 from there on: b2^16384 = 7.6e-8) and to _AHEAD_TERMS terms (r^512 = 4e-24)
 _AHEAD_RATIO = ADAM_BETAS[0] / ADAM_BETAS[1] ** 0.5
 _AHEAD_STEPS, _AHEAD_TERMS = 1 << 14, 512
-_ahead_tables: dict[tuple, Tensor] = {}
 
 
-def _ahead_table(like: Tensor) -> Tensor:
+@functools.lru_cache(maxsize=2)
+def _ahead_table(dtype: torch.dtype = torch.float32) -> Tensor:
     """``E(t) = sum_{u > t} c_u r^(u - t)``, ``c_u = sqrt(1 - b2^u) / (1 - b1^u)``, for
-    ``t = 0 .. _AHEAD_STEPS`` (module docstring), in ``like``'s dtype and device; computed once
-    in float64 (a backward recursion ``E(t) = r (c_{t+1} + E(t+1))``)."""
-    key = (like.dtype, like.device)
-    if key not in _ahead_tables:
-        b1, b2, r = ADAM_BETAS[0], ADAM_BETAS[1], _AHEAD_RATIO
-        u = torch.arange(1, _AHEAD_STEPS + _AHEAD_TERMS + 1, dtype=torch.float64)
-        c = (1 - b2**u).sqrt() / (1 - b1**u)
-        e = [r / (1 - r)]  # E at the last step tabulated: c_u = 1 from there on
-        for c_next in reversed(c.tolist()):  # once per process: ~17k Python float operations
-            e.append(r * (c_next + e[-1]))
-        table = torch.tensor(e[::-1], dtype=torch.float64)
-        _ahead_tables[key] = table[: _AHEAD_STEPS + 1].to(like)
-    return _ahead_tables[key]
+    ``t = 0 .. _AHEAD_STEPS`` (module docstring), in ``dtype``; computed in float64 (a backward
+    recursion ``E(t) = r (c_{t+1} + E(t+1))``), once per regularizer (a buffer: it moves with
+    the module, and a compiled step reads it as any other state; shared read-only)."""
+    b1, b2, r = ADAM_BETAS[0], ADAM_BETAS[1], _AHEAD_RATIO
+    u = torch.arange(1, _AHEAD_STEPS + _AHEAD_TERMS + 1, dtype=torch.float64)
+    c = (1 - b2**u).sqrt() / (1 - b1**u)
+    e = [r / (1 - r)]  # E at the last step tabulated: c_u = 1 from there on
+    for c_next in reversed(c.tolist()):  # ~17k Python float operations (~5 ms)
+        e.append(r * (c_next + e[-1]))
+    return torch.tensor(e[::-1], dtype=torch.float64)[: _AHEAD_STEPS + 1].to(dtype)
+
+
+def _write_touched_(state: Tensor, rows: Tensor, use: Tensor, value: Tensor) -> None:
+    """``state[rows[use]] = value`` with fixed shapes and one value per row: an entry not in use
+    writes the row of the first one in use with the same value (none in use: the first row its
+    own value). An ``index_copy_``, which inductor updates in place (a ``scatter_reduce_`` copied
+    all of ``state``: 0.84 ms at 1e6 rows, torch 2.13)."""
+    first = use.to(torch.uint8).argmax().view(1)
+    target = torch.where(use, rows, rows.index_select(0, first))
+    kept = torch.where(use.index_select(0, first), value, state.index_select(0, target[:1]))
+    state.index_copy_(0, target, torch.where(use, value, kept))
 
 
 def zero_rows_(acc: Tensor, rows: Tensor) -> None:
@@ -196,22 +235,17 @@ def touched_only(rows: Tensor, touched: Tensor, grad: Tensor) -> tuple[Tensor, T
     return rows.index_select(0, keep), touched.index_select(0, keep), grad.index_select(0, keep)
 
 
-def one_row_per_sample(sink, columns: int, slots: Tensor, touched: Tensor, grad: Tensor) -> None:
-    """A sparse gradient sink fed one entry per (sample, column), called once per sample: a
-    sample's row of ``tau`` is touched by its one positive column at most, so the sparse step and
-    the tracked set work on ``B`` rows, not ``B * columns`` (the 11-class per-image F-beta: 11x
-    fewer)."""
-    touched = touched.view(-1, columns)
-    grad = torch.where(touched, grad.view(-1, columns), 0.0).sum(1)
-    sink(slots.view(-1, columns)[:, 0], touched.any(1), grad)
+# the probe's room (batch entries between two steps) before the first batch asks for more; growing
+# it inside torch.compile is refused (reserve_ first), so the default covers usual batches
+PROBE_ENTRIES = 4096
 
 
 class SparseTau:
     """The state and steps of a sparse ``tau`` update for ``FBetaRegularizer`` (a mixin, as
     ``tracked.TrackedActiveSet``: it reads the regularizer's ``tau_param``, ``tau_update``,
-    ``tau_lr``, ``eps_param``, ``slot``, projection and ``_track_step_``): the backward pass's
-    gradient sink, the exchange between processes, the step in ``after_step_()``, and ``attach``
-    following the optimizer's lr for ``"sparse_adam_ahead"``."""
+    ``tau_lr``, ``eps_param``, ``slot``, projection and ``_track_step_``): the probe that
+    collects the batch's gradient (module docstring), the exchange between processes, the step in
+    ``after_step_()``, and ``attach`` following the optimizer's lr for ``"sparse_adam_ahead"``."""
 
     def _init_sparse_tau(self, n_pos: int) -> None:
         if self.tau_update in ADAM_RULES:  # Adam's [m, v] per row, and its step count
@@ -219,12 +253,77 @@ class SparseTau:
             self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
         if self.tau_update == "sparse_adam_ahead":  # the step of each row's last touch
             self.register_buffer("tau_adam_last", torch.zeros(n_pos, dtype=torch.int32))
+            # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
+            self.register_buffer("_tau_ahead", _ahead_table(), persistent=False)
         # the gradient summed since the last step and its count (zero outside touched rows)
         self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
+        # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad
+        self.register_buffer("_tau_probe", _probe(PROBE_ENTRIES, None), persistent=False)
+        # per forward since the last step: (rows, touched, probe, a); then in acc: (rows, touched)
+        self._pending: list[tuple[Tensor, Tensor, Tensor, int]] = []
+        self._accumulated: list[tuple[Tensor, Tensor]] = []
+        self._probe_used = 0
+
+    def reserve_(self, entries: int) -> None:
+        """Make room for ``entries`` batch entries (samples, or pixels with ``target: pixels``)
+        between two ``after_step_()`` calls. Eager code grows the room by itself; call it once
+        before ``torch.compile`` traces a step with batches of more than 4096 entries."""
+        if entries > self._tau_probe.numel():
+            self._tau_probe = _probe(entries, self._tau_probe)
+
+    def _probe_rows(self, rows: Tensor, touched: Tensor) -> Tensor | None:
+        """``(B,)`` zeros to add to the batch's rows of ``tau`` (``rows``, with ``touched``: the
+        entries that are positives), whose gradient is the rows' gradient; ``None`` when no
+        gradient is recorded (``torch.no_grad``). O(B): a slice."""
+        if not torch.is_grad_enabled():
+            return None
+        start, end = self._probe_used, self._probe_used + rows.numel()
+        if end > self._tau_probe.numel():
+            if torch.compiler.is_compiling():
+                raise ValueError(
+                    f"a compiled step needs room for {end} batch entries of tau's gradient, the "
+                    f"regularizer has {self._tau_probe.numel()}: call reg.reserve_({end}) before "
+                    "compiling"
+                )
+            self._tau_probe = _probe(max(end, 2 * self._tau_probe.numel()), self._tau_probe)
+        self._pending.append((rows, touched, self._tau_probe, start))
+        self._probe_used = end
+        return self._tau_probe[start:end]
+
+    def _collect_(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The pending forwards' ``(rows, touched, grad)`` (a large batch on the CPU: its
+        touched entries, :func:`touched_only`), their probes' gradients cleared; ``None``
+        when none is pending."""
+        if not self._pending:
+            return None
+        parts = []
+        for rows, touched, probe, start in self._pending:
+            grad = probe.grad
+            if grad is None:  # a forward with no backward: no gradient on its rows
+                grad = torch.zeros_like(probe)
+            g = grad[start : start + rows.numel()].to(self._tau_grad.dtype, copy=True)
+            parts.append(touched_only(rows, touched, g))
+        for rows, _, probe, start in self._pending:  # zeroed in place: inductor (torch 2.13)
+            if probe.grad is not None:  # miscompiled `grad = None` in a traced step
+                probe.grad[start : start + rows.numel()].zero_()
+        self._pending.clear()
+        self._probe_used = 0
+        if len(parts) == 1:
+            return parts[0]
+        rows, touched, grad = (torch.cat(p) for p in zip(*parts, strict=True))
+        return rows, touched, grad
+
+    def _accumulate_pending_(self) -> None:
+        """The pending gradients into the accumulator (:func:`accumulate_`)."""
+        collected = self._collect_()
+        if collected is not None:
+            rows, touched, grad = collected
+            accumulate_(self._tau_grad, rows, touched, grad)
+            self._accumulated.append((rows, touched))
 
     @property
-    def _tau_grad_sink(self):
-        return None if self.tau_update == "dense" else self._add_tau_grad
+    def _sparse_pending(self) -> bool:
+        return bool(self._pending or self._accumulated)
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
         """``ShapeObjective.attach``; with ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not
@@ -252,14 +351,6 @@ class SparseTau:
         groups = optimizer.param_groups
         return next(g for g in groups if any(p is self.eps_param for p in g["params"]))
 
-    def _add_tau_grad(self, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
-        """Backward of ``L_B`` with a sparse ``tau`` update: remember the batch's gradient (a
-        large batch on the CPU: its touched entries, :func:`touched_only`)."""
-        rows, touched, grad = touched_only(rows, touched, grad)
-        grad = grad.to(self._tau_grad)
-        accumulate_(self._tau_grad, rows, touched, grad)
-        self._pending.append((rows, touched, grad))
-
     @torch.no_grad()
     def share_sparse_grads_(
         self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
@@ -276,24 +367,25 @@ class SparseTau:
             raise RuntimeError(f"share_sparse_grads_() is for tau_update in {TAU_UPDATES[1:]}")
         acc = self._tau_grad
         packed = acc.new_zeros(size, 3, dtype=torch.float64)
-        if self._pending:
-            rows, touched, grad = (torch.cat(parts) for parts in zip(*self._pending, strict=True))
+        collected = self._collect_()
+        if collected is not None:
+            rows, touched, grad = collected
             if len(rows) > size:
                 raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
             packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
-            zero_rows_(acc, rows)  # replaced by the mean over processes below
         every = all_gather(packed)
         rows, touched = every[:, 0].to(self.slot.dtype), every[:, 1] > 0
         grad = (every[:, 2] / processes).to(acc.dtype)
         accumulate_(acc, rows, touched, grad)
-        self._pending = [(rows, touched, grad)]
+        self._accumulated.append((rows, touched))
 
     def _sparse_tau_step_(self) -> None:
         """The sparse step (:func:`sparse_step_`) on the rows the backward passes since the last
         call touched; in mode ``"tracked"`` with the active set kept in step."""
-        parts = list(zip(*self._pending, strict=True))[:2]  # rows, touched of each pass
+        self._accumulate_pending_()
+        parts = list(zip(*self._accumulated, strict=True))  # rows, touched of each pass
         rows, touched = (p[0] if len(p) == 1 else torch.cat(p) for p in parts)
-        self._pending.clear()
+        self._accumulated.clear()
         adam, ahead = self.tau_update in ADAM_RULES, self.tau_update == "sparse_adam_ahead"
         step = partial(
             sparse_step_,
@@ -306,8 +398,16 @@ class SparseTau:
             moments=self.tau_adam_moments if adam else None,
             step=self.tau_adam_step if adam else None,
             last=self.tau_adam_last if ahead else None,
+            ahead=self._tau_ahead if ahead else None,
         )
         if self.projection == "tracked":
             self._track_step_(rows, step)
         else:
             step()
+
+
+def _probe(entries: int, old: Tensor | None) -> Tensor:
+    """A zero leaf tensor of ``entries`` values that collects gradients (the sparse bookkeeping's
+    probe, module docstring), on ``old``'s device."""
+    device = None if old is None else old.device
+    return torch.zeros(entries, device=device, requires_grad=True)

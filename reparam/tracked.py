@@ -19,7 +19,6 @@ value); every epoch end re-computes ``A`` from the exact root. Rows outside ``A`
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import Tensor
@@ -61,20 +60,10 @@ class TrackedActiveSet:
         sums = self.active_sums.to(self.eps_param.dtype)
         return self.eps_param.detach() + sums[:, 0] / (1 + sums[:, 1])
 
-    def _tracked_batch(self, tau: Tensor, slots: Tensor):
-        """The batch's view for ``lagrangian.batch_lagrangian`` (O(B)): its rows' values (``(B,)``: the
-        offset plus ``eps`` for a row of ``A``; autograd to ``tau_param`` alone), their
-        ``lambda``, local slots (``0..B-1``, ``-1`` for a negative) and the sparse gradient's sink
-        mapped back to the rows."""
-        rows = slots.clamp_min(0)
-        shift = torch.where(self.tau_active.index_select(0, rows), self._eps_of_rows(rows), 0.0)
-        values = tau.index_select(0, rows) + shift
-        local = torch.arange(rows.numel(), device=rows.device, dtype=rows.dtype)
-        local = torch.where(slots >= 0, local, -1)
-        sink = self._tau_grad_sink
-        if sink is not None:
-            sink = partial(_sink_rows, sink, rows)
-        return values, self.lam.index_select(0, rows), local, sink
+    def _tracked_shift(self, rows: Tensor) -> Tensor:
+        """``eps`` (detached) for the rows of ``A`` (stored as offsets above it), 0 elsewhere:
+        what turns the stored rows into their values (O(B))."""
+        return torch.where(self.tau_active.index_select(0, rows), self._eps_of_rows(rows), 0.0)
 
     def _eps_of_rows(self, rows: Tensor) -> Tensor:
         """``eps_param`` (detached) of each row's class (one class: a broadcast)."""
@@ -131,7 +120,7 @@ class TrackedActiveSet:
         self._set_active_(values > self._per_row(r), values)
 
     @torch.no_grad()
-    def _track_step_(self, rows: Tensor, step: Callable[[], None]) -> None:
+    def _track_step_(self, rows: Tensor, step: Callable[..., Tensor | None]) -> None:
         """Run the sparse ``step`` on ``rows`` (int, may repeat) and keep ``A`` in step in O(B):
         each touched row counted once (sorted); ``A``'s offset sum moves by its rows' exact
         change; then every touched row is re-tested against the moved root ``r``: one that joins
@@ -139,28 +128,63 @@ class TrackedActiveSet:
         batch's negatives stand at row 0 (``slots.clamp_min(0)``): that row is re-tested too, by
         the same rule, which no row's membership contradicts."""
         tau, active = self.tau_param, self.tau_active
-        rows = torch.sort(rows).values.long()  # sorted in their own int32: 1.3 vs 2.1 ms at 1.5e5
-        first = torch.ones_like(rows, dtype=torch.bool)
-        first[1:] = rows[1:] != rows[:-1]
+        before = tau.index_select(0, rows)
+        change = step(write=False)  # each entry's row change: tau written once, below
+        rows, first, before, change = _rows_once(rows.long(), before, change)
         # one class: no gather from the (n,) class index (at 1e8 rows each is a DRAM miss)
         one = self.n_problems == 1
         group = torch.zeros_like(rows) if one else self.tau_group.index_select(0, rows).long()
-        before = tau.index_select(0, rows)
-        step()
-        t = tau.index_select(0, rows)
+        t = before + change
         was = active.index_select(0, rows)
-        self.active_sums[:, 0].index_add_(0, group, (t.double() - before.double()) * (was & first))
+        moved = (t.double() - before.double()) * (was & first)
+        _add_per_problem(self.active_sums[:, 0], group, moved, one)
         eps = self._eps_of_rows(rows)
         values = torch.where(was, t + eps, t)
         now = values > self._tracked_root().index_select(0, group)
         offset = torch.where(was, t, values - eps)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        self.active_sums.index_add_(0, group, delta)
+        _add_per_problem(self.active_sums, group, delta, one)
         tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
         active.index_copy_(0, rows, now)
 
 
-def _sink_rows(sink, rows: Tensor, local: Tensor, touched: Tensor, grad: Tensor) -> None:
-    """A sparse gradient sink called with a batch's local slots: passes the rows they stand for."""
-    sink(rows, touched, grad)
+def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool) -> None:
+    """``sums[group] += values`` (rows of ``values`` summed per problem); with one problem a sum
+    (inductor's CPU code generator fails on a scatter-add of float64 into one row, torch 2.13)."""
+    if one:
+        sums.add_(values.sum(0, keepdim=True))
+    else:
+        sums.index_add_(0, group, values)
+
+
+# batches up to this many entries find their repeated rows by comparing every pair (one fused
+# kernel when compiled), larger ones by sorting (two library calls)
+_PAIRWISE_UP_TO = 1024
+
+
+def _rows_once(
+    rows: Tensor, before: Tensor, change: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(rows, first, before, change)`` with each row's entries agreeing: ``first`` marks one
+    entry per row, and every entry of a row carries the row's change (a negative's placeholder at
+    row 0 carries none of its own; a touched row's entries all carry the same). The entries may
+    be reordered (sorted by row), ``before`` with them; fixed shapes, no host read."""
+    b = rows.numel()
+    if b <= _PAIRWISE_UP_TO:  # B x B comparisons: nothing sorted, nothing reordered
+        same = rows.unsqueeze(0) == rows.unsqueeze(1)
+        earlier = torch.ones(b, b, dtype=torch.bool, device=rows.device).tril(-1)
+        first = ~(same & earlier).any(1)
+        moving = change != 0
+        total = (same * change.unsqueeze(0)).sum(1)
+        count = (same & moving.unsqueeze(0)).sum(1).clamp_min(1)
+        return rows, first, before, total / count
+    # sorted by row, within a row the entries that carry its change first
+    key, order = torch.sort(rows * 2 + (change == 0))
+    rows = key // 2
+    first = torch.ones_like(rows, dtype=torch.bool)
+    first[1:] = rows[1:] != rows[:-1]
+    position = torch.arange(b, device=rows.device)
+    head = torch.cummax(torch.where(first, position, 0), 0).values
+    change = change.index_select(0, order).index_select(0, head)
+    return rows, first, before.index_select(0, order), change

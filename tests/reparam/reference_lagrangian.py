@@ -45,7 +45,10 @@ def batch_lagrangian(
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
 ) -> Tensor:
-    """The pre-issue-31 ``reparam.functional.batch_lagrangian``, verbatim."""
+    """The pre-issue-31 ``reparam.functional.batch_lagrangian``, verbatim; ``slots`` ``None``
+    (``tau`` and ``lam`` are the batch's rows) as the identity."""
+    if slots is None:
+        slots = torch.arange(tau.numel(), device=tau.device)
     return _BatchLagrangian.apply(
         eps,
         tau,

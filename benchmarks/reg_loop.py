@@ -1,0 +1,200 @@
+"""The regularizer's own time in a user's training loop, eager and compiled (CPU or CUDA).
+
+    python -m benchmarks.reg_loop --threads 1 --out docs/figures          # ~3 min on 2 cores
+    python -m benchmarks.reg_loop --device cuda --cudagraphs --out docs/figures
+
+The loop a user writes around S-MNIST's paper model: ``Linear(3136, 11)`` (10 digit logits and
+the shape node), Adam 1e-3, B = 100 from 111860 samples of which 55930 are positives of the shape
+(S-MNIST's), cross-entropy on the digits plus ``alpha * reg(shape_score, idx)`` with the F-beta
+regularizer's defaults; one step is the forward, ``backward``, ``opt.step()``,
+``opt.zero_grad()`` and ``reg.after_step_()``. Every arm is timed with and without ``reg``, the
+arms in rotating order (drift of a shared machine hits all alike); the regularizer's own time is
+the median step with it minus the median step without it.
+
+* ``eager``: as written;
+* ``compiled``: the loss (model, cross-entropy and ``reg``) compiled as one graph
+  (``fullgraph=True``; AOTAutograd compiles its backward), ``torch.compile(opt.step)`` (torch's
+  optimizers break the graph around their step by design, so it is its own graph) and
+  ``reg.compile()`` for ``after_step_``;
+* ``cudagraphs`` (CUDA, ``--cudagraphs``): the same with ``mode="reduce-overhead"`` (static
+  shapes: every batch has B samples).
+
+Also per arm: the first step's time (compilation), and what one step of the regularizer alone
+dispatches -- tensor operations eagerly; inductor's generated kernels compiled; on CUDA the kernel
+launches the profiler counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks._report import markdown_table
+from benchmarks._timing import machine_line
+from benchmarks.reg_step import OpCount, _load
+from reparam import FBetaRegularizer
+
+SAMPLES, POSITIVES, FEATURES, OUTPUTS = 111860, 55930, 3136, 11
+ALPHA = 0.1
+
+
+class Loop:
+    """One arm's model, optimizer and (optional) regularizer, and its step."""
+
+    def __init__(self, device: str, with_reg: bool, mode: str) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(FEATURES, OUTPUTS).to(device)
+        labels = torch.zeros(SAMPLES, dtype=torch.int64)
+        labels[torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(0))[:POSITIVES]] = 1
+        self.reg = FBetaRegularizer(labels).to(device) if with_reg else None
+        params = [*self.model.parameters(), *(self.reg.parameters() if with_reg else [])]
+        self.opt = torch.optim.Adam(params, lr=1e-3, capturable=device != "cpu")
+        self.opt_step, self.loss = self.opt.step, self._loss
+        if mode != "eager":
+            options = {"mode": "reduce-overhead"} if mode == "cudagraphs" else {}
+            self.loss = torch.compile(self._loss, fullgraph=True, **options)
+            self.opt_step = torch.compile(self.opt.step, **options)
+            if self.reg is not None:
+                self.reg.compile(**options)  # its after_step_ (the forward is in self.loss)
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        out = self.model(x)
+        loss = F.cross_entropy(out[:, :10], y)
+        if self.reg is not None:
+            loss = loss + ALPHA * self.reg(out[:, 10], idx)
+        return loss
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
+        self.loss(x, y, idx).backward()
+        self.opt_step()
+        self.opt.zero_grad()
+        if self.reg is not None:
+            self.reg.after_step_()
+
+
+def _batches(device: str, batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(count):
+        idx = torch.randperm(SAMPLES, generator=gen)[:batch]
+        x = torch.randn(batch, FEATURES, generator=gen)
+        y = torch.randint(0, 10, (batch,), generator=gen)
+        out.append((x.to(device), y.to(device), idx.to(device)))
+    return out
+
+
+def time_arms(device: str, modes: list[str], batch: int, steps: int) -> dict[str, dict]:
+    """Median and first-step seconds of every (mode, with reg) arm, in rotating order."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    arms = {(m, r): Loop(device, r, m) for m in modes for r in (False, True)}
+    batches = _batches(device, batch, 64)
+    times: dict = {a: [] for a in arms}
+    first: dict = {}
+    for a, loop in arms.items():  # the first steps compile: timed apart, one arm at a time
+        sync()
+        t0 = time.perf_counter()
+        for k in range(3):
+            loop.step(*batches[k])
+        sync()
+        first[a] = time.perf_counter() - t0
+    order = list(arms)
+    for k in range(steps + 20):
+        for a in order[k % len(order) :] + order[: k % len(order)]:
+            b = batches[k % len(batches)]
+            sync()
+            t0 = time.perf_counter()
+            arms[a].step(*b)
+            sync()
+            if k >= 20:
+                times[a].append(time.perf_counter() - t0)
+    return {a: {"median": statistics.median(t), "first": first[a]} for a, t in times.items()}
+
+
+def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
+    """What one steady step of the regularizer alone (forward, backward, ``after_step_``)
+    dispatches: ``(tensor operations eagerly, or inductor kernels compiled; unit)``; on CUDA
+    compiled, the kernel launches of the profiler."""
+    loop = Loop(device, True, mode)
+    reg, batches = loop.reg, _batches(device, batch, 4)
+
+    def reg_step(u, idx):
+        reg(u.requires_grad_(), idx).backward()
+        reg.after_step_()
+
+    u = [torch.randn(batch, device=device) for _ in range(4)]
+    if mode == "eager":
+        for k in range(3):
+            reg_step(u[k].clone(), batches[k][2])
+        with OpCount() as c:
+            reg_step(u[3].clone(), batches[3][2])
+        return c.ops, "operations"
+    from torch._inductor import metrics
+
+    metrics.reset()
+    for k in range(3):
+        reg_step(u[k].clone(), batches[k][2])
+    if not device.startswith("cuda"):
+        return metrics.generated_kernel_count, "kernels (generated)"
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        reg_step(u[3].clone(), batches[3][2])
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels), "kernel launches"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=100)
+    p.add_argument("--steps", type=int, default=300, help="timed steps per arm")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    p.add_argument("--cudagraphs", action="store_true", help="also mode='reduce-overhead'")
+    p.add_argument("--note", default="", help="how busy the machine was, for the header")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    modes = ["eager", "compiled"] + (["cudagraphs"] if a.cudagraphs else [])
+    load = _load()
+    result = time_arms(a.device, modes, a.batch, a.steps)
+    rows = []
+    for m in modes:
+        base, reg = result[(m, False)], result[(m, True)]
+        own = reg["median"] - base["median"]
+        count, unit = dispatched(a.device, m, a.batch)
+        rows.append(
+            [
+                m,
+                f"{base['median'] * 1e3:.3f}",
+                f"{reg['median'] * 1e3:.3f}",
+                f"{own * 1e3:.3f}",
+                f"{reg['median'] / base['median']:.2f}",
+                f"{reg['first']:.1f}",
+                f"{count} {unit}",
+            ]
+        )
+    header = ["arm", "step, no reg (ms)", "step with reg (ms)", "reg's own (ms)", "ratio"]
+    header += ["first 3 steps with reg (s)", "reg alone: one step dispatches"]
+    table = markdown_table(header, rows)
+    cmd = f"python -m benchmarks.reg_loop --device {a.device} --batch {a.batch} --steps {a.steps}"
+    cmd += (f" --threads {a.threads}" if a.threads else "") + (" --cudagraphs" * a.cudagraphs)
+    busy = f"; {load} at the start, {_load()} at the end" + (f"; {a.note}" if a.note else "")
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = "reg_loop" + ("" if a.device == "cpu" else f"_{a.device.split(':')[0]}")
+    (a.out / f"{stem}.md").write_text(
+        f"<!-- {cmd} -->\n{machine_line(a.device)}{busy}; B = {a.batch}, median of {a.steps} "
+        f"steps per arm, arms in rotating order\n\n{table}\n"
+    )
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
