@@ -149,6 +149,76 @@ def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
     return len(kernels), "kernel launches"
 
 
+def segmentation_share(device: str, modes: list[str], steps: int) -> list[list[str]]:
+    """The DeepLabV3+ / ResNet-18 training step at 120x160, batch 8 (random images, 11 classes;
+    smp, no pretrained weights) with and without the F-beta defaults on one class's pixels
+    (``regularizer.target: pixels``: every pixel a sample, 100 images), per mode: the step's
+    median ms and the share the regularizer takes. The project's network
+    (``train.seg_models``, which pads to the encoder's stride). Rows for :func:`main`'s second
+    table."""
+    from train.torchvision_compat import ensure_torchvision_importable
+
+    ensure_torchvision_importable()  # before smp imports torchvision
+    from train.seg_models import build_segmentation_model
+
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    images, size, classes, batch = 100, (120, 160), 11, 8
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, classes, (images, *size), generator=gen)
+    x = torch.randn(images, 3, *size, generator=gen)
+    rows = []
+    for mode in modes:
+        times = {}
+        for with_reg in (False, True):
+            torch.manual_seed(0)
+            net = build_segmentation_model("deeplabv3plus", "resnet18", None, classes).to(device)
+            reg = FBetaRegularizer(labels.reshape(-1) == 3).to(device) if with_reg else None
+            opt = torch.optim.Adam([*net.parameters(), *(reg.parameters() if reg else [])])
+
+            def loss_fn(xb, yb, idx, net=net, reg=reg):
+                logits, _ = net(xb)  # (logits, shape node)
+                loss = F.cross_entropy(logits, yb)
+                if reg is not None:
+                    margin = logits[:, 3] - logits.detach().max(1).values  # class 3's pixels
+                    loss = loss + ALPHA * reg(margin.reshape(-1), idx)
+                return loss
+
+            step_loss = loss_fn
+            if mode != "eager":
+                options = {"mode": "reduce-overhead"} if mode == "cudagraphs" else {}
+                step_loss = torch.compile(loss_fn, fullgraph=True, **options)
+                if reg is not None:
+                    reg.reserve_(batch * size[0] * size[1])
+                    reg.compile(**options)
+            times[with_reg] = _segmentation_steps(step_loss, opt, reg, (x, labels), steps, sync)
+        share = (times[True] - times[False]) / times[True]
+        rows.append([mode, f"{times[False] * 1e3:.2f}", f"{times[True] * 1e3:.2f}", f"{share:.0%}"])
+    return rows
+
+
+def _segmentation_steps(step_loss, opt, reg, data, steps: int, sync) -> float:
+    """Median seconds of a segmentation training step over ``steps`` (after 5), batches of 8
+    random images of ``data``; a pixel's dataset index is image * pixels + its position."""
+    x, labels = data
+    gen = torch.Generator().manual_seed(1)
+    pixels, device = labels[0].numel(), next(iter(opt.param_groups[0]["params"])).device
+    ts = []
+    for _ in range(steps + 5):
+        pick = torch.randperm(len(x), generator=gen)[:8]
+        idx = (pick[:, None] * pixels + torch.arange(pixels)).reshape(-1)
+        xb, yb = x[pick].to(device), labels[pick].to(device)
+        sync()
+        t0 = time.perf_counter()
+        step_loss(xb, yb, idx.to(device)).backward()
+        opt.step()
+        opt.zero_grad()
+        if reg is not None:
+            reg.after_step_()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts[5:])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
@@ -156,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300, help="timed steps per arm")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--cudagraphs", action="store_true", help="also mode='reduce-overhead'")
+    p.add_argument("--segmentation", type=int, default=0, help="steps of the DeepLabV3+ table")
     p.add_argument("--note", default="", help="how busy the machine was, for the header")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     a = p.parse_args(argv)
@@ -183,8 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     header = ["arm", "step, no reg (ms)", "step with reg (ms)", "reg's own (ms)", "ratio"]
     header += ["first 3 steps with reg (s)", "reg alone: one step dispatches"]
     table = markdown_table(header, rows)
+    if a.segmentation:
+        seg = segmentation_share(a.device, ["eager", modes[-1]], a.segmentation)  # compile: ~min
+        head = ["arm", "DeepLabV3+ step (ms)", "with reg (ms)", "reg's share"]
+        table += "\n\nDeepLabV3+ / ResNet-18, 120x160, batch 8, F-beta on one class's pixels\n\n"
+        table += markdown_table(head, seg)
     cmd = f"python -m benchmarks.reg_loop --device {a.device} --batch {a.batch} --steps {a.steps}"
     cmd += (f" --threads {a.threads}" if a.threads else "") + (" --cudagraphs" * a.cudagraphs)
+    cmd += f" --segmentation {a.segmentation}" if a.segmentation else ""
     busy = f"; {load} at the start, {_load()} at the end" + (f"; {a.note}" if a.note else "")
     a.out.mkdir(parents=True, exist_ok=True)
     stem = "reg_loop" + ("" if a.device == "cpu" else f"_{a.device.split(':')[0]}")

@@ -18,7 +18,8 @@ warm-up) and its ratio to the smallest n, the epoch end (projection, dual step a
 over all n, every sample scored with a Gaussian score), the exact projection of ``(eps, tau)`` alone against one elementwise
 pass over ``tau`` (``clamp``: the memory floor of any pass), the process's peak resident memory, and
 the regularizer's state in bytes per training sample: parameters, every buffer (the non-persistent
-sparse gradient accumulator too) and the optimizer's state (Adam's two moments of a dense ``tau``).
+sparse gradient accumulator too; not the buffers of fixed size, ``PER_BATCH``) and the optimizer's
+state (Adam's two moments of a dense ``tau``).
 
 State per mode (docs/method.md sec. 11), per sample + per positive, and at half positives:
 
@@ -59,6 +60,10 @@ class ModeSpec:
     options: dict  # FBetaRegularizer keyword arguments
 
 
+# buffers whose size is fixed or set by the batch, not by n: the sparse update's gradient probe
+# (4096 entries) and the E(t) table of sparse_adam_ahead
+PER_BATCH = ("_tau_probe", "_tau_ahead")
+
 MODES = (
     # tau_update "auto": sparse_adam_ahead + tracked at every n (since issue 31)
     ModeSpec("default (auto: tracked + sparse_adam_ahead tau)", {}),
@@ -93,7 +98,8 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
     labels[::2] = 1
     reg = FBetaRegularizer(labels, **MODES[mode].options)
     opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
-    state_bytes = sum(t.numel() * t.element_size() for t in [*reg.parameters(), *reg.buffers()])
+    per_sample = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
+    state_bytes = sum(t.numel() * t.element_size() for t in [*reg.parameters(), *per_sample])
     local = batch // world
     times = []
     for k in range(steps + 3):

@@ -227,10 +227,10 @@ def touched_only(rows: Tensor, touched: Tensor, grad: Tensor) -> tuple[Tensor, T
     """A large batch's ``(rows, touched, grad)`` on the CPU reduced to its touched entries (a
     batch of pixels is mostly negatives, which stand at row 0 with no gradient): the
     accumulation, the sparse step and the tracked set then work on the positives. Elsewhere, or
-    below ``COMPACT_FROM`` entries, unchanged: on an accelerator the size read from the data would
-    synchronize every step (docs/method.md sec. 11)."""
-    if rows.device.type != "cpu" or rows.numel() < COMPACT_FROM:
-        return rows, touched, grad
+    below ``COMPACT_FROM`` entries, or inside ``torch.compile``, unchanged: on an accelerator the
+    size read from the data would synchronize every step (docs/method.md sec. 11)."""
+    if rows.device.type != "cpu" or rows.numel() < COMPACT_FROM or torch.compiler.is_compiling():
+        return rows, touched, grad  # (compiled: a size read from the data breaks the graph)
     keep = touched.nonzero().squeeze(1)
     return rows.index_select(0, keep), touched.index_select(0, keep), grad.index_select(0, keep)
 
@@ -294,7 +294,7 @@ class SparseTau:
         """The pending forwards' ``(rows, touched, grad)`` (a large batch on the CPU: its
         touched entries, :func:`touched_only`), their probes' gradients cleared; ``None``
         when none is pending."""
-        if not self._pending:
+        if len(self._pending) == 0:  # len(): torch 2.11's dynamo does not trace a list's truth
             return None
         parts = []
         for rows, touched, probe, start in self._pending:
@@ -310,8 +310,7 @@ class SparseTau:
         self._probe_used = 0
         if len(parts) == 1:
             return parts[0]
-        rows, touched, grad = (torch.cat(p) for p in zip(*parts, strict=True))
-        return rows, touched, grad
+        return tuple(torch.cat([part[k] for part in parts]) for k in range(3))
 
     def _accumulate_pending_(self) -> None:
         """The pending gradients into the accumulator (:func:`accumulate_`)."""
@@ -323,7 +322,7 @@ class SparseTau:
 
     @property
     def _sparse_pending(self) -> bool:
-        return bool(self._pending or self._accumulated)
+        return len(self._pending) > 0 or len(self._accumulated) > 0
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
         """``ShapeObjective.attach``; with ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not
@@ -383,8 +382,11 @@ class SparseTau:
         """The sparse step (:func:`sparse_step_`) on the rows the backward passes since the last
         call touched; in mode ``"tracked"`` with the active set kept in step."""
         self._accumulate_pending_()
-        parts = list(zip(*self._accumulated, strict=True))  # rows, touched of each pass
-        rows, touched = (p[0] if len(p) == 1 else torch.cat(p) for p in parts)
+        parts = self._accumulated  # (rows, touched) of each pass
+        if len(parts) == 1:
+            rows, touched = parts[0]
+        else:
+            rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
         self._accumulated.clear()
         adam, ahead = self.tau_update in ADAM_RULES, self.tau_update == "sparse_adam_ahead"
         step = partial(

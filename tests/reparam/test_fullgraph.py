@@ -75,6 +75,12 @@ def _epochs(step, reg, x, epochs=3, batch=50):
     return torch.stack(losses)
 
 
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch._dynamo.config, "trace_autograd_ops"),
+    reason="this torch cannot trace loss.backward() (trace_autograd_ops)",
+)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
