@@ -257,24 +257,35 @@ class SparseTau:
             self.register_buffer("_tau_ahead", _ahead_table(), persistent=False)
         # the gradient summed since the last step and its count (zero outside touched rows)
         self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
-        # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad
-        self.register_buffer("_tau_probe", _probe(PROBE_ENTRIES, None), persistent=False)
-        # per forward since the last step: (rows, touched, probe, a); then in acc: (rows, touched)
-        self._pending: list[tuple[Tensor, Tensor, Tensor, int]] = []
+        # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad;
+        # the rows and which are positives are recorded beside it, in buffers (what a compiled
+        # forward writes there outlives its graph's outputs: CUDA graphs reuse those)
+        self._probe_buffers_(PROBE_ENTRIES, None)
+        # per forward since the last step: (probe, rows, touched, a, b); then in acc: (rows, touched)
+        self._pending: list[tuple[Tensor, Tensor, Tensor, int, int]] = []
         self._accumulated: list[tuple[Tensor, Tensor]] = []
         self._probe_used = 0
+
+    def _probe_buffers_(self, entries: int, like: Tensor | None) -> None:
+        device = None if like is None else like.device
+        probe = torch.zeros(entries, device=device, requires_grad=True)
+        self.register_buffer("_tau_probe", probe, persistent=False)
+        rows = torch.zeros(entries, dtype=torch.int64, device=device)
+        self.register_buffer("_probe_index", rows, persistent=False)
+        touched = torch.zeros(entries, dtype=torch.bool, device=device)
+        self.register_buffer("_probe_touched", touched, persistent=False)
 
     def reserve_(self, entries: int) -> None:
         """Make room for ``entries`` batch entries (samples, or pixels with ``target: pixels``)
         between two ``after_step_()`` calls. Eager code grows the room by itself; call it once
         before ``torch.compile`` traces a step with batches of more than 4096 entries."""
         if entries > self._tau_probe.numel():
-            self._tau_probe = _probe(entries, self._tau_probe)
+            self._probe_buffers_(entries, self._tau_probe)
 
     def _probe_rows(self, rows: Tensor, touched: Tensor) -> Tensor | None:
         """``(B,)`` zeros to add to the batch's rows of ``tau`` (``rows``, with ``touched``: the
         entries that are positives), whose gradient is the rows' gradient; ``None`` when no
-        gradient is recorded (``torch.no_grad``). O(B): a slice."""
+        gradient is recorded (``torch.no_grad``). O(B): a slice, and the rows recorded."""
         if not torch.is_grad_enabled():
             return None
         start, end = self._probe_used, self._probe_used + rows.numel()
@@ -285,8 +296,13 @@ class SparseTau:
                     f"regularizer has {self._tau_probe.numel()}: call reg.reserve_({end}) before "
                     "compiling"
                 )
-            self._tau_probe = _probe(max(end, 2 * self._tau_probe.numel()), self._tau_probe)
-        self._pending.append((rows, touched, self._tau_probe, start))
+            # new buffers: the pending entries keep the old ones
+            self._probe_buffers_(max(end, 2 * self._tau_probe.numel()), self._tau_probe)
+        self._probe_index[start:end].copy_(rows)
+        self._probe_touched[start:end].copy_(touched)
+        self._pending.append(
+            (self._tau_probe, self._probe_index, self._probe_touched, start, rows.numel())
+        )
         self._probe_used = end
         return self._tau_probe[start:end]
 
@@ -297,15 +313,14 @@ class SparseTau:
         if len(self._pending) == 0:  # len(): torch 2.11's dynamo does not trace a list's truth
             return None
         parts = []
-        for rows, touched, probe, start in self._pending:
+        for probe, rows, touched, start, b in self._pending:
             grad = probe.grad
             if grad is None:  # a forward with no backward: no gradient on its rows
                 grad = torch.zeros_like(probe)
-            g = grad[start : start + rows.numel()].to(self._tau_grad.dtype, copy=True)
-            parts.append(touched_only(rows, touched, g))
-        for rows, _, probe, start in self._pending:  # zeroed in place: inductor (torch 2.13)
-            if probe.grad is not None:  # miscompiled `grad = None` in a traced step
-                probe.grad[start : start + rows.numel()].zero_()
+            g = grad[start : start + b].to(self._tau_grad.dtype, copy=True)
+            parts.append(touched_only(rows[start : start + b], touched[start : start + b], g))
+        for probe, *_ in self._pending:
+            probe.grad = None
         self._pending.clear()
         self._probe_used = 0
         if len(parts) == 1:
@@ -406,10 +421,3 @@ class SparseTau:
             self._track_step_(rows, step)
         else:
             step()
-
-
-def _probe(entries: int, old: Tensor | None) -> Tensor:
-    """A zero leaf tensor of ``entries`` values that collects gradients (the sparse bookkeeping's
-    probe, module docstring), on ``old``'s device."""
-    device = None if old is None else old.device
-    return torch.zeros(entries, device=device, requires_grad=True)

@@ -88,6 +88,7 @@ def test_cuda_graphs_capture_the_step_and_match_eager():
         gen = torch.Generator().manual_seed(1)
         for _ in range(2):
             for idx in torch.randperm(400, generator=gen).split(25):
+                torch.compiler.cudagraph_mark_step_begin()  # a new iteration (CUDA graphs)
                 u = torch.randn(25, generator=gen).cuda().requires_grad_()
                 loss = reg(u, idx.cuda())
                 opt.zero_grad()
