@@ -158,8 +158,8 @@ def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool) -> 
         sums.index_add_(0, group, values)
 
 
-# batches up to this many entries find their repeated rows by comparing every pair (one fused
-# kernel when compiled), larger ones by sorting (two library calls)
+# inside torch.compile, batches up to this many entries find their repeated rows by comparing
+# every pair (one fused kernel), larger ones (and eagerly every batch) by sorting
 _PAIRWISE_UP_TO = 1024
 
 
@@ -171,7 +171,8 @@ def _rows_once(
     row 0 carries none of its own; a touched row's entries all carry the same). The entries may
     be reordered (sorted by row), ``before`` with them; fixed shapes, no host read."""
     b = rows.numel()
-    if b <= _PAIRWISE_UP_TO:  # B x B comparisons: nothing sorted, nothing reordered
+    if b <= _PAIRWISE_UP_TO and torch.compiler.is_compiling():  # B x B comparisons, fused:
+        # nothing sorted, nothing reordered (eagerly its ~8 passes over B^2 cost more than a sort)
         same = rows.unsqueeze(0) == rows.unsqueeze(1)
         earlier = torch.ones(b, b, dtype=torch.bool, device=rows.device).tril(-1)
         first = ~(same & earlier).any(1)

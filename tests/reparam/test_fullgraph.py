@@ -213,3 +213,23 @@ def test_misuse_warnings_come_from_the_device_counters_under_compile():
             compiled(torch.randn(100, requires_grad=True), idx).backward()
             other.after_step_()
         other.stats()
+
+
+def test_a_compiled_step_needs_room_for_its_batch():
+    """The sparse gradient's probe grows eagerly; inside torch.compile a batch larger than its
+    room is a ValueError naming ``reserve_``, and after ``reserve_`` the step compiles."""
+    labels = (torch.arange(6000) % 3 == 0).long()
+    reg = FBetaRegularizer(labels)
+    compiled = torch.compile(lambda u, idx: reg(u, idx), fullgraph=True, backend="aot_eager")
+    u, idx = torch.randn(5000, requires_grad=True), torch.arange(5000)
+    with pytest.raises(Exception, match=r"call reg.reserve_\(5000\) before compiling"):
+        compiled(u, idx)
+    reg.reserve_(5000)
+    torch._dynamo.reset()
+    compiled(u, idx).backward()
+    reg.after_step_()
+    assert not torch.equal(reg.tau_param, torch.ones_like(reg.tau_param))
+    eager = FBetaRegularizer(labels)
+    eager(u.detach().clone().requires_grad_(), idx).backward()  # grows by itself
+    eager.after_step_()
+    torch.testing.assert_close(reg.tau_param, eager.tau_param)
