@@ -52,6 +52,23 @@ class ReparamRegularizer(ShapeObjective):
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
         self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
 
+    def compile(self, **kwargs: object) -> None:
+        """``torch.compile`` the whole per-step path, each part one graph
+        (``fullgraph=True``, no graph break; docs/method.md sec. 11b): the forward (``L_B``, the score memory, the counters
+        and the input masks; AOTAutograd compiles its backward with it) and :meth:`after_step_`
+        (the sparse ``tau`` step, the tracked active set, mode ``"step"``'s projection). The
+        epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile`` (for
+        example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop the
+        last partial batch). Replaces ``nn.Module.compile``; the state, checkpoints and
+        ``state_dict`` are unchanged. The first calls compile (seconds to a minute); results match
+        eager to rounding (tests/reparam/test_compile.py). Inside a compiled region of your own
+        (``torch.compile`` of your training step) the objective traces whole without this call.
+        Modes ``"inline"`` and ``"step"`` run the exact projection every step, whose root search
+        reads values: they compile with graph breaks (``fullgraph=False``)."""
+        options = {"fullgraph": self.projection not in ("inline", "step"), **kwargs}
+        self._compiled_forward = torch.compile(self._forward, **options)
+        self._compiled_after_step = torch.compile(self._after_step, **options)
+
     # --- the loss -------------------------------------------------------------------------------
 
     def constrained_parameters(self) -> tuple[Tensor, ...]:

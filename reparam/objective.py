@@ -215,22 +215,8 @@ class ShapeObjective(nn.Module):
 
     # --- the loss -------------------------------------------------------------------------------
 
-    def compile(self, **kwargs: object) -> None:
-        """``torch.compile`` the whole per-step path, each part one graph
-        (``fullgraph=True``, no graph break): the forward (``L_B``, the score memory, the counters
-        and the input masks; AOTAutograd compiles its backward with it) and :meth:`after_step_`
-        (the sparse ``tau`` step, the tracked active set, mode ``"step"``'s projection). The
-        epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile`` (for
-        example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop the
-        last partial batch). Replaces ``nn.Module.compile``; the state, checkpoints and
-        ``state_dict`` are unchanged. The first calls compile (seconds to a minute); results match
-        eager to rounding (tests/reparam/test_compile.py). Inside a compiled region of your own
-        (``torch.compile`` of your training step) the objective traces whole without this call."""
-        options = {"fullgraph": True, **kwargs}
-        self._compiled_forward = torch.compile(self._forward, **options)
-        self._compiled_after_step = torch.compile(self._after_step, **options)
-
-    _compiled_forward = _compiled_after_step = None  # set by compile()
+    # ReparamRegularizer.compile() sets them: the forward and after_step_ then call these
+    _compiled_forward = _compiled_after_step = None
 
     def forward(self, scores: Tensor, idx: Tensor) -> Tensor:
         """The objective's loss on the batch (for the reparameterized objectives the minibatch

@@ -249,8 +249,8 @@ class TrainConfig:
     # stop: steps between host reads of the device-side non-finite flag (also read before every
     # checkpoint and at the epoch end); 1: every step. skip reads it every step (docs/robustness.md)
     nonfinite_check_every: int = 100
-    # torch.compile the network (nn.Module.compile: checkpoints unchanged) and the regularizer's
-    # per-step math where it has its own compile() (F-beta)
+    # torch.compile the network (nn.Module.compile: checkpoints unchanged) and a reparameterized
+    # objective's whole per-step path (reg.compile(): forward, backward, after_step_)
     compile: bool = False
     # even out the task loss over the shape groups (train/groups.py): "balanced" reweighting
     # (weight N / (G N_g) per group) or online group DRO (Sagawa et al. 2020) with step dro_step

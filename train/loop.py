@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from reparam import ReparamRegularizer
 from reparam.functional import best_fbeta_threshold
 
 from . import checkpoint, distributed, reporting, run_info
@@ -274,12 +275,13 @@ def _num_groups(data: DataBundle) -> int:
 def compile_(model: nn.Module, reg: nn.Module | None) -> None:
     """``train.compile``: ``torch.compile`` the network in place (``nn.Module.compile``: the
     ``state_dict`` keys stay the eager ones, no ``_orig_mod.``; called before DDP wraps it, the order
-    the torch.compile docs recommend), and the regularizer with its own ``compile()`` if it has one
-    (F-beta: its per-step math). ``nn.Module.compile`` on a regularizer would also trace the Python
-    bookkeeping of its forward pass (score memory, misuse counters, input checks): graph breaks and
-    guards for little gain, so the objectives without their own stay eager (README, "Compile")."""
+    the torch.compile docs recommend), and a reparameterized objective with its ``compile()``: its
+    whole per-step path, forward (with its backward) and ``after_step_``, one graph each
+    (docs/method.md sec. 11b). The minibatch baselines stay eager (``nn.Module.compile`` would trace
+    their solvers). The optimizer stays eager: torch's optimizers break the graph around their step,
+    and the lr schedule changes the lr every step."""
     model.compile()
-    if reg is not None and type(reg).compile is not nn.Module.compile:
+    if isinstance(reg, ReparamRegularizer):
         reg.compile()
 
 

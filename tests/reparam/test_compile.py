@@ -100,3 +100,12 @@ def test_cuda_graphs_capture_the_step_and_match_eager():
     assert counters["inductor"]["cudagraph_skips"] == 0
     for name, value in regs[False].state_dict().items():
         torch.testing.assert_close(regs[True].state_dict()[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_inline_compiles_with_graph_breaks_and_matches_eager():
+    """Mode ``"inline"``'s exact root search reads values: ``compile()`` takes it with graph breaks
+    (no ``fullgraph``) instead of failing, and the step is eager's."""
+    eager_losses, eager = _train(False, "cpu", projection="inline")
+    compiled_losses, compiled = _train(True, "cpu", projection="inline")
+    torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compiled.tau_param, eager.tau_param, rtol=1e-5, atol=1e-6)

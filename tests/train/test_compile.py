@@ -65,3 +65,23 @@ def test_compiled_training_matches_eager(digits_smnist, tmp_path):
 def test_compiled_training_matches_eager_on_cuda(digits_smnist, tmp_path):
     runs = _eager_and_compiled(digits_smnist, tmp_path, "train.device=cuda")
     _assert_close_runs(runs, CUDA_TOLERANCE)
+
+
+@pytest.mark.slow  # three compiled runs (~1 min with a cold compile cache)
+def test_compiled_stop_and_resume_is_bitwise_exact(digits_smnist, tmp_path):
+    """``train.compile=true`` with the library's defaults (tracked, sparse ``tau``): a run stopped
+    mid-epoch 2 and resumed in a fresh process ends where the uninterrupted compiled run ends, bit
+    for bit (model, optimizer, regularizer, metrics)."""
+    from .run_utils import assert_same_training_state, smnist_args, steps_per_epoch
+    from .test_resume import _stop_then_resume
+
+    extra = ("train.compile=true",)
+    cfg = smnist_cfg(digits_smnist, tmp_path / "a", *extra)
+    per_epoch = steps_per_epoch(cfg)
+    run(cfg, log=quiet)
+    a = final_checkpoint(tmp_path / "a")
+    b_dir = tmp_path / "b"
+    _stop_then_resume(smnist_args(digits_smnist, b_dir, *extra), b_dir, per_epoch + 5)
+    b = final_checkpoint(b_dir)
+    assert a["global_step"] == b["global_step"] == 2 * per_epoch
+    assert_same_training_state(a, b)
