@@ -264,8 +264,8 @@ class SparseTau:
         # the rows and which are positives are recorded beside it, in buffers (what a compiled
         # forward writes there outlives its graph's outputs: CUDA graphs reuse those)
         self._probe_buffers_(PROBE_ENTRIES, None)
-        # per forward since the last step: (probe, rows, touched, a, b); then in acc: (rows, touched)
-        self._pending: list[tuple[Tensor, Tensor, Tensor, int, int]] = []
+        # per forward since the last step: (probe, a, rows, touched); then in acc: (rows, touched)
+        self._pending: list[tuple[Tensor, int, Tensor, Tensor]] = []
         self._accumulated: list[tuple[Tensor, Tensor]] = []
         self._probe_used = 0
 
@@ -301,11 +301,11 @@ class SparseTau:
                 )
             # new buffers: the pending entries keep the old ones
             self._probe_buffers_(max(end, 2 * self._tau_probe.numel()), self._tau_probe)
-        self._probe_index[start:end].copy_(rows)
-        self._probe_touched[start:end].copy_(touched)
-        self._pending.append(
-            (self._tau_probe, self._probe_index, self._probe_touched, start, rows.numel())
-        )
+        if torch.compiler.is_compiling():  # kept in buffers: a graph's outputs are reused
+            self._probe_index[start:end].copy_(rows)  # by CUDA graphs
+            self._probe_touched[start:end].copy_(touched)
+            rows, touched = self._probe_index[start:end], self._probe_touched[start:end]
+        self._pending.append((self._tau_probe, start, rows, touched))
         self._probe_used = end
         return self._tau_probe[start:end]
 
@@ -316,12 +316,12 @@ class SparseTau:
         if len(self._pending) == 0:  # len(): torch 2.11's dynamo does not trace a list's truth
             return None
         parts = []
-        for probe, rows, touched, start, b in self._pending:
+        for probe, start, rows, touched in self._pending:
             grad = probe.grad
             if grad is None:  # a forward with no backward: no gradient on its rows
                 grad = torch.zeros_like(probe)
-            g = grad[start : start + b].to(self._tau_grad.dtype, copy=True)
-            parts.append(touched_only(rows[start : start + b], touched[start : start + b], g))
+            g = grad[start : start + rows.numel()].to(self._tau_grad.dtype, copy=True)
+            parts.append(touched_only(rows, touched, g))
         for probe, *_ in self._pending:
             probe.grad = None
         self._pending.clear()
