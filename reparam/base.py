@@ -20,6 +20,7 @@ figures (``_objective_stats``).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 
 import torch
@@ -66,8 +67,8 @@ class ReparamRegularizer(ShapeObjective):
         Modes ``"inline"`` and ``"step"`` run the exact projection every step, whose root search
         reads values: they compile with graph breaks (``fullgraph=False``)."""
         options = {"fullgraph": self.projection not in ("inline", "step"), **kwargs}
-        self._compiled_forward = torch.compile(self._forward, **options)
-        self._compiled_after_step = torch.compile(self._after_step, **options)
+        self._compiled_forward = torch.compile(_own_code(type(self)._forward), **options)
+        self._compiled_after_step = torch.compile(_own_code(type(self)._after_step), **options)
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -189,3 +190,15 @@ def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
     for name in ("tau_adam_moments", "tau_adam_step", "tau_adam_last"):
         if hasattr(module, name) and prefix + name not in state_dict:
             state_dict[prefix + name] = torch.zeros_like(getattr(module, name))
+
+
+def _own_code(fn):
+    """The function ``fn`` (undecorated: ``torch.no_grad`` is applied by the caller) with a code
+    object of its own, called with the regularizer as its first argument. Dynamo keeps compiled
+    graphs per code object with one recompile limit (8), and wraps a bound method in one shared
+    function: with either, every regularizer compiled in a process would recompile the same code,
+    and the ninth would fail (``fullgraph``)."""
+    fn = getattr(fn, "__wrapped__", fn)
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )

@@ -228,7 +228,7 @@ class ShapeObjective(nn.Module):
             idx: int64 ``(B,)`` dataset indices of the batch's samples.
         """
         if self._compiled_forward is not None and not torch.compiler.is_compiling():
-            return self._compiled_forward(scores, idx)
+            return self._compiled_forward(self, scores, idx)
         return self._forward(scores, idx)
 
     def _forward(self, scores: Tensor, idx: Tensor) -> Tensor:
@@ -322,7 +322,8 @@ class ShapeObjective(nn.Module):
     def after_step_(self) -> None:
         """Call after every optimizer step (mode ``"step"`` projects here)."""
         if self._compiled_after_step is not None and not torch.compiler.is_compiling():
-            self._compiled_after_step()
+            with torch.no_grad():
+                self._compiled_after_step(self)
         else:
             self._after_step()
 

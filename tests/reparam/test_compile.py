@@ -109,3 +109,14 @@ def test_inline_compiles_with_graph_breaks_and_matches_eager():
     compiled_losses, compiled = _train(True, "cpu", projection="inline")
     torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled.tau_param, eager.tau_param, rtol=1e-5, atol=1e-6)
+
+
+def test_many_compiled_regularizers_in_one_process():
+    """Each regularizer compiles its own graphs: more than Dynamo's recompile limit (8) of them,
+    of different sizes, each compile and step (a shared code object would fail the ninth)."""
+    for k in range(10):
+        reg = FBetaRegularizer((torch.arange(60 + k) % 2).long())
+        reg.compile(backend="aot_eager")
+        reg(torch.randn(20, requires_grad=True), torch.arange(20)).backward()
+        reg.after_step_()
+        assert not torch.equal(reg.tau_param, torch.ones_like(reg.tau_param))
