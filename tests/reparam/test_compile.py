@@ -50,6 +50,7 @@ def test_compiled_regularizer_matches_eager(options, device):
         torch.testing.assert_close(compiled.state_dict()[name], value, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles (tens of seconds on 2 cores)
 def test_compile_covers_every_objective_and_after_step():
     """``reg.compile()`` is the base's: the rate objectives compile too, and ``after_step_`` goes
     through its own compiled graph."""
@@ -102,6 +103,7 @@ def test_cuda_graphs_capture_the_step_and_match_eager():
         torch.testing.assert_close(regs[True].state_dict()[name], value, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # compiles (tens of seconds on 2 cores)
 def test_inline_compiles_with_graph_breaks_and_matches_eager():
     """Mode ``"inline"``'s exact root search reads values: ``compile()`` takes it with graph breaks
     (no ``fullgraph``) instead of failing, and the step is eager's."""
@@ -111,6 +113,7 @@ def test_inline_compiles_with_graph_breaks_and_matches_eager():
     torch.testing.assert_close(compiled.tau_param, eager.tau_param, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles (tens of seconds on 2 cores)
 def test_many_compiled_regularizers_in_one_process():
     """Each regularizer compiles its own graphs: more than Dynamo's recompile limit (8) of them,
     of different sizes, each compile and step (a shared code object would fail the ninth)."""

@@ -98,7 +98,12 @@ def test_a_users_step_is_one_graph_with_no_break(name):
     assert explained.graph_count == 1
 
 
-@pytest.mark.parametrize("name", list(OBJECTIVES))
+# two objectives in the default suite, every one in the slow suite (3 epochs traced and run each)
+TRAINED = ["fbeta-defaults", "precision-at-recall"]
+SLOW = [pytest.param(n, marks=pytest.mark.slow) for n in OBJECTIVES if n not in TRAINED]
+
+
+@pytest.mark.parametrize("name", TRAINED + SLOW)
 def test_fullgraph_training_is_one_compilation_and_equals_eager(name):
     """Three epochs (the epoch ends eager): compiled twice (the first step has no ``.grad``
     yet), never again, and the eager losses and state."""
