@@ -10,12 +10,15 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 >>> loss = reg(torch.randn(2), torch.tensor([0, 2]))   # L_B for the batch of samples 0 and 2
 """
 
+__version__ = "0.2.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
+
 from . import functional, rate_functional
 from .base import PROJECTION_MODES, ReparamRegularizer
 from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer, resolve_preset
 from .functional import certified_fbeta_bound
 from .head import ShapeHead
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
+from .sharding import Shard
 
 __all__ = [
     "FBETA_DEFAULTS",
@@ -27,6 +30,7 @@ __all__ = [
     "PrecisionAtRecall",
     "RecallAtPrecision",
     "ReparamRegularizer",
+    "Shard",
     "ShapeHead",
     "certified_fbeta_bound",
     "functional",

@@ -46,8 +46,11 @@ class ReparamRegularizer(ShapeObjective):
         inline_strength: float,
         dual_lr_lambda: float,
         groups: object = None,
+        shard: object = None,
     ) -> None:
-        super().__init__(shape_labels, positive_classes=positive_classes, groups=groups)
+        super().__init__(
+            shape_labels, positive_classes=positive_classes, groups=groups, shard=shard
+        )
         self.projection = _checks.choice("projection", projection, PROJECTION_MODES)
         self.inline_strength = _checks.number("inline_strength", inline_strength, 0)
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
@@ -152,12 +155,13 @@ class ReparamRegularizer(ShapeObjective):
     def _stats_now(self) -> dict[str, float | int | list | bool | None]:
         tau, target = self._lambda_targets()
         over_u = (tau - target).clamp_min(0)[self._seen_positives()]
+        any_over = self._comm.total(over_u.numel()) > 0
         return super().stats() | {
-            "lambda_mean": float(self.lam.mean()),
-            "lambda_max": float(self.lam.max()),
-            "tau_mean": float(tau.mean()),
-            "violation_tau_gt_u_mean": float(over_u.mean()) if over_u.numel() else 0.0,
-            "violation_tau_gt_u_max": float(over_u.max()) if over_u.numel() else 0.0,
+            "lambda_mean": float(self._mean(self.lam)),
+            "lambda_max": float(self._max(self.lam)),
+            "tau_mean": float(self._mean(tau)),
+            "violation_tau_gt_u_mean": float(self._mean(over_u)) if any_over else 0.0,
+            "violation_tau_gt_u_max": float(self._max(over_u)) if any_over else 0.0,
         }
 
     # --- for subclasses ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
+from .sharding import Shard, sharded_root
 from .sparse import TAU_UPDATES, SparseTau
 from .tracked import TrackedActiveSet
 
@@ -173,6 +174,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         tau_update: str = "auto",
         tau_lr: float | None = None,
         groups: object = None,
+        shard: Shard | None = None,
     ) -> None:
         given_projection = projection
         projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
@@ -189,6 +191,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             inline_strength=inline_strength,
             dual_lr_lambda=dual_lr_lambda,
             groups=groups,
+            shard=shard,
         )
         self.dual_lr_mu = _checks.number("dual_lr_mu", dual_lr_mu, 0)
         self.preset = preset
@@ -204,6 +207,11 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         if tau_update != "dense" and library:  # inline needs every row: its O(B) form
             self.projection = "tracked"
         self.tau_update = tau_update
+        if self.sharded and (tau_update == "dense" or p != 1):
+            raise ValueError(
+                f"shard: a sharded F-beta needs one positive class and a sparse tau update (the "
+                f"default), got positive_classes={self.classes}, tau_update={tau_update!r}"
+            )
         self.tau_lr = _checks.number(
             "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True
         )
@@ -232,6 +240,8 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         self.inert: str | None = None  # why it may be doing nothing, after each end_epoch_()
         # (eps, mu, mean tau, rms tau, 1) at the last epoch end, for _check_inert (zeros: none yet)
         self.register_buffer("inert_ref", torch.zeros(2 * p + 3))
+        if self.sharded:  # eps is replicated: its gradient is the mean over the processes
+            self.eps_param.register_post_accumulate_grad_hook(self._average_grad_)
 
     @property
     def eps(self) -> Tensor:
@@ -265,7 +275,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         if self._one_problem:  # the hot path: one problem, scalars
             is_pos = rows >= 0
             touched = is_pos
-            scale = self.n_samples / (self._n_pos_list[0] * idx.numel())
+            scale = self.n_samples / (self._n_pos_list[0] * self._batch_of(idx))
         else:  # one entry per (sample, class column), each in its problem
             problem, scale, eps_weight = self._batch_problems(idx)
             columns = len(self.classes)
@@ -353,6 +363,9 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
                 e, t = soft_project_onto_c(eps[0], tau, strength=strength)
                 return e.reshape(1), t
             return soft_project_onto_c(eps, tau, strength=strength, groups=self._groups)
+        if self.sharded:  # the root over every process's rows (reparam.sharding)
+            e = sharded_root(eps[0], tau, self._comm).clamp_min(0).reshape(1)
+            return e, torch.minimum(tau, e)
         if one:
             e, t = project_onto_c(eps[0], tau)
             return e.reshape(1), t
@@ -375,7 +388,9 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         self.mu.add_(self.dual_lr_mu * (self._class_mean(self.tau.detach()) - 1))
         for k in range(self.n_problems):
             u_pos, u_neg = self._split_scores(k)
-            self.decision_threshold[k] = Fn.best_fbeta_threshold(u_pos, u_neg, self.beta)[0]
+            self.decision_threshold[k] = Fn.best_fbeta_threshold(
+                u_pos, u_neg, self.beta, self._comm
+            )[0]
         self._check_inert()
 
     def _check_inert(self) -> None:
@@ -393,7 +408,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         eps, tau = self.eps.detach().float(), self.tau.detach().float()
         p = self.n_problems
         one = torch.ones_like(eps[:1])
-        moments = torch.cat([tau.mean().view(1), tau.square().mean().sqrt().view(1), one])
+        moments = torch.cat([self._mean(tau).view(1), self._mean(tau.square()).sqrt().view(1), one])
         now = torch.cat([eps, self.mu.float(), moments.nan_to_num()])  # no positive: mean NaN
         prev = self.inert_ref.clone() if float(self.inert_ref[-1]) == 1 else None
         self.inert_ref.copy_(now)
@@ -403,20 +418,22 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         for j, cls in enumerate(self.classes):
             parts = [self._split_scores(k) for k in range(p) if self._problem_class[k] == j]
             u = torch.cat([x for pair in parts for x in pair])
-            if u.numel() and (bool((u <= 0).all()) or bool((u > 0).all())):
-                side = "above" if bool((u > 0).all()) else "at or below"
+            above, at_or_below = self._any(u > 0), self._any(u <= 0)
+            if above != at_or_below:  # some scored sample, all on one side
+                side = "above" if above else "at or below"
                 reasons.append(
                     f"the scores of every scored training sample are {side} 0 (class "
-                    f"{cls}: u in [{float(u.min()):.3g}, {float(u.max()):.3g}], lambda mean "
-                    f"{float(self.lam.mean()):.3g}): the positives are not pulled above the "
-                    f"margin. {self._inert_remedies()}"
+                    f"{cls}: u in [{float(self._min(u)):.3g}, {float(self._max(u)):.3g}], lambda "
+                    f"mean {float(self._mean(self.lam)):.3g}): the positives are not pulled above "
+                    f"the margin. {self._inert_remedies()}"
                 )
         if prev is not None:
             delta = (now - prev).abs()
             moved = max(float(delta[:p].max()), float(delta[2 * p :].max()))  # eps, tau moments
             target_tau, target_u = self._lambda_targets()
             seen = self._seen_positives()
-            violated = float((target_tau - target_u).clamp_min(0)[seen].mean()) if seen.any() else 0
+            over = (target_tau - target_u).clamp_min(0)[seen]
+            violated = float(self._mean(over)) if self._any(seen) else 0
             if moved < 1e-3 and violated > 1e-3:
                 reasons.append(
                     f"eps and tau moved by < 1e-3 in the last epoch ({moved:.2g}) although tau_i <= "
@@ -430,7 +447,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
                     f"mean tau is {off:.3g} away from 1 and mu moved by < 1e-4: dual_lr_mu="
                     f"{self.dual_lr_mu:g} is too small to enforce mean tau = 1 (the defaults: 0.1)"
                 )
-        if self.seen_ever.any() and stats["certified_fbeta"] is None:
+        if self._any(self.seen_ever) and stats["certified_fbeta"] is None:
             reasons.append(
                 "no certified F-beta bound (the positives' mean score capped at eps is below 1): "
                 "the positives are not above the margin yet"
@@ -441,7 +458,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         """What to change when the scores sit on one side of 0: only the remedies not already in
         effect (a run on the library defaults is not told to use them)."""
         out = []
-        if self.cap_scores and float(self.lam.min()) >= self.beta**2 - 1e-6:
+        if self.cap_scores and float(self._min(self.lam)) >= self.beta**2 - 1e-6:
             out.append("raise dual_lr_lambda (lambda grows by it per epoch)")
         else:
             out.append(
@@ -454,7 +471,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
 
     def _class_mean(self, tau: Tensor) -> Tensor:
         sums = torch.zeros_like(self.mu).index_add_(0, self._groups, tau.float())
-        return sums / self.n_pos
+        return self._comm.sum(sums) / self.n_pos
 
     # --- reporting ------------------------------------------------------------------------------
 
@@ -467,17 +484,18 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         bounds, fbetas, at_threshold = [], [], []
         for k in range(self.n_problems):
             u_pos, u_neg = self._split_scores(k)
-            scored = u_pos.numel() > 0
-            bounds.append(Fn.certified_fbeta_bound(u_pos, u_neg, self.beta) if scored else None)
-            fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, self.beta) if scored else None)
+            scored = self._comm.total(u_pos.numel()) > 0
+            comm = self._comm
+            bounds.append(Fn.certified_fbeta_bound(u_pos, u_neg, self.beta, comm) if scored else None)
+            fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, self.beta, comm) if scored else None)
             t = float(self.decision_threshold[k])
             at_threshold.append(
-                Fn.fbeta_of_decisions(u_pos - t, u_neg - t, self.beta) if scored else None
+                Fn.fbeta_of_decisions(u_pos - t, u_neg - t, self.beta, comm) if scored else None
             )
         out: dict[str, float | int | list | bool | None] = {
             "eps": float(eps.mean()),
             "mu": float(self.mu.mean()),
-            "violation_tau_gt_eps_max": float((tau - self._per_row(eps)).clamp_min(0).max()),
+            "violation_tau_gt_eps_max": float(self._max((tau - self._per_row(eps)).clamp_min(0))),
             "violation_mean_tau_max": float((self._class_mean(tau) - 1).abs().max()),
             "certified_fbeta": _mean_or_none(bounds),
             "train_fbeta": _mean_or_none(fbetas),

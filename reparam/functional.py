@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .sharding import LOCAL, LocalComm
+
 # The negatives' term is ``phi(eps + u_j)`` with the hinge ``phi(z) = max(0, z)``: the LP. (The
 # paper's Remark 3 allows a squared hinge or a logistic ``phi``; no measurement of ours favoured
 # them, so they are not offered: docs/method.md sec. 1.)
@@ -47,7 +49,7 @@ def minibatch_lagrangian(
     return beta**2 * eps + scale * (pos + neg)
 
 
-def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
+def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
     r"""Smallest ``eps >= 0`` with ``mean_i min(eps, u_i) >= 1`` (docs/method.md sec. 2); ``None`` if none.
 
     ``g(e) = sum_i min(e, u_i)`` is increasing and piecewise linear with maximum ``sum u`` (at
@@ -72,14 +74,17 @@ def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
     again over its own range (a few huge values put almost everything in one bucket). The same
     result as the sort up to the rounding of the float64 sums (the same when they are exact, e.g.
     integer scores).
+
+    ``comm`` (``reparam.sharding``): the scores are spread over processes; the bucket counts and
+    sums are summed over them, and the window left is gathered (the same result on every process).
     """
-    n = u_pos.numel()
+    n = comm.total(u_pos.numel())
     if n == 0:
         return None
     u = u_pos.detach().reshape(-1)
-    bounds = _bucket_range([u]) if n >= _SORT_BELOW else None
+    bounds = _bucket_range([u], comm) if n >= _SORT_BELOW else None
     if bounds is None:  # small, degenerate or non-finite: the sort
-        return _best_feasible_eps_sorted(u_pos)
+        return _best_feasible_eps_sorted(comm.cat(u_pos.detach().reshape(-1)))
     lo, hi = bounds
     top = u.new_tensor(hi, dtype=torch.float64)  # g(max u) = sum u: no valid k left is rounding
     # the values left, and the count, sum and (a bound on the) sum of |u| of those below them
@@ -94,6 +99,7 @@ def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
             b = _bucket_index(x, lo_t, scale, m)
             counts += torch.bincount(b, minlength=m)
             sums.index_add_(0, b, x.double())
+        counts, sums = comm.sum(counts), comm.sum(sums)
         if level == 0 and float(sums.sum()) / n < 1.0:
             return None
         cnt = counts.double()
@@ -127,13 +133,14 @@ def best_feasible_eps(u_pos: Tensor) -> Tensor | None:
         for x in window.split(_CHUNK):
             b = _bucket_index(x, lo_t, scale, m)
             kept.append(x[(b >= first) & (b <= last)])
-        size, window = window.numel(), torch.cat(kept)
-        if window.numel() <= _SCAN_AT or window.numel() == size:
+        size, window = comm.total(window.numel()), torch.cat(kept)
+        kept_size = comm.total(window.numel())
+        if kept_size <= _SCAN_AT or kept_size == size:
             break
-        lo, hi = (float(v) for v in torch.aminmax(window))
+        lo, hi = _bucket_range([window], comm) or (0.0, 0.0)
         if lo == hi:
             break
-    return _feasible_eps_scan(window, k0, s0, n, top).to(u_pos.dtype)
+    return _feasible_eps_scan(comm.cat(window), k0, s0, n, top).to(u_pos.dtype)
 
 
 def _feasible_eps_scan(window: Tensor, k0: float, s0: float, n: int, top: Tensor) -> Tensor:
@@ -178,28 +185,42 @@ def lp_objective(eps: Tensor, u_neg: Tensor, n_pos: int, beta: float) -> Tensor:
     return beta**2 * eps + torch.relu(eps + u_neg).sum() / n_pos
 
 
-def certified_fbeta_bound(u_pos: Tensor, u_neg: Tensor, beta: float) -> float | None:
+def certified_fbeta_bound(
+    u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL
+) -> float | None:
     r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (docs/method.md sec. 2).
 
     .. math:: F_\beta(u > 0) \ge \frac{1 + \beta^2}{1 + v},\quad
               v = \beta^2 \epsilon + \tfrac1n \sum_{S^-} \max(0, \epsilon + u_j)
 
     ``None`` (no certificate) when no feasible ``eps > 0`` exists, i.e. ``mean u_pos < 1``.
+    ``comm``: the scores spread over processes (``reparam.sharding``).
     """
-    eps = best_feasible_eps(u_pos)
+    eps = best_feasible_eps(u_pos, comm)
     if eps is None or float(eps) <= 0:
         return None
-    v = float(lp_objective(eps.double(), u_neg.detach().double(), u_pos.numel(), beta))
+    if comm.world == 1:
+        v = float(lp_objective(eps.double(), u_neg.detach().double(), u_pos.numel(), beta))
+    else:
+        hinge = comm.sum(torch.relu(eps.double() + u_neg.detach().double()).sum().reshape(1))
+        v = beta**2 * float(eps) + float(hinge) / comm.total(u_pos.numel())
     return (1 + beta**2) / (1 + v)
 
 
-def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float) -> float:
-    """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)."""
-    tp = float((u_pos > 0).sum())
-    return fbeta_from_counts(tp, float(u_pos.numel()) - tp, float((u_neg > 0).sum()), beta)
+def fbeta_of_decisions(
+    u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL
+) -> float:
+    """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)
+    (``comm``: counted over processes)."""
+    counts = torch.stack([(u_pos > 0).sum(), (u_neg > 0).sum()]).cpu()
+    counts = comm.sum(torch.cat([counts, torch.tensor([u_pos.numel()])]))
+    tp, fp, n_pos = (float(c) for c in counts)
+    return fbeta_from_counts(tp, n_pos - tp, fp, beta)
 
 
-def best_fbeta_threshold(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[float, float]:
+def best_fbeta_threshold(
+    u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL
+) -> tuple[float, float]:
     r"""The threshold ``t`` whose decisions ``u > t`` have the highest F-beta on these scores, and
     that F-beta: every distinct score is a candidate cut; ``t`` is the midpoint between the last
     score kept and the first dropped (``-inf`` side: below all scores, ``t = min - 1/2``); among
@@ -223,19 +244,43 @@ def best_fbeta_threshold(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[flo
     hence the same threshold: the bucket of the next score below the best cut is a candidate too
     (its bound is at least the ``F`` of that cut, the maximum), so that score is scanned.
     When more than ``_SCAN_AT`` scores remain (e.g. a few huge scores put almost all in one
-    bucket) the candidate buckets are bucketed again, each over its own range."""
-    if u_pos.numel() == 0:
-        return 0.0, fbeta_of_decisions(u_pos, u_neg, beta)
+    bucket) the candidate buckets are bucketed again, each over its own range.
+
+    ``comm`` (``reparam.sharding``): the scores are spread over processes; the bucket counts are
+    summed over them and the candidates left are gathered (the same result on every process, and
+    the same as one process's on all the scores)."""
+    n_pos = comm.total(u_pos.numel())
+    if n_pos == 0:
+        return 0.0, fbeta_of_decisions(u_pos, u_neg, beta, comm)
+    b2 = beta**2
+
+    def fbeta(tp: Tensor, k: Tensor) -> Tensor:  # the sort's expression: the same rounding
+        return tp * (1 + b2) / (k + b2 * n_pos)
+
+    def by_sort(u_pos: Tensor, u_neg: Tensor) -> tuple[float, float]:
+        return _best_fbeta_threshold_sorted(u_pos, u_neg, beta)
+
+    cut = best_cut(u_pos, u_neg, fbeta, comm, by_sort)
+    return cut if len(cut) == 2 else cut[:2]
+
+
+def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, masked: float = 0.0):
+    """The bucket search of :func:`best_fbeta_threshold` for any ``value(tp, k)`` (float64
+    tensors: the positives and the scores kept) that grows with ``tp`` at a fixed count of
+    negatives kept and falls with ``k`` at a fixed ``tp`` (F-beta; precision with a floor on
+    ``tp``, which is ``-1`` below it): ``(t, value, tp, k)`` of the best cut, or what
+    ``by_sort(u_pos, u_neg)`` returns for small or degenerate inputs (every process's scores,
+    gathered). ``masked``: the value of a cut between equal scores (below every real value)."""
+    n_all = comm.total(u_pos.numel() + u_neg.numel())
     dtype = torch.promote_types(u_pos.dtype, u_neg.dtype)  # as the sort of their concatenation
     parts = [u_pos.detach().reshape(-1).to(dtype), u_neg.detach().reshape(-1).to(dtype)]
-    bounds = _bucket_range(parts) if parts[0].numel() + parts[1].numel() >= _SORT_BELOW else None
+    bounds = _bucket_range(parts, comm) if n_all >= _SORT_BELOW else None
     if bounds is None:  # small, degenerate or non-finite: the sort
-        return _best_fbeta_threshold_sorted(u_pos, u_neg, beta)
-    n_pos, b2 = parts[0].numel(), beta**2
+        return by_sort(comm.cat(parts[0]), comm.cat(parts[1]))
     lo, hi = (parts[0].new_tensor([v]) for v in bounds)
     groups: list[Tensor | None] = [None, None]  # bucket group of each kept score (None: group 0)
     k0 = tp0 = torch.zeros(1, dtype=torch.float64, device=parts[0].device)  # scores above a group
-    best, size = 0.0, parts[0].numel() + parts[1].numel()
+    best, size = 0.0, n_all
     for level in range(_LEVELS):
         m = max(2, _n_buckets(size) // k0.numel())
         scale = _scales(lo, hi, m)
@@ -244,8 +289,9 @@ def best_fbeta_threshold(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[flo
             for xc, gc in _slices(x, g):
                 b = _bucket_index(xc, lo, scale, m, gc)
                 counts[row] += torch.bincount(b, minlength=counts.shape[1])
+        counts = comm.sum(counts)
         n_groups = k0.numel()
-        cand, k0, tp0, best = _fbeta_candidates(counts, k0, tp0, m, n_pos, b2, best)
+        cand, k0, tp0, best = _fbeta_candidates(counts, k0, tp0, m, value, best)
         new_group = torch.cumsum(cand, 0) - 1  # candidate buckets, in order, are the new groups
         for row, (x, g) in enumerate(zip(parts, groups, strict=True)):
             kept, kept_group = [], []
@@ -255,20 +301,24 @@ def best_fbeta_threshold(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[flo
                 kept.append(xc[keep])
                 kept_group.append(new_group.index_select(0, b[keep]))
             parts[row], groups[row] = torch.cat(kept), torch.cat(kept_group)
-        kept_size = parts[0].numel() + parts[1].numel()
+        kept_size = comm.total(parts[0].numel() + parts[1].numel())
         stuck = kept_size == size and k0.numel() == n_groups  # each group one bucket: no split
         if kept_size <= _SCAN_AT or stuck or level == _LEVELS - 1:
             break
         size = kept_size
         x, g = torch.cat(parts), torch.cat(groups)  # each group's range, for its own buckets
-        lo = x.new_full(k0.shape, float("inf")).scatter_reduce_(0, g, x, "amin")
-        hi = x.new_full(k0.shape, -float("inf")).scatter_reduce_(0, g, x, "amax")
-    return _fbeta_scan(parts, groups, k0, tp0, n_pos, b2)
+        lo = comm.min(x.new_full(k0.shape, float("inf")).scatter_reduce_(0, g, x, "amin"))
+        hi = comm.max(x.new_full(k0.shape, -float("inf")).scatter_reduce_(0, g, x, "amax"))
+    if comm.world > 1:  # every process's candidates (few: at most _SCAN_AT but for ties)
+        parts = [comm.cat(p) for p in parts]
+        groups = [comm.cat(g if g is not None else p.new_zeros(p.shape, dtype=torch.int64))
+                  for p, g in zip(parts, groups, strict=True)]
+    return _fbeta_scan(parts, groups, k0, tp0, value, masked)
 
 
 def _fbeta_scan(
-    parts: list[Tensor], groups: list[Tensor], k0: Tensor, tp0: Tensor, n_pos: int, b2: float
-) -> tuple[float, float]:
+    parts: list[Tensor], groups: list[Tensor], k0: Tensor, tp0: Tensor, value, masked: float
+) -> tuple[float, float, float, float]:
     """:func:`_best_fbeta_threshold_sorted`'s scan on the candidate scores (positives, negatives)
     in their groups -- ordered value ranges holding all the scores of their range, with ``k0``,
     ``tp0`` scores above each: the threshold and its F-beta. The score below the best cut is a
@@ -283,12 +333,12 @@ def _fbeta_scan(
     rank = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=x.device)
     k = k0[g] + (rank - before[g])
     tp = tp0[g] + (torch.cumsum(is_pos, 0, dtype=torch.float64) - pos_before[g])
-    f = tp.mul_(1 + b2).div_(k.add_(b2 * n_pos))
+    f = value(tp, k)
     distinct = torch.cat([x[:-1] > x[1:], x.new_ones(1, dtype=torch.bool)])  # a cut between values
-    f = f.masked_fill_(~distinct, 0.0)
+    f = f.masked_fill_(~distinct, masked)
     i = int(torch.argmax(f))  # the first maximum: the fewest scores kept, as the sort's
     below = float(x[i + 1]) if i + 1 < x.numel() else float(x[i]) - 1.0
-    return (float(x[i]) + below) / 2, float(f[i])
+    return (float(x[i]) + below) / 2, float(f[i]), float(tp[i]), float(k[i])
 
 
 def _best_fbeta_threshold_sorted(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[float, float]:
@@ -312,7 +362,7 @@ def _best_fbeta_threshold_sorted(u_pos: Tensor, u_neg: Tensor, beta: float) -> t
 
 
 def _fbeta_candidates(
-    counts: Tensor, k0: Tensor, tp0: Tensor, m: int, n_pos: int, b2: float, best: float
+    counts: Tensor, k0: Tensor, tp0: Tensor, m: int, value, best: float
 ) -> tuple[Tensor, Tensor, Tensor, float]:
     """One bucketing round of :func:`best_fbeta_threshold`: from the positives' and negatives'
     counts ``(2, G m)`` (``m`` buckets per group, ascending) and the scores above each group
@@ -324,9 +374,9 @@ def _fbeta_candidates(
     tp_above = tp0[:, None] + _above(pos)
     nonempty = size > 0
     # F of the cut below each whole bucket: the sort's expression, so the same rounding
-    whole = (tp_above + pos) * (1 + b2) / (k_above + size + b2 * n_pos)
+    whole = value(tp_above + pos, k_above + size)
     best = max(best, float(whole[nonempty].max()))
-    bound = (tp_above + pos) * (1 + b2) / (k_above + pos + b2 * n_pos)
+    bound = value(tp_above + pos, k_above + pos)
     cand = (nonempty & (bound >= best * (1 - 1e-9))).view(-1)
     return cand, k_above.view(-1)[cand], tp_above.view(-1)[cand], best
 
@@ -357,16 +407,22 @@ def _n_buckets(n: int) -> int:
     return min(_BUCKETS, max(1 << 8, 1 << max(n // _PER_BUCKET, 1).bit_length()))
 
 
-def _bucket_range(parts: list[Tensor]) -> tuple[float, float] | None:
+def _bucket_range(parts: list[Tensor], comm: LocalComm = LOCAL) -> tuple[float, float] | None:
     """``(min, max)`` of the scores for the bucket path; ``None`` (sort instead) when they are all
     equal, not finite (a NaN fails every comparison), so large that ``x - min`` could overflow, or
     neither float32 nor float64 (the index's rounding bound assumes one of them)."""
-    parts = [x for x in parts if x.numel()]
     if any(x.dtype not in (torch.float32, torch.float64) for x in parts):
         return None
-    ranges = [torch.aminmax(x) for x in parts]
-    lo, hi = min(float(r.min) for r in ranges), max(float(r.max) for r in ranges)
     limit = torch.finfo(parts[0].dtype).max / 4
+    parts = [x for x in parts if x.numel()]
+    ranges = [torch.aminmax(x) for x in parts]
+    lo = min((float(r.min) for r in ranges), default=float("inf"))
+    hi = max((float(r.max) for r in ranges), default=-float("inf"))
+    if comm.world > 1:  # NaN survives min/max as inf-free sums would not: check it apart
+        nan = any(bool(torch.isnan(x).any()) for x in parts)
+        lo, hi, nan = (float(v) for v in (comm.min(torch.tensor([lo])), comm.max(torch.tensor([hi])),
+                                          comm.max(torch.tensor([float(nan)]))))
+        return (lo, hi) if nan == 0 and -limit < lo < hi < limit else None
     return (lo, hi) if -limit < lo < hi < limit else None
 
 

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from . import _checks
 from ._monitor import MisuseMonitor
+from .sharding import Shard, ShardedRows
 
 # the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
 _MASKED_SCORE = -1e6
@@ -49,7 +50,7 @@ def _index_dtype(n: int) -> torch.dtype:
     return torch.int32 if n - 1 <= torch.iinfo(torch.int32).max else torch.int64
 
 
-class ShapeObjective(nn.Module):
+class ShapeObjective(ShardedRows, nn.Module):
     """Base of every objective on the shape node's scores; see the module docstring."""
 
     _needs_end_epoch = True  # warn when end_epoch_() is forgotten (False: it only counts epochs)
@@ -59,12 +60,18 @@ class ShapeObjective(nn.Module):
     _version = 2  # 2: compact index dtypes, seen_ever derived from score_epoch, no class_of
 
     def __init__(
-        self, shape_labels: object, *, positive_classes: Sequence[int], groups: object = None
+        self,
+        shape_labels: object,
+        *,
+        positive_classes: Sequence[int],
+        groups: object = None,
+        shard: Shard | None = None,
     ) -> None:
         super().__init__()
         labels = _checks.shape_labels(shape_labels)  # validated as int64, then stored compactly
         classes = _checks.positive_classes(positive_classes)
         n_total = labels.numel()
+        self._init_shard(shard, n_total, groups)
         group_of = None if groups is None else _checks.groups(groups, n_total)
         index = _index_dtype(n_total)  # rows of tau and dataset indices: int32 below 2**31
         slot = torch.full((n_total,), -1, dtype=index)
@@ -76,11 +83,12 @@ class ShapeObjective(nn.Module):
             pos = labels == c
             if group_of is None:
                 idx, g = pos.nonzero()[:, 0], torch.zeros(int(pos.sum()), dtype=torch.int64)
-                n_neg = n_total - idx.numel()
-                if idx.numel() == 0 or n_neg == 0:
+                n_pos_c = self._comm.total(idx.numel())  # a shard: of all the processes
+                n_neg = self._n_total - n_pos_c
+                if n_pos_c == 0 or n_neg == 0:
                     raise ValueError(
                         f"shape_labels must contain positives and negatives for every positive "
-                        f"class: class {c} has {idx.numel()} positive and {n_neg} negative "
+                        f"class: class {c} has {n_pos_c} positive and {n_neg} negative "
                         f"samples (labels present: {sorted(set(labels.tolist()))})"
                     )
             else:  # the class's positives in a group, ordered by group (stable: by index within)
@@ -115,13 +123,17 @@ class ShapeObjective(nn.Module):
         # positive of problem k and 0 for a negative (a sample's problem without a per-sample buffer)
         starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0).to(index)
         self.register_buffer("class_start", starts, persistent=False)
-        self.register_buffer("n_pos", torch.tensor(counts, dtype=torch.float32))
-        self._n_pos_list = [float(c) for c in counts]  # fixed by shape_labels: no sync per step
+        if self.sharded:  # the positives of all the processes
+            counts_all = self._comm.sum(torch.tensor(counts, dtype=torch.int64)).tolist()
+        else:
+            counts_all = counts
+        self.register_buffer("n_pos", torch.tensor(counts_all, dtype=torch.float32))
+        self._n_pos_list = [float(c) for c in counts_all]  # fixed by shape_labels: no host sync
         self._problem_class = problem_class  # problem k -> its class's column j
         self._problem_group = torch.cat(problem_group).tolist()  # problem k -> its group g
         self.n_groups = n_groups
         if group_of is None:
-            self._n_neg_list = [float(n_total - c) for c in counts]
+            self._n_neg_list = [float(self._n_total - c) for c in counts_all]
         else:
             self._init_groups(group_of, labels, classes, problem_class)
         self._one_problem = group_of is None and k == 1  # the per-step hot path: scalars
@@ -232,16 +244,18 @@ class ShapeObjective(nn.Module):
         return self._forward(scores, idx)
 
     def _forward(self, scores: Tensor, idx: Tensor) -> Tensor:
+        if self.sharded:
+            scores, idx = self._to_owner(scores, idx)
         u, idx, ok = _checks.batch(
-            scores, idx, self.classes, self.n_samples, self.shape_labels.device
+            scores, idx, self.classes, self.shape_labels.numel(), self.shape_labels.device
         )
         batch = idx.numel()
         if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
             self._calls_since.add_(batch)
             self._device_counted = True
         else:
-            self._monitor.on_forward(batch, self.n_samples, self._duties)
-        if batch == 0:  # nothing to estimate; keep a graph so backward() still works
+            self._monitor.on_forward(batch, self.shape_labels.numel(), self._duties)
+        if batch == 0 and not self.sharded:  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
         if ok is None:  # eager on the CPU: idx checked by the gather's own bounds check
             rows = _checks.rows(self.slot, idx)
@@ -314,8 +328,9 @@ class ShapeObjective(nn.Module):
 
     @property
     def n_samples(self) -> int:
-        """``N``, the number of training samples (the length of ``shape_labels``)."""
-        return self.shape_labels.numel()
+        """``N``, the number of training samples (the length of ``shape_labels``; sharded: of
+        all the processes' together)."""
+        return self._n_total
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -360,9 +375,10 @@ class ShapeObjective(nn.Module):
         state = torch.cat([self._calls_since, self.input_faults]).tolist()
         since_end, since_after = state[:2]
         if since_end or since_after:
-            self._monitor.on_device_counts(since_end, since_after, self.n_samples, self._duties)
+            here = self.shape_labels.numel()
+            self._monitor.on_device_counts(since_end, since_after, here, self._duties)
             self._calls_since[0].zero_()
-        message = _checks.fault_message(state[2:], self.n_samples)
+        message = _checks.fault_message(state[2:], self.shape_labels.numel())
         if message is not None:
             self.input_faults.copy_(torch.tensor([0, 0, -1], device=self.input_faults.device))
             raise ValueError(message)
@@ -388,6 +404,8 @@ class ShapeObjective(nn.Module):
                 f"reads version {self._version} (saved by another version of fbeta-reparam): "
                 f"load it with the version that wrote it, or start from a fresh objective"
             )
+            return
+        if not self._check_layout(state_dict, prefix, error_msgs):
             return
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -473,17 +491,19 @@ class ShapeObjective(nn.Module):
         """
         if self._device_counted:  # a compiled forward counts on the device: a forgotten end_epoch_
             since_end, since_after = self._calls_since.tolist()
-            self._monitor.on_device_counts(since_end, since_after, self.n_samples, self._duties)
+            here = self.shape_labels.numel()
+            self._monitor.on_device_counts(since_end, since_after, here, self._duties)
         seen = self.seen_ever
         age = (self.epoch - self.score_epoch)[seen].float()
+        aged = self._comm.total(age.numel()) > 0  # sharded: over every process's samples
         out: dict[str, float | int | list | bool | None] = {
             "epoch": int(self.epoch),
             **self._objective_stats(),
             "projections": int(self.projections),
             "projections_last_epoch": int(self.projections_last_epoch),
-            "scored_fraction": float(seen.float().mean()),
-            "score_age_epochs_mean": float(age.mean()) if age.numel() else None,
-            "score_age_epochs_max": int(age.max()) if age.numel() else None,
+            "scored_fraction": float(self._mean(seen.float())),
+            "score_age_epochs_mean": float(self._mean(age)) if aged else None,
+            "score_age_epochs_max": int(self._max(age)) if aged else None,
         }
         return out
 

@@ -81,6 +81,7 @@ class RateObjective(ReparamRegularizer):
         lambda_init: float | None = None,
         dual_every: str | None = None,
         dual_lr_nu_step: float = DEFAULT_NU_STEP,
+        shard: object = None,
     ) -> None:
         if isinstance(positive_class, bool) or not isinstance(positive_class, int):
             raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
@@ -96,7 +97,13 @@ class RateObjective(ReparamRegularizer):
             projection=projection,
             inline_strength=inline_strength,
             dual_lr_lambda=dual_lr_lambda,
+            shard=shard,
         )
+        if self.sharded and type(self).__name__ != "PrecisionAtRecall":
+            raise ValueError(
+                f"shard: a sharded state is supported by FBetaRegularizer and PrecisionAtRecall, "
+                f"not {type(self).__name__}"
+            )
         self.positive_class = positive_class
         self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)
         self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
@@ -116,6 +123,8 @@ class RateObjective(ReparamRegularizer):
         shape = (n_pos,) if columns == 0 else (n_pos, columns)
         lam = stationary_lambda if self._lambda_init is None else self._lambda_init
         self.tau_param = nn.Parameter(torch.ones(shape))
+        if self.sharded:  # this process's rows: a share 1/K of the mean over the processes
+            self.tau_param.register_hook(lambda g: g / self._comm.world)
         self.register_buffer("lam", torch.full(shape, lam))
         self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
 
@@ -144,7 +153,7 @@ class RateObjective(ReparamRegularizer):
         (gradient accumulation)."""
         is_pos = slots >= 0
         slots = slots.clamp_min(0)
-        scale = self._scale_pos(idx.numel())
+        scale = self._scale_pos(self._batch_of(idx))
         rows = self.tau_param.index_select(0, slots)
         if self.dual_every == "step":
             # the batch's rows sit at their block's saddle, where L is flat in tau: their gradient
@@ -170,6 +179,8 @@ class RateObjective(ReparamRegularizer):
         z = z.detach().float()
         is_pos = slots >= 0
         violation = self._batch_violation(z, is_pos)
+        if self.sharded:  # the estimate of the global batch: the mean over the processes
+            violation = self._comm.sum(violation) / self._comm.world
         # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
         # keeps the nu it saw (gradient accumulation)
         self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
@@ -251,7 +262,7 @@ class PointRateObjective(RateObjective):
     def _end_epoch_body_(self) -> None:
         super()._end_epoch_body_()
         u_pos, u_neg = self._split_scores()
-        if u_pos.numel():
+        if self._comm.total(u_pos.numel()):
             chosen = self._select_threshold(u_pos, u_neg)
             self.decision_threshold.fill_(chosen.threshold)
             self.threshold_met.fill_(chosen.met)
@@ -300,7 +311,7 @@ class PointRateObjective(RateObjective):
         the remembered scores; ``threshold_met``: whether they meet the target."""
         u_pos, u_neg = self._split_scores()
         t = float(self.decision_threshold[0])
-        recall, precision = R.recall_precision(u_pos - t, u_neg - t)
+        recall, precision = R.recall_precision(u_pos - t, u_neg - t, self._comm)
         return {
             "decision_threshold": t,
             "train_recall_at_threshold": recall,
@@ -314,10 +325,10 @@ class PointRateObjective(RateObjective):
 
 def recall_precision_stats(reg: RateObjective) -> dict[str, float | None]:
     u_pos, u_neg = reg._split_scores()
-    recall, precision = R.recall_precision(u_pos, u_neg)
+    recall, precision = R.recall_precision(u_pos, u_neg, reg._comm)
     return {
-        "certified_recall": R.certified_recall(u_pos),
-        "certified_precision": R.certified_precision(u_pos, u_neg),
+        "certified_recall": R.certified_recall(u_pos, reg._comm),
+        "certified_precision": R.certified_precision(u_pos, u_neg, reg._comm),
         "train_recall": recall,
         "train_precision": precision,
     }

@@ -21,6 +21,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .functional import best_cut
+from .sharding import LOCAL, LocalComm
+
 
 def hinge_fp(u_neg: Tensor) -> Tensor:
     """``max(0, 1 + u)`` elementwise: the upper bound of ``1[u > 0]``."""
@@ -44,26 +47,32 @@ def fp_upper(u_neg: Tensor) -> Tensor:
     return hinge_fp(u_neg).sum()
 
 
-def certified_recall(u_pos: Tensor) -> float | None:
-    """``max(0, mean min(1, u_i)) <= recall(u > 0)``; ``None`` without positives."""
-    if u_pos.numel() == 0:
+def certified_recall(u_pos: Tensor, comm: LocalComm = LOCAL) -> float | None:
+    """``max(0, mean min(1, u_i)) <= recall(u > 0)``; ``None`` without positives (``comm``: the
+    scores spread over processes, ``reparam.sharding``)."""
+    n = comm.total(u_pos.numel())
+    if n == 0:
         return None
-    return max(0.0, float(tp_lower(u_pos.double())) / u_pos.numel())
+    return max(0.0, float(comm.sum(tp_lower(u_pos.double()).reshape(1))) / n)
 
 
-def certified_precision(u_pos: Tensor, u_neg: Tensor) -> float | None:
+def certified_precision(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | None:
     """``tp- / (tp- + fp+) <= precision(u > 0)`` when ``tp- > 0``, else ``None`` (no certificate)."""
-    tp = float(tp_lower(u_pos.double())) if u_pos.numel() else 0.0
+    sums = torch.stack([tp_lower(u_pos.double()), fp_upper(u_neg.double())]).cpu()
+    tp, fp = (float(v) for v in comm.sum(sums))
     if tp <= 0:
         return None
-    return tp / (tp + float(fp_upper(u_neg.double())))
+    return tp / (tp + fp)
 
 
-def recall_precision(u_pos: Tensor, u_neg: Tensor) -> tuple[float | None, float | None]:
+def recall_precision(
+    u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL
+) -> tuple[float | None, float | None]:
     """True recall and precision of the decisions ``u > 0`` (``None`` where undefined)."""
-    tp = float((u_pos > 0).sum())
-    fp = float((u_neg > 0).sum())
-    recall = tp / u_pos.numel() if u_pos.numel() else None
+    counts = torch.stack([(u_pos > 0).sum(), (u_neg > 0).sum()]).cpu()
+    counts = comm.sum(torch.cat([counts, torch.tensor([u_pos.numel()])]))
+    tp, fp, n = (float(c) for c in counts)
+    recall = tp / n if n else None
     precision = tp / (tp + fp) if tp + fp > 0 else None
     return recall, precision
 
@@ -292,10 +301,34 @@ def _cuts(u_pos: Tensor, u_neg: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]
     return t[last], tp[last], k[last], torch.tensor(float(u_pos.numel()), dtype=torch.float64)
 
 
-def threshold_at_recall(u_pos: Tensor, u_neg: Tensor, recall: float) -> RateThreshold:
+def threshold_at_recall(
+    u_pos: Tensor, u_neg: Tensor, recall: float, comm: LocalComm = LOCAL
+) -> RateThreshold:
     """The best precision subject to recall ``>= recall``: among the cuts whose decisions ``u > t``
     keep at least ``ceil(recall n)`` positives, the one of highest precision (ties: the highest
-    cut). Always met (keeping every sample has recall 1). ``O((n + m) log(n + m))``, one sort."""
+    cut). Always met (keeping every sample has recall 1). ``O((n + m) log(n + m))``, one sort.
+
+    ``comm`` with several processes (``reparam.sharding``): the value-bucket search of
+    ``functional.best_fbeta_threshold`` with precision in place of F-beta (a cut below the
+    floor on ``tp`` is worth ``-1``): bucket counts summed over the processes, the few candidates
+    gathered; the same cut as the sort of all the scores."""
+    if comm.world > 1:
+        n = comm.total(u_pos.numel())
+        if n == 0:
+            _need_positives(u_pos[:0])
+        floor = math.ceil(recall * float(n) - 1e-9)
+
+        def precision(tp: Tensor, k: Tensor) -> Tensor:
+            return torch.where(tp >= floor, tp / k, torch.full_like(tp, -1.0))
+
+        def by_sort(u_pos: Tensor, u_neg: Tensor) -> RateThreshold:
+            return threshold_at_recall(u_pos, u_neg, recall)
+
+        cut = best_cut(u_pos, u_neg, precision, comm, by_sort, masked=-2.0)
+        if isinstance(cut, RateThreshold):
+            return cut
+        t, _, tp, k = cut
+        return RateThreshold(t, tp / n, tp / k, True)
     _need_positives(u_pos)
     t, tp, k, n = _cuts(u_pos, u_neg)
     feasible = tp >= math.ceil(recall * float(n) - 1e-9)

@@ -82,19 +82,19 @@ class PrecisionAtRecall(PointRateObjective):
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """``r - (N / (n B)) sum_{B+} min(u_i, 1)``."""
         tp = torch.where(is_pos, R.capped(z), 0).sum()
-        return (self.recall - self._scale_pos(z.shape[0]) * tp).reshape(1)
+        return (self.recall - self._scale_pos(self._batch_of(z)) * tp).reshape(1)
 
     def _stationary_lambda(self) -> Tensor:
         return self.nu
 
     def _select_threshold(self, u_pos: Tensor, u_neg: Tensor) -> R.RateThreshold:
-        return R.threshold_at_recall(u_pos, u_neg, self.recall)
+        return R.threshold_at_recall(u_pos, u_neg, self.recall, self._comm)
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
 
     def _violation(self) -> Tensor:
-        return (self.recall - self.tau.detach().float().mean()).reshape(1)
+        return (self.recall - self._mean(self.tau.detach().float())).reshape(1)
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         """``certified_recall`` / ``certified_precision``: bounds on the recall and precision of

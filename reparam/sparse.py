@@ -321,6 +321,8 @@ class SparseTau:
             if grad is None:  # a forward with no backward: no gradient on its rows
                 grad = torch.zeros_like(probe)
             g = grad[start : start + rows.numel()].to(self._tau_grad.dtype, copy=True)
+            if self.sharded:  # a row's share of the mean over the processes' gradients
+                g = g / self._comm.world
             parts.append(touched_only(rows, touched, g))
         for probe, *_ in self._pending:
             probe.grad = None
@@ -340,7 +342,8 @@ class SparseTau:
 
     @property
     def _sparse_pending(self) -> bool:
-        return len(self._pending) > 0 or len(self._accumulated) > 0
+        # sharded: every process steps at every step (the tracked sums are summed over them)
+        return len(self._pending) > 0 or len(self._accumulated) > 0 or self.sharded
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
         """``ShapeObjective.attach``; with ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not
@@ -401,6 +404,9 @@ class SparseTau:
         call touched; in mode ``"tracked"`` with the active set kept in step."""
         self._accumulate_pending_()
         parts = self._accumulated  # (rows, touched) of each pass
+        if len(parts) == 0:  # sharded, no row here since the last step
+            empty = self.slot[:0]
+            parts = [(empty, empty >= 0)]
         if len(parts) == 1:
             rows, touched = parts[0]
         else:
@@ -421,6 +427,6 @@ class SparseTau:
             ahead=self._tau_ahead if ahead else None,
         )
         if self.projection == "tracked":
-            self._track_step_(rows, step)
+            self._track_step_(rows, touched, step)
         else:
             step()

@@ -25,6 +25,8 @@ from torch import Tensor
 
 from projections import projection_root
 
+from .sharding import sharded_root
+
 
 class TrackedActiveSet:
     """The state and steps of mode ``"tracked"`` for ``FBetaRegularizer`` (a mixin: it reads the
@@ -100,6 +102,8 @@ class TrackedActiveSet:
         else:
             parts = torch.stack([torch.where(active, tau, 0).double(), active.double()], 1)
             self.active_sums.zero_().index_add_(0, self._groups, parts)
+        if self.sharded:  # over every process's rows
+            self.active_sums.copy_(self._comm.sum(self.active_sums))
 
     @torch.no_grad()
     def _retest_all_(self) -> None:
@@ -113,38 +117,50 @@ class TrackedActiveSet:
     def _refresh_active_(self) -> None:
         """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
         eps, values = self.eps_param.detach(), self._tracked_values()
-        if self.n_problems == 1:
+        if self.sharded:  # the root over every process's rows (reparam.sharding)
+            r = sharded_root(eps[0], values, self._comm).view(1)
+        elif self.n_problems == 1:
             r = projection_root(eps[0], values).view(1)
         else:
             r = projection_root(eps, values, groups=self._groups)
         self._set_active_(values > self._per_row(r), values)
 
     @torch.no_grad()
-    def _track_step_(self, rows: Tensor, step: Callable[..., Tensor | None]) -> None:
-        """Run the sparse ``step`` on ``rows`` (int, may repeat) and keep ``A`` in step in O(B):
-        each touched row counted once (sorted); ``A``'s offset sum moves by its rows' exact
-        change; then every touched row is re-tested against the moved root ``r``: one that joins
-        ``A`` stores its offset, one that leaves its value (``+/-(offset, 1)`` on the sums). The
-        batch's negatives stand at row 0 (``slots.clamp_min(0)``): that row is re-tested too, by
-        the same rule, which no row's membership contradicts."""
+    def _track_step_(
+        self, rows: Tensor, touched: Tensor, step: Callable[..., Tensor | None]
+    ) -> None:
+        """Run the sparse ``step`` on ``rows`` (int, may repeat; ``touched``: the entries that
+        are positives) and keep ``A`` in step in O(B): each touched row counted once (sorted);
+        ``A``'s offset sum moves by its rows' exact change; then every touched row is re-tested
+        against the moved root ``r``: one that joins ``A`` stores its offset, one that leaves its
+        value (``+/-(offset, 1)`` on the sums). The batch's negatives stand at row 0
+        (``slots.clamp_min(0)``) untouched: only the touched rows are re-tested, so the rows a
+        step re-tests do not depend on how the batch is split (between processes, or into
+        accumulated micro-batches)."""
         tau, active = self.tau_param, self.tau_active
         before = tau.index_select(0, rows)
         change = step(write=False)  # each entry's row change: tau written once, below
-        rows, first, before, change = _rows_once(rows.long(), before, change)
+        rows, first, before, change, kept = _rows_once(rows.long(), touched, before, change)
         # one class: no gather from the (n,) class index (at 1e8 rows each is a DRAM miss)
         one = self.n_problems == 1
         group = torch.zeros_like(rows) if one else self.tau_group.index_select(0, rows).long()
         t = before + change
         was = active.index_select(0, rows)
         moved = (t.double() - before.double()) * (was & first)
-        _add_per_problem(self.active_sums[:, 0], group, moved, one)
+        if self.sharded:  # A's sums are over every process's rows: their moves summed first
+            self.active_sums[:, 0].add_(self._comm.sum(moved.sum(0, keepdim=True)))
+        else:
+            _add_per_problem(self.active_sums[:, 0], group, moved, one)
         eps = self._eps_of_rows(rows)
         values = torch.where(was, t + eps, t)
-        now = values > self._tracked_root().index_select(0, group)
+        now = (values > self._tracked_root().index_select(0, group)) & kept | (was & ~kept)
         offset = torch.where(was, t, values - eps)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        _add_per_problem(self.active_sums, group, delta, one)
+        if self.sharded:
+            self.active_sums.add_(self._comm.sum(delta.sum(0, keepdim=True)))
+        else:
+            _add_per_problem(self.active_sums, group, delta, one)
         tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
         active.index_copy_(0, rows, now)
 
@@ -164,28 +180,32 @@ _PAIRWISE_UP_TO = 1024
 
 
 def _rows_once(
-    rows: Tensor, before: Tensor, change: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(rows, first, before, change)`` with each row's entries agreeing: ``first`` marks one
-    entry per row, and every entry of a row carries the row's change (a negative's placeholder at
-    row 0 carries none of its own; a touched row's entries all carry the same). The entries may
-    be reordered (sorted by row), ``before`` with them; fixed shapes, no host read."""
+    rows: Tensor, touched: Tensor, before: Tensor, change: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(rows, first, before, change, kept)`` with each row's entries agreeing: ``first`` marks
+    one entry per touched row, ``kept`` every entry of a touched row (not a row only a
+    negative's placeholder stands at: it keeps its membership), and every entry of a row
+    carries the row's change (a placeholder carries none of its own; a touched row's entries
+    all carry the same). The entries may be reordered (sorted by row), ``before`` with them;
+    fixed shapes, no host read."""
     b = rows.numel()
     if b <= _PAIRWISE_UP_TO and torch.compiler.is_compiling():  # B x B comparisons, fused:
         # nothing sorted, nothing reordered (eagerly its ~8 passes over B^2 cost more than a sort)
         same = rows.unsqueeze(0) == rows.unsqueeze(1)
         earlier = torch.ones(b, b, dtype=torch.bool, device=rows.device).tril(-1)
-        first = ~(same & earlier).any(1)
+        kept = (same & touched.unsqueeze(0)).any(1)
+        first = ~(same & earlier).any(1) & kept
         moving = change != 0
         total = (same * change.unsqueeze(0)).sum(1)
         count = (same & moving.unsqueeze(0)).sum(1).clamp_min(1)
-        return rows, first, before, total / count
-    # sorted by row, within a row the entries that carry its change first
-    key, order = torch.sort(rows * 2 + (change == 0))
+        return rows, first, before, total / count, kept
+    # sorted by row, within a row the touched entries (which carry its change) first
+    key, order = torch.sort(rows * 2 + ~touched)
     rows = key // 2
     first = torch.ones_like(rows, dtype=torch.bool)
     first[1:] = rows[1:] != rows[:-1]
     position = torch.arange(b, device=rows.device)
     head = torch.cummax(torch.where(first, position, 0), 0).values
+    kept = ((key % 2) == 0).index_select(0, head)  # the row's first entry is touched
     change = change.index_select(0, order).index_select(0, head)
-    return rows, first, before.index_select(0, order), change
+    return rows, first & kept, before.index_select(0, order), change, kept

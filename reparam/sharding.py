@@ -1,0 +1,439 @@
+r"""The per-sample state sharded across processes (docs/method.md sec. 13): each of ``K``
+processes owns the rows of one contiguous block of the ``N`` samples, so nothing of size ``O(N)``
+is replicated.
+
+Process ``r`` owns the samples ``[floor(r N / K), floor((r + 1) N / K))``: their shape labels,
+remembered scores and epochs, and for its positives ``tau``, ``lambda``, the sparse optimizer's
+moments and the tracked active set's share. What is ``O(P)`` (``eps``, ``mu``, ``nu``, the
+active set's sums, the step count) stays replicated and equal on every process.
+
+A batch reaches its rows in one of two ways (:class:`Shard` ``sampling``):
+
+* ``"owner"``: each process draws its batches from the samples it owns (as web-scale loaders read
+  their own shards); no exchange per step, ``O(B)`` local work.
+* ``"global"``: any sampler (``DistributedSampler``); the batch's scores and indices go to their
+  owners with one ``all_to_all`` and their gradients come back with another in the backward pass
+  (:class:`_AllToAll`): ``O(B)`` traffic per process and step.
+
+Either way process ``r``'s loss is ``L_r = beta^2 eps + N / (n B) sum_{e in R_r} l_e`` over the
+entries ``R_r`` it owns (``B``: the per-process batch size), so the mean of the ``L_r`` is the
+minibatch Lagrangian of the global batch of ``K B`` entries: the replicated parameters' gradients
+are averaged over the processes in the backward pass (as DDP averages a network's), and a row's
+gradient is ``1/K`` of its owner's, the share of the average.
+
+The epoch end runs on the shards with collectives of ``O(1)`` or ``O(buckets)`` size: sums and
+means by ``all_reduce``; the projection's root (:func:`sharded_root`), the F-beta-optimal
+threshold and the certified bound (``reparam.functional`` with a :class:`ProcessComm`) by value
+buckets whose counts are summed over the processes, the few candidates left gathered at the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import _checks
+
+SAMPLINGS = ("owner", "global")
+
+
+class LocalComm:
+    """The collectives of one process: every reduction is the identity (the unsharded path)."""
+
+    world = 1
+
+    def total(self, count: int) -> int:
+        return count
+
+    def sum(self, t: Tensor) -> Tensor:
+        return t
+
+    def min(self, t: Tensor) -> Tensor:
+        return t
+
+    def max(self, t: Tensor) -> Tensor:
+        return t
+
+    def cat(self, t: Tensor) -> Tensor:
+        return t
+
+
+LOCAL = LocalComm()
+
+
+class ProcessComm(LocalComm):
+    """The same reductions over the processes of a ``torch.distributed`` group (new tensors; the
+    inputs are left alone)."""
+
+    def __init__(self, group: object = None) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group)
+
+    def _reduce(self, t: Tensor, op) -> Tensor:
+        out = t.detach().clone()
+        wide = out.dtype == torch.bool
+        if wide:  # gloo reduces no bool
+            out = out.to(torch.int64)
+        dist.all_reduce(out, op=op, group=self.group)
+        return out.bool() if wide else out
+
+    def total(self, count: int) -> int:
+        return int(self.sum(torch.tensor([count], dtype=torch.int64)))
+
+    def sum(self, t: Tensor) -> Tensor:
+        return self._reduce(t, dist.ReduceOp.SUM)
+
+    def min(self, t: Tensor) -> Tensor:
+        return self._reduce(t, dist.ReduceOp.MIN)
+
+    def max(self, t: Tensor) -> Tensor:
+        return self._reduce(t, dist.ReduceOp.MAX)
+
+    def cat(self, t: Tensor) -> Tensor:
+        """Every process's ``t`` concatenated in rank order along dim 0 (the lengths may
+        differ): the lengths first, then one ``all_gather`` of the padded tensors."""
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([t.shape[0]], dtype=torch.int64), group=self.group)
+        lengths = [int(s) for s in sizes]
+        longest = max(lengths)
+        padded = t.new_zeros((longest, *t.shape[1:]))
+        padded[: t.shape[0]] = t
+        wide = padded.dtype == torch.bool
+        if wide:
+            padded = padded.to(torch.uint8)
+        parts = [torch.empty_like(padded) for _ in range(self.world)]
+        dist.all_gather(parts, padded.contiguous(), group=self.group)
+        out = torch.cat([p[:n] for p, n in zip(parts, lengths, strict=True)])
+        return out.bool() if wide else out
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which samples this process owns, and how batches reach them.
+
+    Args:
+        n_total: ``N``, the samples of the whole training set.
+        rank, world: this process and the number of processes ``K`` (``from_process_group``
+            reads them from ``torch.distributed``).
+        sampling: ``"owner"`` (each batch holds only samples this process owns; the default) or
+            ``"global"`` (any sample; the batch is routed to the owners, module docstring).
+        group: the ``torch.distributed`` process group (``None``: the default group).
+    """
+
+    n_total: int
+    rank: int
+    world: int
+    sampling: str = "owner"
+    group: object = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_total", "rank", "world"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        if self.world < 1 or not 0 <= self.rank < self.world:
+            raise ValueError(
+                f"rank must be in [0, world) and world >= 1, got rank={self.rank}, "
+                f"world={self.world}"
+            )
+        if self.n_total < self.world:
+            raise ValueError(
+                f"n_total must be at least the number of processes ({self.world}), got "
+                f"{self.n_total}"
+            )
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
+
+    @classmethod
+    def from_process_group(cls, n_total: int, *, sampling: str = "owner", group=None) -> Shard:
+        """This process's shard of ``n_total`` samples in the initialized process group."""
+        if not dist.is_initialized():
+            raise ValueError(
+                "Shard.from_process_group needs torch.distributed initialized "
+                "(torch.distributed.init_process_group, or torchrun)"
+            )
+        return cls(n_total, dist.get_rank(group), dist.get_world_size(group), sampling, group)
+
+    def bounds(self, rank: int | None = None) -> tuple[int, int]:
+        """``[start, stop)``: the samples process ``rank`` (default: this one) owns."""
+        r = self.rank if rank is None else rank
+        return r * self.n_total // self.world, (r + 1) * self.n_total // self.world
+
+    @property
+    def start(self) -> int:
+        return self.bounds()[0]
+
+    @property
+    def stop(self) -> int:
+        return self.bounds()[1]
+
+    def owner(self, idx: Tensor) -> Tensor:
+        """The process owning each dataset index (``idx`` in ``[0, N)``)."""
+        return ((idx + 1) * self.world - 1) // self.n_total
+
+    def local_labels(self, shape_labels: Tensor) -> Tensor:
+        """This process's block of the whole training set's labels (a view)."""
+        return shape_labels[self.start : self.stop]
+
+    def layout(self) -> dict[str, int]:
+        """What a saved shard records (checked when it is loaded)."""
+        return {"n_total": self.n_total, "rank": self.rank, "world": self.world}
+
+
+class ShardedRows:
+    """What ``ShapeObjective`` adds for a sharded state (a mixin): the shard and its collectives
+    (``self._comm``: :data:`LOCAL` when not sharded, so the unsharded path is unchanged), the
+    batch's way to its owners, and reductions of the per-sample state over the processes."""
+
+    def _init_shard(self, shard: Shard | None, n_here: int, groups: object) -> None:
+        """The sharded state (``reparam.sharding``): this process holds the rows of the samples
+        ``shard`` gives it, ``shape_labels`` being theirs; ``N`` and the positives' counts are
+        summed over the processes."""
+        self.shard, self._comm, self._n_total = shard, LOCAL, n_here
+        if shard is None:
+            return
+        if not isinstance(shard, Shard):
+            raise ValueError(f"shard must be a reparam.Shard or None, got {shard!r}")
+        if groups is not None:
+            raise ValueError("shard: a sharded state supports groups=None only")
+        start, stop = shard.bounds()
+        if n_here != stop - start:
+            raise ValueError(
+                f"shape_labels must hold this process's {stop - start} samples [{start}, {stop}) "
+                f"of shard {shard.rank} of {shard.world} (n_total={shard.n_total}), got {n_here}: "
+                "pass shard.local_labels(all_labels) or the labels of your own block"
+            )
+        self._comm, self._n_total = ProcessComm(shard.group), shard.n_total
+        # which block of how many this state is: a saved shard loads only into the same layout
+        layout = torch.tensor([shard.n_total, shard.rank, shard.world], dtype=torch.int64)
+        self.register_buffer("shard_layout", layout)
+
+    def _check_layout(self, state_dict: dict, prefix: str, error_msgs: list[str]) -> bool:
+        """Whether a saved state fits this objective's sharding (else a message in
+        ``error_msgs``: a shard of another layout, or a sharded state into an unsharded
+        objective and back)."""
+        saved = state_dict.get(prefix + "shard_layout")
+        mine = getattr(self, "shard_layout", None)
+        if saved is None and mine is None:
+            return True
+        name = type(self).__name__
+        if saved is None or mine is None:
+            what = "an unsharded" if saved is None else "a sharded"
+            error_msgs.append(
+                f"{name}: the state is {what} objective's and this one is "
+                f"{'sharded' if saved is None else 'unsharded'}: build the objective as it was "
+                "saved (shard=... or none)"
+            )
+            return False
+        if not torch.equal(saved.cpu(), mine.cpu()):
+            n, r, k = saved.tolist()
+            n2, r2, k2 = mine.tolist()
+            error_msgs.append(
+                f"{name}: the state is shard {r} of {k} of {n} samples, this objective is shard "
+                f"{r2} of {k2} of {n2}: resume with {k} processes (each loading its own shard), "
+                "or restart the regularizer's state"
+            )
+            return False
+        return True
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the per-sample state is sharded across processes (``shard`` given)."""
+        return self.shard is not None
+
+    _routed_batch: int | None = None  # sampling "global": the caller's batch size B
+
+    def _batch_of(self, idx: Tensor) -> int:
+        """``B`` of the scale ``N / (n B)``: the caller's batch (routed: not what reached here)."""
+        return idx.shape[0] if self._routed_batch is None else self._routed_batch
+
+    def _to_owner(self, scores: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Sharded: the batch's entries this process owns, with indices into its block. Sampling
+        ``"owner"``: all of them must be (a ``ValueError`` otherwise); ``"global"``: they are
+        routed to their owners (``reparam.sharding.route``), every process taking part."""
+        shard = self.shard
+        _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
+        if shard.sampling == "global":
+            if idx.numel():
+                _checks._index_range(idx, self.n_samples)
+            self._routed_batch = idx.numel()
+            scores, idx = route(shard, scores, idx.to(self.shape_labels.device))
+            return scores, idx - shard.start
+        start, stop = shard.bounds()
+        if idx.numel():
+            lo, hi = (int(v) for v in idx.aminmax())
+            if lo < start or hi >= stop:
+                raise ValueError(
+                    f"idx must hold the samples this process owns, [{start}, {stop}) of "
+                    f"{shard.n_total} (shard {shard.rank} of {shard.world}, sampling='owner'), "
+                    f"got values in [{lo}, {hi}]: draw batches from shard.bounds(), or use "
+                    "sampling='global'"
+                )
+        return scores, idx - start
+
+    @torch.no_grad()
+    def _average_grad_(self, p: Tensor) -> None:
+        """A replicated parameter's gradient: the mean over the processes (a hook after each
+        accumulation; equal gradients stay equal, so gradient accumulation is exact)."""
+        p.grad.copy_(self._comm.sum(p.grad) / self._comm.world)
+
+    # reductions of per-row values over the processes (one process: the plain ones, unchanged)
+
+    def _mean(self, x: Tensor) -> Tensor:
+        """``x.mean()`` over every process's rows (NaN where none has one)."""
+        if not self.sharded:
+            return x.mean()
+        total = self._comm.sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))
+        return (total[0] / total[1]).to(x.dtype)
+
+    def _max(self, x: Tensor) -> Tensor:
+        """``x.max()`` over every process's rows (``-inf`` where none has one)."""
+        if not self.sharded:
+            return x.max()
+        here = x.max() if x.numel() else x.new_tensor(-float("inf"))
+        return self._comm.max(here.reshape(1))[0]
+
+    def _min(self, x: Tensor) -> Tensor:
+        if not self.sharded:
+            return x.min()
+        here = x.min() if x.numel() else x.new_tensor(float("inf"))
+        return self._comm.min(here.reshape(1))[0]
+
+    def _any(self, x: Tensor) -> bool:
+        return bool(self._comm.max(x.any().reshape(1))[0]) if self.sharded else bool(x.any())
+
+
+class _AllToAll(torch.autograd.Function):
+    """``all_to_all_single`` of the rows of ``x`` (split sizes ``send`` out, ``recv`` in); its
+    backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, send: list[int], recv: list[int], group) -> Tensor:
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return _exchange(x.detach(), send, recv, group)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return _exchange(grad.contiguous(), ctx.recv, ctx.send, ctx.group), None, None, None
+
+
+def _exchange(x: Tensor, send: list[int], recv: list[int], group) -> Tensor:
+    out = x.new_empty((sum(recv), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+    return out
+
+
+def route(shard: Shard, u: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Sampling ``"global"``: the batch's scores (with autograd) and dataset indices sent to the
+    processes that own them; returns what this process received: ``(scores, indices)``."""
+    owner = shard.owner(idx)
+    order = torch.argsort(owner, stable=True)
+    send = torch.bincount(owner, minlength=shard.world)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=shard.group)
+    send_sizes, recv_sizes = send.tolist(), recv.tolist()
+    u_sorted = u.index_select(0, order)
+    got_u = _AllToAll.apply(u_sorted, send_sizes, recv_sizes, shard.group)
+    got_idx = _exchange(idx.index_select(0, order), send_sizes, recv_sizes, shard.group)
+    return got_u, got_idx
+
+
+# the root search: buckets per round, and the window size gathered and solved exactly
+_ROOT_BUCKETS = 4096
+_ROOT_GATHER = 1 << 16
+_CHUNK = 1 << 20
+
+
+@torch.no_grad()
+def sharded_root(eps: Tensor, tau: Tensor, comm: LocalComm) -> Tensor:
+    r"""The projection's root ``r`` (docs/method.md sec. 4: ``e* = max(0, r)``, the active set
+    ``A = {tau_i > r}``) of one problem whose rows ``tau`` are spread over the processes:
+
+    .. math:: g(r) = \epsilon + \sum_i \max(0, \tau_i - r) - r = 0,
+
+    ``g`` continuous and strictly decreasing. The candidates start as the values in
+    ``(eps, max tau]`` (``g(eps) >= 0 >= g(max(eps, max tau))``); each round sorts them into
+    value buckets (a monotone index: equal values share a bucket, the buckets are ordered), sums
+    each bucket's count, sum, smallest and largest value over the processes, and evaluates ``g``
+    exactly at every bucket's largest value (the values above it are the higher buckets'); the
+    root lies at or above the highest bucket maximum where ``g >= 0`` and below the next one, so
+    the next bucket alone stays a candidate. When at most ``2^16`` candidates are left they are
+    gathered and the root solved exactly: ``r = (eps + S_A) / (1 + |A|)`` for the one ``A``
+    consistent with it. ``O(n / K)`` work per process and round (two rounds at ``n = 10^8``);
+    float64 sums. Returns ``r`` in ``tau``'s dtype, 0-dim."""
+    e = float(eps)
+    above_count, above_sum = 0.0, 0.0  # the values above the window (all in A)
+    lo = e
+    hi = max(e, float(comm.max(tau.max().reshape(1) if tau.numel() else _neg_inf(tau))))
+    window = _in_window(tau, lo, hi)
+    while True:
+        total = comm.total(window.numel())
+        if total <= _ROOT_GATHER or hi <= lo:
+            values = comm.cat(window.double())
+            return _solve_root(e, values, above_count, above_sum).to(tau.dtype)
+        m = _ROOT_BUCKETS
+        scale = m / (hi - lo)
+        stats = window.new_zeros(2, m, dtype=torch.float64)
+        vmin = window.new_full((m,), float("inf"), dtype=torch.float64)
+        vmax = window.new_full((m,), -float("inf"), dtype=torch.float64)
+        for x in window.split(_CHUNK):
+            x = x.double()
+            b = _bucket(x, lo, scale, m)
+            stats.index_add_(1, b, torch.stack([torch.ones_like(x), x]))
+            vmin.scatter_reduce_(0, b, x, "amin")
+            vmax.scatter_reduce_(0, b, x, "amax")
+        stats, vmin, vmax = comm.sum(stats), comm.min(vmin), comm.max(vmax)
+        count, sums = stats
+        # values above each bucket: the higher buckets' and those above the window
+        c_above = count.flip(0).cumsum(0).flip(0) - count + above_count
+        s_above = sums.flip(0).cumsum(0).flip(0) - sums + above_sum
+        g_at_max = e + (s_above - vmax * c_above) - vmax
+        nonempty = count > 0
+        reached = nonempty & (g_at_max >= 0)  # the root is at or above these maxima
+        below = int(torch.nonzero(reached)[-1]) if bool(reached.any()) else -1
+        later = torch.nonzero(nonempty & (torch.arange(m) > below))
+        if later.numel() == 0:  # the root is above every candidate: A holds none of them
+            values = window.new_zeros(0, dtype=torch.float64)
+            return _solve_root(e, values, above_count, above_sum).to(tau.dtype)
+        nxt = int(later[0])
+        new_lo = float(vmax[below]) if below >= 0 else lo
+        new_hi = float(vmax[nxt])
+        above_count, above_sum = float(c_above[nxt]), float(s_above[nxt])
+        kept = [x[_bucket(x.double(), lo, scale, m) == nxt] for x in window.split(_CHUNK)]
+        window = torch.cat(kept)
+        lo, hi = new_lo, new_hi
+
+
+def _neg_inf(tau: Tensor) -> Tensor:
+    return tau.new_full((1,), -float("inf"))
+
+
+def _in_window(tau: Tensor, lo: float, hi: float) -> Tensor:
+    """The values of ``tau`` in ``(lo, hi]``, chunk by chunk."""
+    parts = [x[(x > lo) & (x <= hi)] for x in tau.split(_CHUNK)]
+    return torch.cat(parts) if parts else tau[:0]
+
+
+def _bucket(x: Tensor, lo: float, scale: float, m: int) -> Tensor:
+    """A monotone bucket index of ``x`` in ``(lo, hi]``: ``ceil((x - lo) scale) - 1`` in
+    ``[0, m)`` (each step correctly rounded, so never decreasing in ``x``)."""
+    return (x - lo).mul_(scale).ceil_().sub_(1).clamp_(0, m - 1).long()
+
+
+def _solve_root(e: float, values: Tensor, above_count: float, above_sum: float) -> Tensor:
+    """The root from the candidates ``values`` (float64, every process's) and the count and sum
+    of the values above them: with the candidates descending ``w_1 >= w_2 >= ...``, the ``k``
+    whose ``r_k = (e + S_above + w_1 + ... + w_k) / (1 + |above| + k)`` keeps exactly ``w_1 ..
+    w_k`` above it (``w_k > r_k >= w_{k+1}``); the nearest one under rounding."""
+    w = torch.sort(values, descending=True).values
+    k = torch.arange(w.numel() + 1, dtype=torch.float64)
+    prefix = torch.cat([w.new_zeros(1), torch.cumsum(w, 0)])
+    r = (e + above_sum + prefix) / (1 + above_count + k)
+    inf = w.new_full((1,), float("inf"))
+    upper = torch.cat([inf, w])  # w_k (k = 0: nothing kept)
+    lower = torch.cat([w, -inf])  # w_{k+1}
+    miss = (r - upper).clamp_min(0) + (lower - r).clamp_min(0)
+    return r[int(torch.argmin(miss))]

@@ -1,0 +1,162 @@
+"""Processes for tests/reparam/test_sharded.py: K gloo processes train a linear head with a sharded
+objective; rank 0 replays the same batches in one process with the unsharded objective (the K
+per-process batches as one accumulated step, each loss weighted 1/K, as data parallelism averages)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from reparam import FBetaRegularizer, PrecisionAtRecall, Shard
+
+N, D, B = 240, 6, 16  # samples, features, per-process batch
+STEPS = int(os.environ.get("SHARDED_TEST_STEPS", 7))  # steps per epoch
+
+
+def data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, D, generator=g)
+    y = (x[:, 0] + 0.5 * torch.randn(N, generator=g) > 0.6).long()
+    return x, y
+
+
+def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
+    """Per step, each process's batch of dataset indices."""
+    g = torch.Generator().manual_seed(100 + epoch)
+    out = []
+    for _ in range(STEPS):
+        if sampling == "global":
+            perm = torch.randperm(N, generator=g)[: k * B]
+            out.append(list(perm.view(k, B)))
+        else:  # each from its own block
+            shard = [Shard(N, r, k) for r in range(k)]
+            out.append([s.start + torch.randint(0, s.stop - s.start, (B,), generator=g) for s in shard])
+    return out
+
+
+def make(kind: str, labels: torch.Tensor, shard: Shard | None):
+    if kind == "fbeta":
+        return FBetaRegularizer(labels, shard=shard)
+    if kind == "fbeta_clip":
+        return FBetaRegularizer(labels, shard=shard, projection="clip", tau_update="sparse_adam")
+    return PrecisionAtRecall(labels, recall=0.8, shard=shard, projection="clip")
+
+
+def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, state=None):
+    """``rank`` None: the one-process reference; else process ``rank`` of the sharded run."""
+    torch.manual_seed(0)
+    x, y = data()
+    head = torch.nn.Linear(D, 1)
+    if rank is None:
+        reg = make(kind, y, None)
+        if sampling == "global" and kind != "pr":  # the scale N / (n B) of each process's B
+            reg._routed_batch = B
+    else:
+        shard = Shard.from_process_group(N, sampling=sampling)
+        reg = make(kind, shard.local_labels(y), shard)
+    opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=0.05)
+    reg.attach(opt)
+    if state is not None:
+        head.load_state_dict(state["head"])
+        reg.load_state_dict(state["reg"])
+        opt.load_state_dict(state["opt"])
+    first = int(reg.epoch) + 1
+    for epoch in range(first, first + epochs):
+        for step in batches(k, epoch, sampling)[:STEPS]:
+            opt.zero_grad()
+            if rank is None:
+                losses = []
+                for idx in step:
+                    u = head(x[idx])[:, 0]
+                    losses.append(F.binary_cross_entropy_with_logits(u, y[idx].float()))
+                if kind == "pr":  # its per-step dual step: once, on the global batch
+                    idx = torch.cat(micro_batches(step, k, sampling))
+                    losses.append(0.5 * k * reg(head(x[idx])[:, 0], idx))
+                else:
+                    for idx in micro_batches(step, k, sampling):
+                        losses.append(0.5 * reg(head(x[idx])[:, 0], idx))
+                (sum(losses) / k).backward()
+            else:
+                idx = step[rank]
+                u = head(x[idx])[:, 0]
+                task = F.binary_cross_entropy_with_logits(u, y[idx].float())
+                (task + 0.5 * reg(u, idx)).backward()
+                for p in head.parameters():  # what DDP does for the network
+                    dist.all_reduce(p.grad)
+                    p.grad /= k
+            opt.step()
+        if not os.environ.get("SHARDED_TEST_NO_END"):
+            reg.end_epoch_()
+    return head, reg, opt
+
+
+def micro_batches(step: list[torch.Tensor], k: int, sampling: str) -> list[torch.Tensor]:
+    """The one-process reference's micro-batches: the entries each process's loss holds (its own
+    batch; routed, the global batch's entries it owns, in the order they arrive)."""
+    if sampling == "owner":
+        return step
+    shards = [Shard(N, r, k) for r in range(k)]
+    return [torch.cat([idx[(idx >= s.start) & (idx < s.stop)] for idx in step]) for s in shards]
+
+
+PER_ROW = ("tau_param", "lam", "tau_adam_moments", "tau_adam_last", "tau_active")
+PER_SAMPLE = ("scores", "score_epoch")
+
+
+def gathered(reg) -> dict[str, torch.Tensor]:
+    """The sharded state of every process, concatenated in rank order (the unsharded layout)."""
+    out = {}
+    for name, value in reg.state_dict().items():
+        if name in PER_ROW or name in PER_SAMPLE:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, value)
+            out[name] = torch.cat(parts)
+        else:
+            out[name] = value
+    return out
+
+
+def main(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=k)
+    torch.set_num_threads(1)
+    head, reg, opt = train(kind, k, rank, sampling)
+    result = {"state": gathered(reg), "head": head.state_dict(), "stats": reg.stats()}
+    # deep copies: a loaded optimizer shares the state tensors it was given
+    local = copy.deepcopy({"head": head.state_dict(), "reg": reg.state_dict(), "opt": opt.state_dict()})
+    # resume: the saved shard continued for one epoch equals the run continued in memory
+    head2, reg2, _ = train(kind, k, rank, sampling, epochs=1, state=local)
+    _, reg3, _ = train(kind, k, rank, sampling, epochs=1,
+                       state=copy.deepcopy({"head": head.state_dict(), "reg": reg.state_dict(),
+                                            "opt": opt.state_dict()}))
+    result["resume_equal"] = [
+        name for (name, a), b in zip(reg2.state_dict().items(), reg3.state_dict().values())
+        if not torch.equal(a, b)
+    ]
+    result["bytes"] = sum(
+        t.numel() * t.element_size() for t in reg.state_dict().values()
+    )
+    if rank == 0:
+        ref_head, ref_reg, _ = train(kind, k, None, sampling)
+        result["ref_state"] = ref_reg.state_dict()
+        result["ref_head"] = ref_head.state_dict()
+        result["ref_stats"] = ref_reg.stats()
+        result["ref_bytes"] = sum(t.numel() * t.element_size() for t in ref_reg.state_dict().values())
+    results = [None] * k
+    dist.all_gather_object(results, {"bytes": result["bytes"], "resume": result["resume_equal"]})
+    if rank == 0:
+        result["all"] = results
+        torch.save(result, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    k, port, kind, sampling, out = int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:6]
+    torch.multiprocessing.spawn(main, args=(k, port, kind, sampling, out), nprocs=k)
