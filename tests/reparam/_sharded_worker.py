@@ -122,10 +122,73 @@ def gathered(reg) -> dict[str, torch.Tensor]:
     return out
 
 
+def statistics(rank: int, k: int, out: str) -> None:
+    """The epoch end's selections on scores spread over the processes against one process's on
+    all of them: the value-bucket paths (more than 2^14 scores; ties; a few huge values)."""
+    from reparam import functional as Fn
+    from reparam import rate_functional as R
+    from reparam.sharding import LOCAL, ProcessComm, sharded_root
+
+    comm, results = ProcessComm(), {}
+    g = torch.Generator().manual_seed(7)
+    cases = {
+        "spread": (torch.randn(30000, generator=g) + 1.2, torch.randn(50000, generator=g) - 0.5),
+        "ties": ((torch.randn(30000, generator=g) * 4).round() / 4 + 1, (torch.randn(50000, generator=g) * 4).round() / 4),
+        "outliers": (torch.cat([torch.randn(30000, generator=g) + 1.5, torch.tensor([1e6])]),
+                     torch.cat([torch.randn(40000, generator=g), torch.tensor([-1e6, 3e5])])),
+    }
+    for name, (u_pos, u_neg) in cases.items():
+        mine = [part.tensor_split(k)[rank] for part in (u_pos, u_neg)]
+        results[name] = {
+            "threshold": (Fn.best_fbeta_threshold(*mine, 1.0, comm), Fn.best_fbeta_threshold(u_pos, u_neg, 1.0)),
+            "bound": (Fn.certified_fbeta_bound(*mine, 1.0, comm), Fn.certified_fbeta_bound(u_pos, u_neg, 1.0)),
+            "fbeta": (Fn.fbeta_of_decisions(*mine, 1.0, comm), Fn.fbeta_of_decisions(u_pos, u_neg, 1.0)),
+            "at_recall": (tuple(R.threshold_at_recall(*mine, 0.9, comm)), tuple(R.threshold_at_recall(u_pos, u_neg, 0.9))),
+            "root": (float(sharded_root(torch.tensor(0.3), mine[0], comm)),
+                     float(sharded_root(torch.tensor(0.3), u_pos, LOCAL))),
+        }
+    if rank == 0:
+        torch.save(results, out)
+
+
+def errors(rank: int, k: int, out: str) -> None:
+    """Bad input and a shard loaded into another layout: the messages each process gets."""
+    from reparam import RecallAtPrecision
+
+    _, y = data()
+    shard = Shard.from_process_group(N)
+    messages = {}
+
+    def catch(name, fn):
+        try:
+            fn()
+            messages[name] = None
+        except (ValueError, RuntimeError) as e:
+            messages[name] = str(e)
+
+    catch("labels", lambda: FBetaRegularizer(y, shard=shard))
+    reg = FBetaRegularizer(shard.local_labels(y), shard=shard)
+    other = (shard.start + shard.stop) % N
+    catch("owner_idx", lambda: reg(torch.zeros(2), torch.tensor([shard.start, other])))
+    catch("dense", lambda: FBetaRegularizer(shard.local_labels(y), shard=shard, tau_update="dense"))
+    catch("rap", lambda: RecallAtPrecision(shard.local_labels(y), precision=0.8, shard=shard))
+    saved = [None] * k
+    dist.all_gather_object(saved, reg.state_dict())
+    catch("other_rank", lambda: reg.load_state_dict(saved[(rank + 1) % k]))
+    catch("unsharded", lambda: reg.load_state_dict(FBetaRegularizer(y).state_dict()))
+    catch("same", lambda: reg.load_state_dict(saved[rank]))
+    if rank == 0:
+        torch.save(messages, out)
+
+
 def main(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     torch.set_num_threads(1)
+    if kind in ("statistics", "errors"):
+        (statistics if kind == "statistics" else errors)(rank, k, out)
+        dist.destroy_process_group()
+        return
     head, reg, opt = train(kind, k, rank, sampling)
     result = {"state": gathered(reg), "head": head.state_dict(), "stats": reg.stats()}
     # deep copies: a loaded optimizer shares the state tensors it was given
