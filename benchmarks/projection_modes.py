@@ -3,7 +3,7 @@
     python -m benchmarks.projection_modes --jobs 2 --out docs/figures     # resumable
     python -m benchmarks.projection_modes --out docs/figures --name tau_update_quality \
         --arms "inline, exact (dense tau)" "projection tracked" "projection tracked, sparse tau" \
-        "projection tracked, sparse tau ahead"          # issue 31: the tau update rules (~10 min)
+        "projection tracked, sparse tau ahead"          # the tau update rules (~10 min)
 
 The runs of ``benchmarks.compare.fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
 seeds 0-2) for the library's defaults (``projection="inline"``, exact; dual steps 0.1; capped) and
@@ -11,8 +11,8 @@ for the same settings with the projection after every optimizer step (``step``),
 (``epoch``, Algorithm 3's place), never (``none``), the batch's rows clipped at ``eps`` with the
 exact projection at every epoch end (``clip``: with a dense ``tau``, and with the sparse one at the
 head's step 1e-2 and at 1e-3), the inline projection's threshold over a tracked active set
-(``tracked``: with a dense ``tau``, and with the sparse one at 1e-2, lazy and ahead: since issue
-31 the library's default) and inline but smooth (``inline_strength`` 0.05, 0.2:
+(``tracked``: with a dense ``tau``, and with the sparse one at 1e-2, lazy and ahead: the library's
+default) and inline but smooth (``inline_strength`` 0.05, 0.2:
 ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of ``u > 0``,
 the certified F1 bound and the LP gap of the final scores (the (3') objective at their best feasible
 ``eps``, relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1
@@ -34,8 +34,8 @@ from .compare.fixed.spec import BATCH, EPOCHS, MODE_FAMILIES, SEEDS
 from .compare.fixed.tables import references
 from .sweep import run_pool
 
-# compare.fixed's family at its default step: the library's defaults with a dense tau (the default
-# tau update below 2^20 positives before issue 31)
+# compare.fixed's family at its default step: the library's defaults with a dense tau (the exact
+# inline projection)
 DEFAULTS = ("reparam F-beta, inline, capped", 0.1)
 PROBLEMS = ("2-D, 40/60", "20-D, 200/300", "10-D, 50/950")
 ARMS = [DEFAULTS, *((family, None) for family in MODE_FAMILIES)]

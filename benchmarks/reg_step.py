@@ -12,8 +12,8 @@ What is compared steps in turn (rotating order), so that drift of a shared machi
 ``--compile`` adds the sparse modes with ``reg.compile()``. Prints the median step per ``n`` and the
 ratio to the first (target: <= 1.2). On the CPU also one step at S-MNIST's size taken apart
 (median us and dispatched operations of each part, at a steady step); ``--against REF`` adds the
-same for ``reparam`` at git revision ``REF``, interleaved in one process (issue 31's before /
-after): ``--against 2a53c72 --no-sizes``.
+same for ``reparam`` at git revision ``REF``, interleaved in one process (docs/results.md compares
+revision ``2a53c72``: ``--against 2a53c72 --no-sizes``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ MODES = {  # name -> FBetaRegularizer options (preset "paper" unless given: the 
     "sparse_adam (epoch)": dict(projection="epoch", tau_update="sparse_adam"),
     "sparse_sgd (epoch)": dict(projection="epoch", tau_update="sparse_sgd"),
     "dense Adam (inline)": dict(projection="inline", tau_update="dense"),
-    # the library's defaults since issue 31: tau_update auto = sparse_adam_ahead, tracked
+    # the library's defaults: tau_update auto = sparse_adam_ahead, tracked
     "defaults (tracked, sparse_adam_ahead)": dict(preset=None),
 }
 PARTS_MODES = ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
@@ -102,7 +102,8 @@ def _whole(reg, opt, u0, idx, sync=lambda: None):
 def _segments(lib, reg, opt, u0, idx):
     """The regularizer's step part by part (``SEGMENTS``), the forward taken apart as
     ``ShapeObjective.forward`` does it: input checks (the scores'; the indices' through the gather
-    of the batch's rows, which before issue 31 ``_checks.batch`` checked and ``_loss`` made)."""
+    of the batch's rows; at revision ``2a53c72`` ``_checks.batch`` checked them and ``_loss`` made
+    the gather)."""
     u = u0.clone().requires_grad_()
     yield
     u, idx, *ok = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)

@@ -8,7 +8,7 @@ with fewer epochs is extended to the job's (resumed from its last checkpoint wit
 ``train.epochs``: the same training as a run of the longer job, since a resume is exact and the
 constant lr schedule does not depend on the number of epochs); ``archive`` keeps the
 figures of finished runs elsewhere and ``restore`` brings them back, so a sweep also resumes across
-sessions and machines. ``run_pool`` is the process pool under it, also for the scripts whose runs
+machines and restarts. ``run_pool`` is the process pool under it, also for the scripts whose runs
 are not trainer runs or not resumed (each skips its finished runs itself, ``finished``, and hands
 ``run_pool`` the rest, e.g. ``train_once``: one trainer run from the start).
 """
@@ -161,7 +161,7 @@ def archive(runs: Path, to: Path, jobs: Sequence[Job], files: Sequence[str]) -> 
 
 
 def restore(archived: Path, runs: Path, jobs: Sequence[Job]) -> None:
-    """Runs finished in an earlier session and archived (``archive``) count as done: their files
+    """Runs finished and archived (``archive``) count as done: their files
     are copied into ``runs`` unless a finished run is there already."""
     for job in jobs:
         if metrics(runs / job.key, job) is None and metrics(archived / job.key, job) is not None:

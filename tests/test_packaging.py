@@ -28,6 +28,7 @@ def installed(tmp_path_factory) -> Path:
         "data",
         "runs",
         "build",
+        "site",
         "*.egg-info",
         "__pycache__",
         ".*cache*",
@@ -72,7 +73,16 @@ def test_core_requirements_are_torch_and_numpy(installed):
     names = {r.split(">")[0].split("=")[0].split("<")[0].split(";")[0].strip() for r in core}
     assert names == {"torch", "numpy"}, core
     extras = set(meta.get_all("Provides-Extra"))
-    assert {"train", "dev", "soft", "cooper"} <= extras
+    assert {"train", "dev", "soft", "cooper", "lightning", "docs"} <= extras
+
+
+def test_the_distribution_has_the_library_version(installed):
+    """One place: pyproject.toml reads ``reparam.__version__`` (without importing reparam)."""
+    import reparam
+
+    (info,) = installed.glob("fbeta_reparam-*.dist-info")
+    meta = email.message_from_string((info / "METADATA").read_text())
+    assert meta["Version"] == reparam.__version__
 
 
 def test_the_installed_library_imports_and_runs(installed, tmp_path):

@@ -1,4 +1,5 @@
-"""The README's first two commands: the test command is the one CI runs; the main job runs."""
+"""The README's first two commands (the test command is the one CI runs; the main job runs), and the
+code of the README and of the guide pages it links to (docs/guide/), run as written."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from train import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "guide"
 # the README's commands run in a scratch folder; the application runs from the checkout
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -74,9 +76,17 @@ def test_regularizer_snippet_runs(capsys):
     assert float(lines[-1].split()[1]) > 0.7  # the documented settings converge in this budget
 
 
+def test_the_guide_runs_the_readme_loop():
+    """docs/guide/own-loop.md starts from the README's loop, unchanged (the README's test runs it)."""
+    readme = (ROOT / "README.md").read_text()
+    loop = re.search(r"```python\n(.*?)```", readme.split("## Use the regularizer", 1)[1], re.S)
+    guide = (GUIDE / "own-loop.md").read_text().split("## The loop", 1)[1]
+    assert re.search(r"```python\n(.*?)```", guide, re.S).group(1) == loop.group(1)
+
+
 def test_rate_objective_snippet_builds_each_objective():
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Rate objectives", 1)[1]
+    text = (GUIDE / "own-loop.md").read_text()
+    section = text.split("## Rate objectives", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope = {"s": torch.tensor([0, 1, 1, 0, 1, 0])}
     exec(compile(code, "README.md", "exec"), scope)
@@ -94,9 +104,9 @@ def test_rate_objective_snippet_builds_each_objective():
 
 
 def test_offline_segmentation_commands_run(tmp_path):
-    """The README's offline COCO-Stuff commands (synthetic data, prep, 2 epochs with the
+    """The segmentation guide's offline COCO-Stuff commands (synthetic data, prep, 2 epochs with the
     regularizer), run in a scratch folder."""
-    text = (ROOT / "README.md").read_text()
+    text = (GUIDE / "segmentation.md").read_text()
     block = text.split("# offline, in seconds:", 1)[1].split("```", 1)[0]
     commands = [shlex.split(line) for line in block.strip().splitlines()[1:]]
     assert [c[2] for c in commands] == [
@@ -126,9 +136,10 @@ CAMVID = ROOT.parent / "shared" / "data" / "camvid"
 
 @pytest.mark.skipif(not (CAMVID / "train").is_dir(), reason="no CamVid copy here")
 def test_camvid_commands_run_on_real_frames(tmp_path):
-    """The README's CamVid commands on the real frames (6 per split, 1 epoch), in a scratch folder."""
-    text = (ROOT / "README.md").read_text()
-    block = text.split("### CamVid:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    """The segmentation guide's CamVid commands on the real frames (6 per split, 1 epoch), in a
+    scratch folder."""
+    text = (GUIDE / "segmentation.md").read_text()
+    block = text.split("## CamVid:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [
         shlex.split(line.split("#")[0].replace("<CamVid dir>", str(CAMVID)))
         for line in block.strip().splitlines()

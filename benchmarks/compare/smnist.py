@@ -41,16 +41,16 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
         "regularizer.fbeta.dual_lr_mu=0.1",
         "regularizer.fbeta.cap_scores=false",
     ],
-    REFERENCE: [  # the library's defaults before issue 31 (tau_update auto was dense below 2^20)
+    REFERENCE: [  # the library's defaults with a dense tau (the exact inline projection)
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
         "regularizer.fbeta.tau_update=dense",
     ],
-    "reparam F-beta, defaults (tracked, sparse_adam_ahead tau)": [  # since issue 31
+    "reparam F-beta, defaults (tracked, sparse_adam_ahead tau)": [  # the defaults
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
     ],
-    "reparam F-beta, defaults but clip": [  # issue 23: the O(B) projection (docs/method.md 3b)
+    "reparam F-beta, defaults but clip": [  # the O(B) clip projection (docs/method.md 3b)
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
         "regularizer.projection=clip",

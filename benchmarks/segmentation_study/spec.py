@@ -25,7 +25,7 @@ METHODS = {
     "soft-F1": ("regularizer.name=soft_fbeta",),
     "group-balanced": ("train.group_weighting=balanced",),
     "group DRO": ("train.group_weighting=dro",),  # Sagawa et al.'s step 0.01 (train.dro_step)
-    # issue 30: the losses a segmentation user reaches for (smp's), the project's per-image F-beta
+    # the losses a segmentation user reaches for (smp's), the project's per-image F-beta
     # on the pixels, and a full-resolution decoder; each at the weight 1 a loss term gets
     "Dice": ("train.loss=dice",),
     "Lovasz per image": ("train.loss=lovasz", "train.loss_per_image=true"),
@@ -36,7 +36,7 @@ METHODS = {
     ),
     "focal": ("train.loss=focal",),
     "median-frequency CE": ("train.class_weights=median_frequency",),
-    "per-image F-beta": (  # lazy Adam on tau: what target=pixels resolved to before issue 31
+    "per-image F-beta": (  # lazy Adam on tau (sparse_adam, as measured)
         "regularizer.name=fbeta",
         "regularizer.target=pixels",
         "regularizer.alpha=1.0",
@@ -68,8 +68,8 @@ RECIPES = {
 }
 # CamVid's small-object classes: the mean of their test IoU is the study's small-object figure
 SMALL_CLASSES = ("pole", "sign_symbol", "pedestrian", "bicyclist")
-# the arms of issue 30's screening at 60x80 (the earlier study's best two for reference: the
-# F-beta defaults on the shape node and group DRO, already run)
+# the arms of the screening at 60x80 (the first grid's best two for reference: the
+# F-beta defaults on the shape node and group DRO, run in that grid)
 SCREEN = (
     "Dice",
     "Lovasz per image",

@@ -138,8 +138,7 @@ MODE_FAMILIES: dict[str, Family] = {
             "projection clip, sparse tau",
             {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": LR},
         ),
-        (  # the sparse update at the S-MNIST network's step (1e-3), not the head's: what the
-            # trainer gave it before issue 23 (optim.lr)
+        (  # the sparse update at the S-MNIST network's step (1e-3, optim.lr), not the head's
             "projection clip, sparse tau at tau_lr 1e-3",
             {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": 1e-3},
         ),
