@@ -318,6 +318,11 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         ``tau``: plus the probe that collects their gradient, ``reparam.sparse``), their
         ``lambda``. ``touched``: the samples that are positives."""
         rows = slots.clamp_min(0)
+        if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
+            tau, lam = tau.new_zeros(1), self.lam.new_zeros(1)
+            probe = self._probe_rows(rows, touched)
+            values = tau.expand(rows.shape[0]) + (0 if probe is None else probe)
+            return values, lam.expand(rows.shape[0])
         values = tau.index_select(0, rows)
         if self.projection == "tracked":
             values = values + self._tracked_shift(rows)
@@ -486,7 +491,9 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             u_pos, u_neg = self._split_scores(k)
             scored = self._comm.total(u_pos.numel()) > 0
             comm = self._comm
-            bounds.append(Fn.certified_fbeta_bound(u_pos, u_neg, self.beta, comm) if scored else None)
+            bounds.append(
+                Fn.certified_fbeta_bound(u_pos, u_neg, self.beta, comm) if scored else None
+            )
             fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, self.beta, comm) if scored else None)
             t = float(self.decision_threshold[k])
             at_threshold.append(

@@ -133,7 +133,7 @@ def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
         for x in window.split(_CHUNK):
             b = _bucket_index(x, lo_t, scale, m)
             kept.append(x[(b >= first) & (b <= last)])
-        size, window = comm.total(window.numel()), torch.cat(kept)
+        size, window = comm.total(window.numel()), torch.cat(kept) if kept else window
         kept_size = comm.total(window.numel())
         if kept_size <= _SCAN_AT or kept_size == size:
             break
@@ -207,9 +207,7 @@ def certified_fbeta_bound(
     return (1 + beta**2) / (1 + v)
 
 
-def fbeta_of_decisions(
-    u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL
-) -> float:
+def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL) -> float:
     """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)
     (``comm``: counted over processes)."""
     counts = torch.stack([(u_pos > 0).sum(), (u_neg > 0).sum()]).cpu()
@@ -311,8 +309,10 @@ def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, mask
         hi = comm.max(x.new_full(k0.shape, -float("inf")).scatter_reduce_(0, g, x, "amax"))
     if comm.world > 1:  # every process's candidates (few: at most _SCAN_AT but for ties)
         parts = [comm.cat(p) for p in parts]
-        groups = [comm.cat(g if g is not None else p.new_zeros(p.shape, dtype=torch.int64))
-                  for p, g in zip(parts, groups, strict=True)]
+        groups = [
+            comm.cat(g if g is not None else p.new_zeros(p.shape, dtype=torch.int64))
+            for p, g in zip(parts, groups, strict=True)
+        ]
     return _fbeta_scan(parts, groups, k0, tp0, value, masked)
 
 
@@ -420,8 +420,14 @@ def _bucket_range(parts: list[Tensor], comm: LocalComm = LOCAL) -> tuple[float, 
     hi = max((float(r.max) for r in ranges), default=-float("inf"))
     if comm.world > 1:  # NaN survives min/max as inf-free sums would not: check it apart
         nan = any(bool(torch.isnan(x).any()) for x in parts)
-        lo, hi, nan = (float(v) for v in (comm.min(torch.tensor([lo])), comm.max(torch.tensor([hi])),
-                                          comm.max(torch.tensor([float(nan)]))))
+        lo, hi, nan = (
+            float(v)
+            for v in (
+                comm.min(torch.tensor([lo])),
+                comm.max(torch.tensor([hi])),
+                comm.max(torch.tensor([float(nan)])),
+            )
+        )
         return (lo, hi) if nan == 0 and -limit < lo < hi < limit else None
     return (lo, hi) if -limit < lo < hi < limit else None
 

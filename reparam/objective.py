@@ -102,7 +102,9 @@ class ShapeObjective(ShardedRows, nn.Module):
                 g, order = torch.sort(group_of[idx], stable=True)
                 idx = idx[order]
             per_group = torch.bincount(g, minlength=n_groups)
-            present = per_group.nonzero()[:, 0]  # groups with a positive of class c
+            # groups with a positive of class c (no groups: the class's one problem, which a
+            # shard holding none of its positives has too)
+            present = per_group.nonzero()[:, 0] if group_of is not None else torch.zeros(1).long()
             problem = torch.full((n_groups,), -1, dtype=torch.int64)
             problem[present] = len(counts) + torch.arange(present.numel())
             slot[idx] = (sum(counts) + torch.arange(idx.numel())).to(index)
@@ -255,7 +257,9 @@ class ShapeObjective(ShardedRows, nn.Module):
             self._device_counted = True
         else:
             self._monitor.on_forward(batch, self.shape_labels.numel(), self._duties)
-        if batch == 0 and not self.sharded:  # nothing to estimate; keep a graph so backward() still works
+        if (
+            batch == 0 and not self.sharded
+        ):  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
         if ok is None:  # eager on the CPU: idx checked by the gather's own bounds check
             rows = _checks.rows(self.slot, idx)

@@ -403,7 +403,7 @@ def sharded_root(eps: Tensor, tau: Tensor, comm: LocalComm) -> Tensor:
         new_hi = float(vmax[nxt])
         above_count, above_sum = float(c_above[nxt]), float(s_above[nxt])
         kept = [x[_bucket(x.double(), lo, scale, m) == nxt] for x in window.split(_CHUNK)]
-        window = torch.cat(kept)
+        window = torch.cat(kept) if kept else window
         lo, hi = new_lo, new_hi
 
 

@@ -335,7 +335,7 @@ class SparseTau:
     def _accumulate_pending_(self) -> None:
         """The pending gradients into the accumulator (:func:`accumulate_`)."""
         collected = self._collect_()
-        if collected is not None:
+        if collected is not None and self._tau_grad.shape[0] > 0:  # (a shard may hold no row)
             rows, touched, grad = collected
             accumulate_(self._tau_grad, rows, touched, grad)
             self._accumulated.append((rows, touched))

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from reparam import Shard
+
 from .config import REGULARIZERS, Config, RegularizerConfig
 
 
@@ -59,17 +61,29 @@ def _processes() -> int:
 
 
 def build_regularizer(
-    r: RegularizerConfig, shape_labels: torch.Tensor, groups: torch.Tensor | None = None
+    r: RegularizerConfig,
+    shape_labels: torch.Tensor,
+    groups: torch.Tensor | None = None,
+    shard: Shard | None = None,
 ) -> nn.Module | None:
     """The regularizer ``r.name`` with its options (``None`` for ``none``); a bad option is a
     ``ValueError`` naming its config key. ``groups``: per-sample groups (``target: pixels``: each
-    pixel's image)."""
+    pixel's image); ``shard``: this process's block of the per-sample state (``shape_labels`` its
+    block's)."""
     if r.name == "none":
         return None
     try:
         extra = {} if groups is None else {"groups": groups}
+        if shard is not None:
+            if r.name not in ("fbeta", "precision_at_recall") or groups is not None:
+                raise ValueError(
+                    f"regularizer.shard={r.shard} supports regularizer.name fbeta and "
+                    f"precision_at_recall on the shape node (target: shape_node), got "
+                    f"name={r.name}, target={r.target}"
+                )
+            extra["shard"] = shard
         kwargs = r.kwargs()
-        if "dual_every" in kwargs and _processes() > 1:
+        if "dual_every" in kwargs and _processes() > 1 and shard is None:
             # the per-step dual step writes the local batch's rows of tau and lambda and steps nu
             # on the local batch, so ranks would drift apart; the epoch step runs on merged scores
             if kwargs["dual_every"] == "step":

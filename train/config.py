@@ -137,7 +137,7 @@ class OptimConfig:
 
 
 # the constructor's data, not options: the trainer passes them from the data set
-DATA_ARGUMENTS = ("shape_labels", "groups")
+DATA_ARGUMENTS = ("shape_labels", "groups", "shard")  # given by the trainer, not the config
 # options the reparameterized objectives share (the alternatives take none of them)
 COMMON = ("projection", "inline_strength")
 # the library's choices for options its signatures type as ``str``
@@ -191,6 +191,10 @@ class _RegularizerBase:
     # or, segmentation with F-beta, the pixels of each image (the grouped F-beta, one problem per
     # image: the mean per-image Dice; docs/segmentation.md), scored by the logits' margins
     target: Literal["shape_node", "pixels"] = "shape_node"
+    # several processes: each holds the per-sample state of its own block of the training set
+    # (reparam.Shard; F-beta and precision_at_recall, target shape_node). "owner": each draws its
+    # batches from its block; "global": DistributedSampler, the batch routed to the owners
+    shard: Literal["none", "owner", "global"] = "none"
     # null: each objective's own default (F-beta: its preset's, ``regularizer.fbeta.preset``)
     projection: Literal[PROJECTION_MODES] | None = _default(FBetaRegularizer, "projection")
     inline_strength: float = _default(FBetaRegularizer, "inline_strength")

@@ -307,6 +307,28 @@ class ResumableBatchSampler(BatchSampler):
         yield from itertools.islice(super().__iter__(), skip, None)
 
 
+class BlockSampler(Sampler[int]):
+    """The samples ``[start, stop)`` of one process (``regularizer.shard=owner``: each process
+    draws from the block whose per-sample state it holds), in a permutation drawn from
+    ``seed + epoch`` (call ``set_epoch``, as with ``DistributedSampler``), padded by its first
+    samples to ``length`` so that every process takes the same number of batches."""
+
+    def __init__(self, start: int, stop: int, length: int, seed: int) -> None:
+        self.start, self.stop, self.length, self.seed, self.epoch = start, stop, length, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(self.stop - self.start, generator=g) + self.start
+        order = order.repeat(-(-self.length // len(order)))[: self.length]
+        return iter(order.tolist())
+
+    def __len__(self) -> int:
+        return self.length
+
+
 def make_loader(
     ds: Dataset,
     batch_size: int,
@@ -317,6 +339,7 @@ def make_loader(
     rank: int = 0,
     world: int = 1,
     distributed: bool = False,
+    block: tuple[int, int] | None = None,
 ) -> DataLoader:
     """Batches of ``batch_size`` (last one smaller) for this process.
 
@@ -325,8 +348,11 @@ def make_loader(
     training uses ``DistributedSampler`` (permutation from ``seed + epoch``, call ``set_epoch``), so
     global step ``t`` covers the same samples whatever the number of processes; evaluation takes
     the disjoint shard ``range(rank, n, world)`` (no padding: every sample counted once).
+    ``block``: training draws from the samples ``[start, stop)`` alone (:class:`BlockSampler`).
     """
-    if distributed and shuffle:
+    if block is not None:
+        base = BlockSampler(*block, -(-len(ds) // world), seed)
+    elif distributed and shuffle:
         base: Sampler | list[int] = DistributedSampler(
             ds, num_replicas=world, rank=rank, shuffle=True, seed=seed
         )

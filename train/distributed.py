@@ -116,7 +116,7 @@ def all_reduce_(t: Tensor) -> Tensor:
 @torch.no_grad()
 def average_gradients_(params: list[torch.nn.Parameter]) -> None:
     """``p.grad <- mean over ranks`` (one flattened all-reduce for all of ``params``)."""
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
+    if not (dist.is_initialized() and dist.get_world_size() > 1) or not params:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])

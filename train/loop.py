@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -32,7 +31,7 @@ from tqdm import tqdm
 from reparam import ReparamRegularizer
 from reparam.functional import best_fbeta_threshold
 
-from . import checkpoint, distributed, reporting, run_info
+from . import checkpoint, distributed, reporting, run_info, sharded_state
 from . import config as config_mod
 from .build import (
     autocast_dtype,
@@ -50,32 +49,10 @@ from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
 from .evaluation import evaluate, shape_at_threshold
 from .files import atomic_path, write_npz, write_text_atomic
 from .groups import GroupWeighting
-from .losses import TaskLoss, build_task_loss
+from .losses import TaskLoss, build_task_loss, task_loss
 from .models import build_model
 from .nonfinite import NonFiniteGuard
 from .state import TrainState, check_format
-
-
-def task_loss(
-    logits: Tensor,
-    y: Tensor,
-    groups: GroupWeighting | None = None,
-    shape: Tensor | None = None,
-    criterion: TaskLoss | None = None,
-) -> Tensor:
-    """Cross-entropy; pixels labelled ``IGNORE_INDEX`` do not count (a batch with no labelled
-    pixel gives 0, not NaN). With ``groups`` (``train.group_weighting``), the per-pixel (per-sample)
-    terms weighted over the samples' shape groups ``shape`` (train/groups.py). With ``criterion``
-    (``train.loss`` / ``train.class_weights`` set, train/losses.py), that loss instead."""
-    if criterion is not None:
-        return criterion(logits, y)
-    if groups is not None:
-        per_term = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="none")
-        return groups.loss(per_term, shape, y != IGNORE_INDEX if logits.dim() > 2 else None)
-    if logits.dim() == 2:
-        return F.cross_entropy(logits, y)
-    total = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum")
-    return total / (y != IGNORE_INDEX).sum().clamp_min(1)
 
 
 def run(
@@ -160,7 +137,10 @@ def setup(
     model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
     # target pixels: the samples are the training pixels, each image a group (grouped F-beta)
     labels, groups = data.train.pixel_problem() if pixels else (data.train_shape_labels, None)
-    reg = build_regularizer(cfg.regularizer, labels, groups)
+    # regularizer.shard: this process holds the state of its block of the samples only
+    shard = sharded_state.regularizer_shard(cfg, ctx, len(labels))
+    labels = labels if shard is None else shard.local_labels(labels)
+    reg = build_regularizer(cfg.regularizer, labels, groups, shard)
     del labels, groups
     if reg is not None and config_mod.pin_resolved(cfg, reg) and resume is None and ctx.is_main:
         config_mod.save(cfg, out / "config.yaml")  # what "auto" chose for these data
@@ -175,6 +155,7 @@ def setup(
         rank=ctx.rank,
         world=ctx.world,
         distributed=ctx.enabled,
+        block=shard.bounds() if shard is not None and shard.sampling == "owner" else None,
     )
     test_loader, val_loader = (
         None
@@ -236,13 +217,14 @@ def setup(
         groups=groups,
     )
     if found is not None:
+        sharded_state.restore(found[0], found[1], ctx, shard)  # this rank's block
         state.load_state_dict(found[1])
         if state.totals is not None and not ctx.is_main:
             state.totals[:3] = 0  # the saved sums are over all processes already: count them once
     # each process remembers the scores of its own samples; they are merged before a dual step
-    written = (
-        torch.zeros(reg.n_samples, dtype=torch.bool, device=device) if ctx.enabled and reg else None
-    )
+    # (sharded: each process holds and writes its own samples' scores; nothing to merge)
+    merged = ctx.enabled and reg is not None and shard is None
+    written = torch.zeros(reg.n_samples, dtype=torch.bool, device=device) if merged else None
     return Setup(
         out,
         device,
@@ -261,7 +243,7 @@ def setup(
         written,
         cfg.regularizer.positive_classes() if pixels else None,
         "none yet" if found is None else str(found[0]),
-        list(reg.parameters()) if reg is not None else [],
+        list(reg.parameters()) if reg is not None and shard is None else [],
         criterion=criterion.to(device) if criterion is not None else None,
         tau_lr_group=reg.tau_lr_source(optimizer) if hasattr(reg, "tau_lr_source") else None,
     )
@@ -537,6 +519,10 @@ def save_checkpoint(
     if not cfg.train.checkpoint:
         return "none (train.checkpoint is false)"
     path = checkpoint.path_for(out, state.global_step)
+    if getattr(state.regularizer, "sharded", False):  # each rank's block, before rank 0's file
+        sharded_state.save_shards(
+            state.regularizer, out, state.global_step, ctx, cfg.train.keep_checkpoints
+        )
     if ctx.is_main:
         ckpt = state.state_dict()
         if totals is not None:

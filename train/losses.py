@@ -18,7 +18,7 @@ also go to the smp losses that take ``class_weights`` (all of the above but LovÃ
 their per-class terms as ``sum_c w_c L_c / sum_c w_c``.
 
 The default (``cross_entropy`` without class weights) is not built here: the loop keeps its own
-cross-entropy (``train.loop.task_loss``), bit for bit the loss of the runs before these options.
+cross-entropy (``task_loss``), bit for bit the loss of the runs before these options.
 
 The loss math is smp's and torch's; this module only picks, weighs and guards it. smp is imported
 lazily (after the torchvision import cure), so the config can read the option tuples cheaply.
@@ -40,6 +40,7 @@ from .caches import segmentation
 if TYPE_CHECKING:
     from .config import Config
     from .data import DataBundle
+    from .groups import GroupWeighting
 
 IGNORE_INDEX = segmentation.IGNORE  # = train.data.IGNORE_INDEX (255)
 # train.loss: cross-entropy, or the smp loss of that name (segmentation only)
@@ -282,7 +283,7 @@ class TaskLoss(nn.Module):
 
 def build_task_loss(cfg: Config, data: DataBundle) -> TaskLoss | None:
     """The task loss of ``cfg.train`` for ``data`` (class weights from its training cache);
-    ``None`` for the default, plain cross-entropy, which ``train.loop.task_loss`` computes."""
+    ``None`` for the default, plain cross-entropy, which ``task_loss`` computes."""
     t = cfg.train
     if t.loss == "cross_entropy" and t.class_weights == "none":
         return None
@@ -336,3 +337,25 @@ def validate_task_loss(cfg: Config) -> None:
             "terms: it needs train.loss='cross_entropy' and train.class_weights='none', got "
             f"train.loss={t.loss!r}, train.class_weights={t.class_weights!r}"
         )
+
+
+def task_loss(
+    logits: Tensor,
+    y: Tensor,
+    groups: GroupWeighting | None = None,
+    shape: Tensor | None = None,
+    criterion: TaskLoss | None = None,
+) -> Tensor:
+    """Cross-entropy; pixels labelled ``IGNORE_INDEX`` do not count (a batch with no labelled
+    pixel gives 0, not NaN). With ``groups`` (``train.group_weighting``), the per-pixel (per-sample)
+    terms weighted over the samples' shape groups ``shape`` (train/groups.py). With ``criterion``
+    (``train.loss`` / ``train.class_weights`` set, train/losses.py), that loss instead."""
+    if criterion is not None:
+        return criterion(logits, y)
+    if groups is not None:
+        per_term = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="none")
+        return groups.loss(per_term, shape, y != IGNORE_INDEX if logits.dim() > 2 else None)
+    if logits.dim() == 2:
+        return F.cross_entropy(logits, y)
+    total = F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total / (y != IGNORE_INDEX).sum().clamp_min(1)

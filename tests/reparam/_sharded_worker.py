@@ -4,10 +4,9 @@ per-process batches as one accumulated step, each loss weighted 1/K, as data par
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
-
-import copy
 
 import torch
 import torch.distributed as dist
@@ -19,10 +18,13 @@ N, D, B = 240, 6, 16  # samples, features, per-process batch
 STEPS = int(os.environ.get("SHARDED_TEST_STEPS", 7))  # steps per epoch
 
 
-def data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def data(seed: int = 0, ordered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, D, generator=g)
     y = (x[:, 0] + 0.5 * torch.randn(N, generator=g) > 0.6).long()
+    if ordered:  # the positives last: the first block holds none
+        order = torch.argsort(y, stable=True)
+        x, y = x[order], y[order]
     return x, y
 
 
@@ -36,12 +38,14 @@ def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
             out.append(list(perm.view(k, B)))
         else:  # each from its own block
             shard = [Shard(N, r, k) for r in range(k)]
-            out.append([s.start + torch.randint(0, s.stop - s.start, (B,), generator=g) for s in shard])
+            out.append(
+                [s.start + torch.randint(0, s.stop - s.start, (B,), generator=g) for s in shard]
+            )
     return out
 
 
 def make(kind: str, labels: torch.Tensor, shard: Shard | None):
-    if kind == "fbeta":
+    if kind in ("fbeta", "fbeta_ordered"):
         return FBetaRegularizer(labels, shard=shard)
     if kind == "fbeta_clip":
         return FBetaRegularizer(labels, shard=shard, projection="clip", tau_update="sparse_adam")
@@ -51,7 +55,7 @@ def make(kind: str, labels: torch.Tensor, shard: Shard | None):
 def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, state=None):
     """``rank`` None: the one-process reference; else process ``rank`` of the sharded run."""
     torch.manual_seed(0)
-    x, y = data()
+    x, y = data(ordered=kind.endswith("_ordered"))
     head = torch.nn.Linear(D, 1)
     if rank is None:
         reg = make(kind, y, None)
@@ -133,19 +137,38 @@ def statistics(rank: int, k: int, out: str) -> None:
     g = torch.Generator().manual_seed(7)
     cases = {
         "spread": (torch.randn(30000, generator=g) + 1.2, torch.randn(50000, generator=g) - 0.5),
-        "ties": ((torch.randn(30000, generator=g) * 4).round() / 4 + 1, (torch.randn(50000, generator=g) * 4).round() / 4),
-        "outliers": (torch.cat([torch.randn(30000, generator=g) + 1.5, torch.tensor([1e6])]),
-                     torch.cat([torch.randn(40000, generator=g), torch.tensor([-1e6, 3e5])])),
+        "ties": (
+            (torch.randn(30000, generator=g) * 4).round() / 4 + 1,
+            (torch.randn(50000, generator=g) * 4).round() / 4,
+        ),
+        "outliers": (
+            torch.cat([torch.randn(30000, generator=g) + 1.5, torch.tensor([1e6])]),
+            torch.cat([torch.randn(40000, generator=g), torch.tensor([-1e6, 3e5])]),
+        ),
     }
     for name, (u_pos, u_neg) in cases.items():
         mine = [part.tensor_split(k)[rank] for part in (u_pos, u_neg)]
         results[name] = {
-            "threshold": (Fn.best_fbeta_threshold(*mine, 1.0, comm), Fn.best_fbeta_threshold(u_pos, u_neg, 1.0)),
-            "bound": (Fn.certified_fbeta_bound(*mine, 1.0, comm), Fn.certified_fbeta_bound(u_pos, u_neg, 1.0)),
-            "fbeta": (Fn.fbeta_of_decisions(*mine, 1.0, comm), Fn.fbeta_of_decisions(u_pos, u_neg, 1.0)),
-            "at_recall": (tuple(R.threshold_at_recall(*mine, 0.9, comm)), tuple(R.threshold_at_recall(u_pos, u_neg, 0.9))),
-            "root": (float(sharded_root(torch.tensor(0.3), mine[0], comm)),
-                     float(sharded_root(torch.tensor(0.3), u_pos, LOCAL))),
+            "threshold": (
+                Fn.best_fbeta_threshold(*mine, 1.0, comm),
+                Fn.best_fbeta_threshold(u_pos, u_neg, 1.0),
+            ),
+            "bound": (
+                Fn.certified_fbeta_bound(*mine, 1.0, comm),
+                Fn.certified_fbeta_bound(u_pos, u_neg, 1.0),
+            ),
+            "fbeta": (
+                Fn.fbeta_of_decisions(*mine, 1.0, comm),
+                Fn.fbeta_of_decisions(u_pos, u_neg, 1.0),
+            ),
+            "at_recall": (
+                tuple(R.threshold_at_recall(*mine, 0.9, comm)),
+                tuple(R.threshold_at_recall(u_pos, u_neg, 0.9)),
+            ),
+            "root": (
+                float(sharded_root(torch.tensor(0.3), mine[0], comm)),
+                float(sharded_root(torch.tensor(0.3), u_pos, LOCAL)),
+            ),
         }
     if rank == 0:
         torch.save(results, out)
@@ -192,25 +215,35 @@ def main(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> No
     head, reg, opt = train(kind, k, rank, sampling)
     result = {"state": gathered(reg), "head": head.state_dict(), "stats": reg.stats()}
     # deep copies: a loaded optimizer shares the state tensors it was given
-    local = copy.deepcopy({"head": head.state_dict(), "reg": reg.state_dict(), "opt": opt.state_dict()})
+    local = copy.deepcopy(
+        {"head": head.state_dict(), "reg": reg.state_dict(), "opt": opt.state_dict()}
+    )
     # resume: the saved shard continued for one epoch equals the run continued in memory
-    head2, reg2, _ = train(kind, k, rank, sampling, epochs=1, state=local)
-    _, reg3, _ = train(kind, k, rank, sampling, epochs=1,
-                       state=copy.deepcopy({"head": head.state_dict(), "reg": reg.state_dict(),
-                                            "opt": opt.state_dict()}))
+    _, reg2, _ = train(kind, k, rank, sampling, epochs=1, state=local)
+    _, reg3, _ = train(
+        kind,
+        k,
+        rank,
+        sampling,
+        epochs=1,
+        state=copy.deepcopy(
+            {"head": head.state_dict(), "reg": reg.state_dict(), "opt": opt.state_dict()}
+        ),
+    )
     result["resume_equal"] = [
-        name for (name, a), b in zip(reg2.state_dict().items(), reg3.state_dict().values())
+        name
+        for (name, a), b in zip(reg2.state_dict().items(), reg3.state_dict().values(), strict=True)
         if not torch.equal(a, b)
     ]
-    result["bytes"] = sum(
-        t.numel() * t.element_size() for t in reg.state_dict().values()
-    )
+    result["bytes"] = sum(t.numel() * t.element_size() for t in reg.state_dict().values())
     if rank == 0:
         ref_head, ref_reg, _ = train(kind, k, None, sampling)
         result["ref_state"] = ref_reg.state_dict()
         result["ref_head"] = ref_head.state_dict()
         result["ref_stats"] = ref_reg.stats()
-        result["ref_bytes"] = sum(t.numel() * t.element_size() for t in ref_reg.state_dict().values())
+        result["ref_bytes"] = sum(
+            t.numel() * t.element_size() for t in ref_reg.state_dict().values()
+        )
     results = [None] * k
     dist.all_gather_object(results, {"bytes": result["bytes"], "resume": result["resume_equal"]})
     if rank == 0:

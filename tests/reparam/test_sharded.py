@@ -71,6 +71,7 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         ("fbeta", 2, "global"),
         ("pr", 3, "global"),
         ("fbeta", 2, "owner"),
+        ("fbeta_ordered", 2, "global"),  # the first block holds no positive
         pytest.param("fbeta", 3, "global", marks=pytest.mark.slow),
         pytest.param("pr", 2, "global", marks=pytest.mark.slow),
         pytest.param("pr", 3, "owner", marks=pytest.mark.slow),
@@ -80,7 +81,9 @@ def assert_matches_one_process(r: dict, k: int) -> None:
 def test_sharded_run_matches_one_process(tmp_path, kind, k, sampling):
     r = run(tmp_path, k, kind, sampling)
     assert_matches_one_process(r, k)
-    if k == 2:  # nothing of size O(N) replicated: each process holds about half
+    if (
+        k == 2 and kind != "fbeta_ordered"
+    ):  # nothing of size O(N) replicated: each process holds about half
         assert max(p["bytes"] for p in r["all"]) <= 0.55 * r["ref_bytes"]
 
 

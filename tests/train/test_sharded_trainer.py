@@ -1,0 +1,91 @@
+"""``regularizer.shard`` in the trainer (torchrun, 2 gloo processes, the S-MNIST digits): each rank
+writes its own block of the regularizer next to rank 0's checkpoint; a run stopped inside an epoch
+and resumed ends bit for bit where the uninterrupted run does; a missing shard or another number of
+processes is a one-line error and nothing is written."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from train import checkpoint, distributed
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # four torchrun runs of two processes
+
+
+def _train(args: list[str], processes: int = 2) -> subprocess.CompletedProcess:
+    command = (
+        [*distributed.torchrun_command(processes)]
+        if processes > 1
+        else [sys.executable, "-m", "train"]
+    )
+    return subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _overrides(data: Path, out: Path, mode: str) -> list[str]:
+    return [
+        f"data.path={data}",
+        f"train.out={out}",
+        "model.name=mlp",
+        "model.hidden=[32]",
+        "data.batch_size=20",
+        "train.epochs=2",
+        "train.device=cpu",
+        "train.num_threads=1",
+        "train.progress=false",
+        "regularizer.name=fbeta",
+        "regularizer.alpha=0.1",
+        f"regularizer.shard={mode}",
+    ]
+
+
+def _final(run: Path) -> tuple[dict, dict]:
+    """Rank 0's last checkpoint and rank 1's shard of the same step."""
+    main = checkpoint.listing(run)[0]
+    step = int(main.name[5:-3])
+    shard = run / "checkpoints" / "shards" / f"step-{step:09d}.rank-1-of-2.pt"
+    return checkpoint.load(main), checkpoint.load(shard)
+
+
+@pytest.mark.parametrize("mode", ["owner", "global"])
+def test_sharded_stop_and_resume_is_exact(digits_smnist, tmp_path, mode):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    ran = _train(["--config", "configs/demo.yaml", *_overrides(digits_smnist, whole, mode)])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    args = _overrides(digits_smnist, parts, mode)
+    stopped = _train(["--config", "configs/demo.yaml", *args, "train.stop_after_steps=20"])
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    resumed = _train(["--resume", str(parts)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (main_a, shard_a), (main_b, shard_b) = _final(whole), _final(parts)
+    assert main_a["regularizer"]["shard_layout"].tolist() == [600, 0, 2]
+    assert shard_a["regularizer"]["shard_layout"].tolist() == [600, 1, 2]
+    for a, b in ((main_a["regularizer"], main_b["regularizer"]), (shard_a, shard_b)):
+        b = b.get("regularizer", b)
+        for name, value in a.get("regularizer", a).items():
+            assert torch.equal(value, b[name]), name
+    for name, value in main_a["model"].items():
+        assert torch.equal(value, main_b["model"][name]), name
+
+
+def test_missing_shard_and_other_process_counts_are_errors(digits_smnist, tmp_path):
+    run = tmp_path / "run"
+    args = [*_overrides(digits_smnist, run, "global"), "train.stop_after_steps=10"]
+    ran = _train(["--config", "configs/demo.yaml", *args])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    before = sorted(p.name for p in (run / "checkpoints").rglob("*.pt"))
+    one = _train(["--resume", str(run)], processes=1)
+    assert one.returncode != 0
+    assert "sharded over 2 processes: resume it with torchrun --nproc_per_node=2" in one.stderr
+    for shard in (run / "checkpoints" / "shards").glob("*.pt"):
+        shard.unlink()
+    missing = _train(["--resume", str(run)])
+    assert missing.returncode != 0
+    assert "the regularizer shard of rank 1" in missing.stderr and "is missing" in missing.stderr
+    after = sorted(p.name for p in (run / "checkpoints").rglob("*.pt"))
+    assert [p for p in after if "shards" not in p] == [p for p in before if "rank-1" not in p]

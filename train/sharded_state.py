@@ -1,0 +1,98 @@
+"""The trainer's side of ``regularizer.shard`` (``reparam.Shard``): each of the K processes holds the
+per-sample state of its own block of the training set, and writes it to its own checkpoint file.
+
+* ``checkpoints/step-<N>.pt`` (rank 0, as in every run) holds the model, the optimizer, the
+  counters and rank 0's block of the regularizer; ``checkpoints/shards/step-<N>.rank-<r>-of-<K>.pt``
+  holds rank ``r``'s block (``r >= 1``), written atomically by that rank. The shards are written
+  before rank 0's file (a barrier between): a step's main file exists only once its shards do.
+* Resume: every rank reads the main file and rank ``r >= 1`` its own shard instead of rank 0's
+  block. A missing or unreadable shard, or a checkpoint of another number of processes, is a
+  one-line ``ValueError`` that says how to resume; nothing is written before that check.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from reparam import Shard
+
+from . import checkpoint
+from .config import Config
+from .distributed import Context
+
+FOLDER = "shards"
+_NAME = re.compile(r"^step-(\d+)\.rank-(\d+)-of-(\d+)\.pt$")
+
+
+def regularizer_shard(cfg: Config, ctx: Context, n_total: int) -> Shard | None:
+    """This process's block when ``regularizer.shard`` is set and there are several processes
+    (one process holds the whole state: ``None``)."""
+    mode = cfg.regularizer.shard
+    if mode == "none" or cfg.regularizer.name == "none" or not ctx.enabled or ctx.world == 1:
+        return None
+    return Shard.from_process_group(n_total, sampling=mode)
+
+
+def shard_path(run_dir: Path, step: int, rank: int, world: int) -> Path:
+    return Path(run_dir) / checkpoint.FOLDER / FOLDER / f"step-{step:09d}.rank-{rank}-of-{world}.pt"
+
+
+def save_shards(reg: torch.nn.Module, run_dir: Path, step: int, ctx: Context, keep: int) -> None:
+    """Every rank but 0 writes its block (atomically) and prunes its old ones; then all wait, so
+    that rank 0's file, written after this, marks a complete checkpoint."""
+    if ctx.rank > 0:
+        path = shard_path(run_dir, step, ctx.rank, ctx.world)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint.save_atomic({"regularizer": reg.state_dict()}, path)
+        mine = sorted(
+            (int(m.group(1)), p)
+            for p in path.parent.glob(f"step-*.rank-{ctx.rank}-of-{ctx.world}.pt")
+            if (m := _NAME.match(p.name))
+        )
+        for _, old in mine[:-keep] if keep else []:
+            old.unlink(missing_ok=True)
+    dist.barrier()
+
+
+def restore(found: Path, state: dict[str, Any], ctx: Context, shard: Shard | None) -> None:
+    """Put this rank's block of the regularizer into the checkpoint ``state`` read from ``found``
+    (in place), after checking that the checkpoint was written by as many processes."""
+    reg_state = state.get("regularizer")
+    saved = None if reg_state is None else reg_state.get("shard_layout")
+    world = shard.world if shard is not None else 1
+    if saved is None and shard is None:
+        return
+    if saved is None:
+        raise ValueError(
+            f"checkpoint {found} holds an unsharded regularizer state: resume it with "
+            "regularizer.shard=none"
+        )
+    n, _, saved_world = (int(v) for v in saved.tolist())
+    if shard is None or saved_world != world or n != shard.n_total:
+        raise ValueError(
+            f"checkpoint {found} holds the regularizer's state of {n} samples sharded over "
+            f"{saved_world} processes: resume it with torchrun --nproc_per_node={saved_world} "
+            f"and the same regularizer.shard (this run: {world} process(es), "
+            f"{'no shard' if shard is None else f'{shard.n_total} samples'})"
+        )
+    if ctx.rank == 0:
+        return
+    step = int(re.match(r"^step-(\d+)\.pt$", found.name).group(1))
+    path = shard_path(found.parent.parent, step, ctx.rank, ctx.world)
+    if not path.exists():
+        raise ValueError(
+            f"checkpoint {found}: the regularizer shard of rank {ctx.rank}, {path}, is missing: "
+            "restore it, or start a new run"
+        )
+    try:
+        state["regularizer"] = checkpoint.load(path)["regularizer"]
+    except Exception as e:  # unpickling / zip errors: the file is not usable
+        raise ValueError(
+            f"checkpoint {found}: the regularizer shard of rank {ctx.rank}, {path}, cannot be "
+            f"read ({type(e).__name__}: {e}): restore it, or start a new run"
+        ) from e
