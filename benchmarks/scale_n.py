@@ -9,9 +9,8 @@ the regularizer's parameters, ``after_step_()`` after every step; every measurem
 process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
 exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
 Modes: ``MODES`` below (the library's defaults: ``sparse_adam_ahead`` and the ``tracked``
-projection at every n; the exact inline projection with a dense ``tau``, the default below 2^20
-positives before issue 31; the ``clip`` projection with a sparse ``tau``
-update, O(B) per step; the projection once per epoch with a sparse ``tau`` update; the ``tracked``
+projection at every n; the exact inline projection with a dense ``tau``, O(n) per step; the
+``clip`` projection with a sparse ``tau`` update, O(B) per step; the projection once per epoch with a sparse ``tau`` update; the ``tracked``
 projection with a sparse ``tau`` update, O(B) per step), all or ``--modes``. Reported per mode, n
 and processes: the median step time (after
 warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
@@ -65,9 +64,9 @@ class ModeSpec:
 PER_BATCH = ("_tau_probe", "_probe_index", "_probe_touched", "_tau_ahead")
 
 MODES = (
-    # tau_update "auto": sparse_adam_ahead + tracked at every n (since issue 31)
+    # tau_update "auto": sparse_adam_ahead + tracked at every n
     ModeSpec("default (auto: tracked + sparse_adam_ahead tau)", {}),
-    # the default before issue 31 below 2^20 positives: the exact inline projection, dense tau
+    # the exact inline projection with a dense tau: every row every step
     ModeSpec("inline projection, dense tau", {"tau_update": "dense"}),
     ModeSpec(
         "clip projection, sparse_adam tau", {"projection": "clip", "tau_update": "sparse_adam"}

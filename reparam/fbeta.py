@@ -43,8 +43,7 @@ DEFAULT_TAU_LR = 1e-2
 # O(B) per step, reparam/sparse.py) and the tracked projection at every n: the step is flat in n
 # (docs/figures/scale_n.md), and the LP gap on the fixed-feature problems is dense Adam's
 # (docs/method.md sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %; lazy Adam lost on
-# the imbalanced one, 4.9 %, with 50 steps per epoch). In earlier versions: dense + inline below 2^20
-# positives, lazy Adam + tracked from there.
+# the imbalanced one, 4.9 %, with 50 steps per epoch).
 AUTO_TAU_UPDATE = "sparse_adam_ahead"
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of

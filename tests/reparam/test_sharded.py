@@ -108,6 +108,33 @@ def test_errors(tmp_path):
     assert messages["same"] is None
 
 
+@pytest.mark.slow
+def test_the_guide_example_runs(tmp_path):
+    """docs/guide/sharded.md's loop, as written, under torchrun with 2 processes."""
+    import re
+
+    from train import distributed
+
+    page = (ROOT / "docs" / "guide" / "sharded.md").read_text()
+    script = tmp_path / "sharded_loop.py"
+    script.write_text(re.search(r"```python\n(.*?)```", page, re.S).group(1))
+    command = [*distributed.torchrun_command(2)[:-2], str(script)]  # a script, not -m train
+    proc = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = re.findall(r"epoch (\d): eps ([\d.]+), train F1 ([\d.]+)", proc.stdout)
+    assert [line[0] for line in printed] == ["1", "2", "3"]
+    first, second, third = printed  # what the page says it prints
+    assert f"`epoch 1: eps {first[1]}, train F1 {first[2]}`" in page
+    assert f"`{second[2]}` and `{third[2]}`" in page
+
+
 @pytest.mark.parametrize("gather", [1 << 16, 50])
 @pytest.mark.parametrize("seed", range(4))
 def test_sharded_root_is_the_projection_root(monkeypatch, gather, seed):

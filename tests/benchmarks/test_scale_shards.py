@@ -1,0 +1,22 @@
+"""``python -m benchmarks.scale_shards`` at its smallest size: one, two and four processes, both
+samplings, the table and the figure (no timing is asserted)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import scale_shards
+
+pytestmark = pytest.mark.slow  # four multi-process runs
+
+
+def test_scale_shards_measures_every_setup(tmp_path):
+    assert scale_shards.main(["--max-n", "1e4", "--steps", "2", "--out", str(tmp_path)]) == 0
+    lines = (tmp_path / "scale_shards.md").read_text().splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if "1e+04" in line]
+    assert [(r[0], r[1]) for r in rows] == [(str(k), s) for k, s in scale_shards.SETUPS]
+    for world, _, _, _, ratio, *_, share in rows:
+        assert ratio == "1.00"  # the ratio to the smallest n is 1 at the smallest n
+        # the per-sample state split K ways (+ the per-class buffers and Adam's state of eps)
+        assert 1 / int(world) <= float(share) <= 1 / int(world) + 0.01
+    assert (tmp_path / "scale_shards.png").stat().st_size > 0
