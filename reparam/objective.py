@@ -256,7 +256,9 @@ class ShapeObjective(ShardedRows, nn.Module):
             self._calls_since.add_(batch)
             self._device_counted = True
         else:
-            self._monitor.on_forward(batch, self.shape_labels.numel(), self._duties)
+            # an epoch's worth here: this process's samples (sharded: + the samplers' padding)
+            here = self.shape_labels.numel() + (self._comm.world if self.sharded else 0)
+            self._monitor.on_forward(batch, here, self._duties)
         if (
             batch == 0 and not self.sharded
         ):  # nothing to estimate; keep a graph so backward() still works

@@ -13,7 +13,11 @@ pytestmark = pytest.mark.slow  # four multi-process runs
 def test_scale_shards_measures_every_setup(tmp_path):
     assert scale_shards.main(["--max-n", "1e4", "--steps", "2", "--out", str(tmp_path)]) == 0
     lines = (tmp_path / "scale_shards.md").read_text().splitlines()
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if "1e+04" in line]
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in lines
+        if line.startswith("| ") and "1e+04" in line
+    ]
     assert [(r[0], r[1]) for r in rows] == [(str(k), s) for k, s in scale_shards.SETUPS]
     for world, _, _, _, ratio, *_, share in rows:
         assert ratio == "1.00"  # the ratio to the smallest n is 1 at the smallest n
