@@ -37,20 +37,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._processes import measure_in_fresh_processes, run_child
 from ._report import markdown_table, save_figure, subplots
 from ._timing import machine_line
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -162,47 +158,15 @@ def _exchange(reg, world: int, local: int) -> None:
         reg.share_sparse_grads_(distributed.all_gather, world, local)
 
 
-def _worker(rank: int, world: int, port: int, mode: int, n: int, batch: int, steps: int, out: str):
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    from train import distributed
-
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    finished = False
-    try:
-        result = _measure(mode, n, batch, steps)
-        Path(f"{out}.{rank}").write_text(json.dumps(result))
-        finished = True
-    finally:
-        distributed.shutdown(finished)
-
-
 def measure(mode: int, n: int, batch: int, steps: int, processes: int) -> dict[str, float]:
-    """One measurement in fresh processes (``python -m benchmarks.scale_n --child ...``); with 2
-    processes, the slower rank's times and the larger rank's memory."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/result"
-        cmd = [sys.executable, "-m", "benchmarks.scale_n", "--child"]
-        cmd += [json.dumps([mode, n, batch, steps, processes, out])]
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(processes)]
-    return {key: max(r[key] for r in ranks) for key in ranks[0]}
+    """One measurement in fresh processes; with 2 processes, the slower rank's times and the
+    larger rank's memory."""
+    return measure_in_fresh_processes("benchmarks.scale_n", [mode, n, batch, steps], processes)
 
 
 def _child(spec: str) -> None:
     mode, n, batch, steps, processes, out = json.loads(spec)
-    if processes == 1:
-        Path(f"{out}.0").write_text(json.dumps(_measure(mode, n, batch, steps)))
-        return
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(processes, port, mode, n, batch, steps, out), nprocs=processes)
+    run_child(_measure, [mode, n, batch, steps], processes, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from ._processes import measure_in_fresh_processes, run_child
 from ._report import markdown_table, save_figure, subplots
 from ._timing import machine_line
 
-ROOT = Path(__file__).resolve().parents[1]
 # buffers whose size is fixed or set by the batch, not by n (as benchmarks.scale_n)
 PER_BATCH = ("_tau_probe", "_probe_index", "_probe_touched", "_tau_ahead")
 SETUPS = ((1, "none"), (2, "owner"), (2, "global"), (4, "owner"), (4, "global"))
@@ -85,40 +81,14 @@ def _measure(n: int, sampling: str, batch: int, steps: int) -> dict[str, float]:
     }
 
 
-def _worker(rank: int, world: int, port: int, spec: list, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        Path(f"{out}.{rank}").write_text(json.dumps(_measure(*spec)))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+def measure(n: int, sampling: str, batch: int, steps: int, world: int) -> dict[str, float]:
+    """One measurement in fresh processes; the largest value over the processes."""
+    return measure_in_fresh_processes("benchmarks.scale_shards", [n, sampling, batch, steps], world)
 
 
 def _child(spec: str) -> None:
     n, sampling, batch, steps, world, out = json.loads(spec)
-    if world == 1:
-        Path(f"{out}.0").write_text(json.dumps(_measure(n, sampling, batch, steps)))
-        return
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_worker, args=(world, port, [n, sampling, batch, steps], out), nprocs=world)
-
-
-def measure(n: int, sampling: str, batch: int, steps: int, world: int) -> dict[str, float]:
-    """One measurement in fresh processes; the largest value over the processes."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/result"
-        spec = json.dumps([n, sampling, batch, steps, world, out])
-        cmd = [sys.executable, "-m", "benchmarks.scale_shards", "--child", spec]
-        subprocess.run(cmd, cwd=ROOT, check=True)
-        ranks = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(world)]
-    return {key: max(r[key] for r in ranks) for key in ranks[0]}
+    run_child(_measure, [n, sampling, batch, steps], world, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -258,8 +258,7 @@ def best_fbeta_threshold(
     def by_sort(u_pos: Tensor, u_neg: Tensor) -> tuple[float, float]:
         return _best_fbeta_threshold_sorted(u_pos, u_neg, beta)
 
-    cut = best_cut(u_pos, u_neg, fbeta, comm, by_sort)
-    return cut if len(cut) == 2 else cut[:2]
+    return best_cut(u_pos, u_neg, fbeta, comm, by_sort)[:2]
 
 
 def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, masked: float = 0.0):
@@ -308,11 +307,7 @@ def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, mask
         lo = comm.min(x.new_full(k0.shape, float("inf")).scatter_reduce_(0, g, x, "amin"))
         hi = comm.max(x.new_full(k0.shape, -float("inf")).scatter_reduce_(0, g, x, "amax"))
     if comm.world > 1:  # every process's candidates (few: at most _SCAN_AT but for ties)
-        parts = [comm.cat(p) for p in parts]
-        groups = [
-            comm.cat(g if g is not None else p.new_zeros(p.shape, dtype=torch.int64))
-            for p, g in zip(parts, groups, strict=True)
-        ]
+        parts, groups = [comm.cat(p) for p in parts], [comm.cat(g) for g in groups]
     return _fbeta_scan(parts, groups, k0, tp0, value, masked)
 
 

@@ -255,14 +255,16 @@ class ShardedRows:
         ``"owner"``: all of them must be (a ``ValueError`` otherwise); ``"global"``: they are
         routed to their owners (``reparam.sharding.route``), every process taking part."""
         shard = self.shard
-        _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
-        if shard.sampling == "global":
+        if shard.sampling == "global":  # checked before they leave (the owner checks them again)
+            _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
             if idx.numel():
                 _checks._index_range(idx, self.n_samples)
             self._routed_batch = idx.numel()
             scores, idx = route(shard, scores, idx.to(self.shape_labels.device))
             return scores, idx - shard.start
         start, stop = shard.bounds()
+        if not (isinstance(idx, Tensor) and idx.dtype == torch.int64 and idx.dim() == 1):
+            return scores, idx  # the forward's own check names what is wrong
         if idx.numel():
             lo, hi = (int(v) for v in idx.aminmax())
             if lo < start or hi >= stop:

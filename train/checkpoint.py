@@ -41,6 +41,11 @@ def path_for(run_dir: str | Path, global_step: int) -> Path:
     return Path(run_dir) / FOLDER / f"step-{global_step:09d}.pt"
 
 
+def step_of(path: Path) -> int:
+    """The global step of a checkpoint file ``step-<N>.pt``."""
+    return int(_NAME.match(Path(path).name).group(1))
+
+
 def listing(run_dir: str | Path) -> list[Path]:
     """The run's checkpoints, newest (highest step) first."""
     folder = Path(run_dir) / FOLDER

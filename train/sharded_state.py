@@ -82,8 +82,7 @@ def restore(found: Path, state: dict[str, Any], ctx: Context, shard: Shard | Non
         )
     if ctx.rank == 0:
         return
-    step = int(re.match(r"^step-(\d+)\.pt$", found.name).group(1))
-    path = shard_path(found.parent.parent, step, ctx.rank, ctx.world)
+    path = shard_path(found.parent.parent, checkpoint.step_of(found), ctx.rank, ctx.world)
     if not path.exists():
         raise ValueError(
             f"checkpoint {found}: the regularizer shard of rank {ctx.rank}, {path}, is missing: "

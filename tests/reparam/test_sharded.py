@@ -19,6 +19,8 @@ from reparam.sharding import LOCAL, sharded_root
 WORKER = Path(__file__).with_name("_sharded_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 # the state that is not per sample or compared elsewhere: forward calls are counted per process
+# the child processes: this checkout on the path, one thread each
+ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 NOT_COMPARED = {"batches", "shape_labels", "slot", "pos_index", "tau_group", "shard_layout"}
 
 
@@ -36,7 +38,7 @@ def run(tmp_path: Path, k: int, kind: str, sampling: str = "global") -> dict:
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env=ENV,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=False)
@@ -125,7 +127,7 @@ def test_the_guide_example_runs(tmp_path):
         text=True,
         timeout=300,
         cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env=ENV,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     printed = re.findall(r"epoch (\d): eps ([\d.]+), train F1 ([\d.]+)", proc.stdout)

@@ -47,8 +47,7 @@ def _overrides(data: Path, out: Path, mode: str) -> list[str]:
 def _final(run: Path) -> tuple[dict, dict]:
     """Rank 0's last checkpoint and rank 1's shard of the same step."""
     main = checkpoint.listing(run)[0]
-    step = int(main.name[5:-3])
-    shard = run / "checkpoints" / "shards" / f"step-{step:09d}.rank-1-of-2.pt"
+    shard = run / "checkpoints" / "shards" / f"step-{checkpoint.step_of(main):09d}.rank-1-of-2.pt"
     return checkpoint.load(main), checkpoint.load(shard)
 
 
