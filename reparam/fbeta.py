@@ -208,8 +208,10 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         self.tau_update = tau_update
         if self.sharded and (tau_update == "dense" or p != 1):
             raise ValueError(
-                f"shard: a sharded F-beta needs one positive class and a sparse tau update (the "
-                f"default), got positive_classes={self.classes}, tau_update={tau_update!r}"
+                f"shard: a sharded F-beta needs one positive class and a sparse tau update, got "
+                f"positive_classes={self.classes}, tau_update={tau_update!r} (tau_update='auto' "
+                "is dense once projection or preset is given: pass "
+                "tau_update='sparse_adam_ahead'; the trainer: regularizer.fbeta.tau_update)"
             )
         self.tau_lr = _checks.number(
             "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True

@@ -89,8 +89,9 @@ def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
     top = u.new_tensor(hi, dtype=torch.float64)  # g(max u) = sum u: no valid k left is rounding
     # the values left, and the count, sum and (a bound on the) sum of |u| of those below them
     window, k0, s0, a0 = u, 0.0, 0.0, 0.0
+    size = n  # the window's values on every process: the bucket count is the same everywhere
     for level in range(_LEVELS):
-        m = _n_buckets(window.numel())
+        m = _n_buckets(size)
         lo_t = u.new_tensor([lo])
         scale = _scales(lo_t, u.new_tensor([hi]), m)
         counts = torch.zeros(m, dtype=torch.int64, device=u.device)
@@ -133,10 +134,11 @@ def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
         for x in window.split(_CHUNK):
             b = _bucket_index(x, lo_t, scale, m)
             kept.append(x[(b >= first) & (b <= last)])
-        size, window = comm.total(window.numel()), torch.cat(kept) if kept else window
+        window = torch.cat(kept) if kept else window
         kept_size = comm.total(window.numel())
         if kept_size <= _SCAN_AT or kept_size == size:
             break
+        size = kept_size
         lo, hi = _bucket_range([window], comm) or (0.0, 0.0)
         if lo == hi:
             break

@@ -126,6 +126,12 @@ def gathered(reg) -> dict[str, torch.Tensor]:
     return out
 
 
+def _uneven(x: torch.Tensor, rank: int, k: int) -> torch.Tensor:
+    weights = torch.tensor([(r + 1) ** 2 for r in range(k)], dtype=torch.float64)
+    bounds = (weights.cumsum(0) / weights.sum() * x.numel()).long().tolist()
+    return x[([0, *bounds])[rank] : bounds[rank]]
+
+
 def statistics(rank: int, k: int, out: str) -> None:
     """The epoch end's selections on scores spread over the processes against one process's on
     all of them: the value-bucket paths (more than 2^14 scores; ties; a few huge values)."""
@@ -147,7 +153,8 @@ def statistics(rank: int, k: int, out: str) -> None:
         ),
     }
     for name, (u_pos, u_neg) in cases.items():
-        mine = [part.tensor_split(k)[rank] for part in (u_pos, u_neg)]
+        # uneven shares (rank r holds a part growing with r^2): nothing may follow the local size
+        mine = [_uneven(part, rank, k) for part in (u_pos, u_neg)]
         results[name] = {
             "threshold": (
                 Fn.best_fbeta_threshold(*mine, 1.0, comm),

@@ -90,12 +90,16 @@ def test_sharded_run_matches_one_process(tmp_path, kind, k, sampling):
 
 
 def test_epoch_end_selections_match_one_process(tmp_path):
-    """The value-bucket searches on scores spread over 3 processes: the same threshold, bound,
-    F-beta, rate cut and projection root as one process on all the scores (exactly)."""
+    """The value-bucket searches on scores spread unevenly over 3 processes: the same threshold,
+    F-beta, rate cut and projection root as one process on all the scores (exactly; the bound to
+    the rounding of its sum)."""
     results = run(tmp_path, 3, "statistics")
     for case, values in results.items():
         for name, (sharded, whole) in values.items():
-            assert sharded == whole, (case, name)
+            if name == "bound":  # a float64 sum over the negatives, added up in another order
+                assert sharded == pytest.approx(whole, rel=1e-12), (case, name)
+            else:
+                assert sharded == whole, (case, name)
 
 
 def test_errors(tmp_path):
