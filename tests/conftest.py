@@ -40,6 +40,19 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """The test compiles from dynamo's initial state and leaves none behind: its compiled code,
+    guards and records of the sizes each frame saw are process-wide, so without a reset what a
+    test compiles would depend on the tests that ran before it in the process. Modules that
+    compile use it with ``pytestmark = pytest.mark.usefixtures("fresh_dynamo")``."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 MNIST_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mnist"
 
 

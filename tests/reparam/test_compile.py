@@ -12,6 +12,8 @@ from reparam import FBetaRegularizer, ShapeHead
 LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1] * 10)  # N = 100
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
 
 def _train(compiled: bool, device: str, **options):
     torch.manual_seed(0)
@@ -123,3 +125,40 @@ def test_many_compiled_regularizers_in_one_process():
         reg(torch.randn(20, requires_grad=True), torch.arange(20)).backward()
         reg.after_step_()
         assert not torch.equal(reg.tau_param, torch.ones_like(reg.tau_param))
+
+
+def _symbolic_inputs(gm: torch.fx.GraphModule) -> list[str]:
+    """The graph's inputs that dynamo made symbolic (a SymInt, or a tensor with a symbolic size)."""
+    out = []
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        sizes = value.shape if isinstance(value, torch.Tensor) else [value]
+        if any(isinstance(s, torch.SymInt) for s in sizes):
+            out.append(node.name)
+    return out
+
+
+def test_a_regularizer_compiles_from_its_own_sizes_whatever_compiled_before():
+    """Dynamo records the sizes each frame saw per (file, line, name) and compiles as dynamic a
+    size that changed. Each regularizer's compiled functions have a name of their own, so a
+    regularizer compiled after others (other n, other batch sizes) compiles static graphs at
+    first, as in a fresh process: what it compiles does not depend on what ran before."""
+    graphs: dict[str, list[list[str]]] = {}
+
+    def recording(tag):
+        def backend(gm, _inputs):
+            graphs.setdefault(tag, []).append(_symbolic_inputs(gm))
+            return gm.forward
+
+        return backend
+
+    for tag, n, batches in (("first", 300, (50, 50, 30)), ("second", 100, (24,))):
+        labels = (torch.arange(n) % 2).long()
+        reg = FBetaRegularizer(labels, projection="epoch", tau_update="sparse_adam_ahead")
+        reg.compile(backend=recording(tag))
+        gen = torch.Generator().manual_seed(0)
+        for b in batches:  # a new batch size: dynamo recompiles with dynamic sizes
+            reg(torch.randn(b, generator=gen, requires_grad=True), torch.randperm(n)[:b]).backward()
+            reg.after_step_()
+    assert any(graphs["first"][2:]), "the first regularizer never compiled a dynamic graph"
+    assert graphs["second"] and not any(graphs["second"]), graphs["second"]

@@ -17,6 +17,7 @@ from train.loop import run
 from .run_utils import final_checkpoint, quiet, smnist_cfg
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 # On CUDA inductor's kernels sum in another order than cuBLAS / the eager kernels. Measured (torch
 # 2.11 + CUDA 13, H100 and H200, 2026-11-26): after one epoch the first layer's weights differ by up
 # to 1.16e-6 absolute (parameters of size 0.03; 7.6e-3 relative on an entry near zero), every other
