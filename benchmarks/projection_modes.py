@@ -2,17 +2,15 @@
 
     python -m benchmarks.projection_modes --jobs 2 --out docs/figures     # resumable
     python -m benchmarks.projection_modes --out docs/figures --name tau_update_quality \
-        --arms "inline, exact (dense tau)" "projection tracked" "projection tracked, sparse tau" \
+        --arms "inline, exact (dense tau)" "projection tracked" \
         "projection tracked, sparse tau ahead"          # the tau update rules (~10 min)
 
 The runs of ``benchmarks.compare.fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
-seeds 0-2) for the library's defaults (``projection="inline"``, exact; dual steps 0.1; capped) and
-for the same settings with the projection after every optimizer step (``step``), once per epoch
-(``epoch``, Algorithm 3's place), never (``none``), the batch's rows clipped at ``eps`` with the
-exact projection at every epoch end (``clip``: with a dense ``tau``, and with the sparse one at the
-head's step 1e-2 and at 1e-3), the inline projection's threshold over a tracked active set
-(``tracked``: with a dense ``tau``, and with the sparse one at 1e-2, lazy and ahead: the library's
-default) and inline but smooth (``inline_strength`` 0.05, 0.2:
+seeds 0-2) for the library's defaults with a dense ``tau`` (``projection="inline"``, exact; dual
+steps 0.1; capped) and for the same settings with the projection once per epoch (``epoch``,
+Algorithm 3's place), the inline projection's threshold over a tracked active set (``tracked``:
+with a dense ``tau``, and with the sparse one at 1e-2 stepped by ``sparse_adam_ahead``: the
+library's default) and inline but smooth (``inline_strength`` 0.05, 0.2:
 ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of ``u > 0``,
 the certified F1 bound and the LP gap of the final scores (the (3') objective at their best feasible
 ``eps``, relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1

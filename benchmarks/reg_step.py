@@ -5,15 +5,15 @@
 
 One step: ``reg(u, idx)`` (the minibatch ``L_B``), its backward, the optimizer step of the
 regularizer's parameters and ``reg.after_step_()``, for random batches of ``B`` samples with ``n``
-positives and ``n`` negatives; ``tau`` stepped densely by a fused Adam (the trainer's optimizer),
-or by the sparse rules (reparam.sparse: the batch's rows only), with the paper's projection
-``epoch`` (the epoch end timed apart); also the default ``inline`` projection with a dense ``tau``.
-What is compared steps in turn (rotating order), so that drift of a shared machine hits all alike;
-``--compile`` adds the sparse modes with ``reg.compile()``. Prints the median step per ``n`` and the
-ratio to the first (target: <= 1.2). On the CPU also one step at S-MNIST's size taken apart
-(median us and dispatched operations of each part, at a steady step); ``--against REF`` adds the
-same for ``reparam`` at git revision ``REF``, interleaved in one process (docs/results.md compares
-revision ``2a53c72``: ``--against 2a53c72 --no-sizes``).
+positives and ``n`` negatives; ``tau`` stepped densely by a fused Adam (the trainer's optimizer)
+with the paper's projection ``epoch`` (the epoch end timed apart) and with the ``inline``
+projection, and the library's defaults (``tracked``, ``tau`` stepped by ``sparse_adam_ahead`` on
+the batch's rows only, reparam.sparse). What is compared steps in turn (rotating order), so that
+drift of a shared machine hits all alike; ``--compile`` adds the defaults with ``reg.compile()``.
+Prints the median step per ``n`` and the ratio to the first (target: <= 1.2). On the CPU also
+one step at S-MNIST's size taken apart (median us and dispatched operations of each part, at a
+steady step); ``--against REF`` adds the same for ``reparam`` at git revision ``REF``, interleaved
+in one process (docs/results.md compares revision ``2a53c72``: ``--against 2a53c72 --no-sizes``).
 """
 
 from __future__ import annotations
@@ -37,13 +37,11 @@ from reparam import FBetaRegularizer
 
 MODES = {  # name -> FBetaRegularizer options (preset "paper" unless given: the S-MNIST configs')
     "dense Adam (epoch)": dict(projection="epoch", tau_update="dense"),
-    "sparse_adam (epoch)": dict(projection="epoch", tau_update="sparse_adam"),
-    "sparse_sgd (epoch)": dict(projection="epoch", tau_update="sparse_sgd"),
     "dense Adam (inline)": dict(projection="inline", tau_update="dense"),
     # the library's defaults: tau_update auto = sparse_adam_ahead, tracked
     "defaults (tracked, sparse_adam_ahead)": dict(preset=None),
 }
-PARTS_MODES = ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)")
+PARTS_MODES = ("dense Adam (epoch)",)
 SEGMENTS = ("input checks", "score memory", "L_B forward", "backward", "optimizer", "after_step_")
 SMNIST = 55930  # S-MNIST's positives (and as many negatives here)
 COUNT_AT = 4  # the step whose dispatched operations are counted: a steady one, not the first
@@ -229,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1e3,1e4,1e5,1e6", help="numbers of positives")
     p.add_argument("--steps", type=int, default=300, help="timed steps per size and mode")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--compile", action="store_true", help="also the sparse modes compiled")
+    p.add_argument("--compile", action="store_true", help="also the defaults compiled")
     p.add_argument("--no-sizes", action="store_true", help="skip the step-vs-n sweep")
     p.add_argument("--against", metavar="REF", help="also reparam at git revision REF")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")

@@ -9,9 +9,8 @@ the regularizer's parameters, ``after_step_()`` after every step; every measurem
 process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
 exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
 Modes: ``MODES`` below (the library's defaults: ``sparse_adam_ahead`` and the ``tracked``
-projection at every n; the exact inline projection with a dense ``tau``, O(n) per step; the
-``clip`` projection with a sparse ``tau`` update, O(B) per step; the projection once per epoch with a sparse ``tau`` update; the ``tracked``
-projection with a sparse ``tau`` update, O(B) per step), all or ``--modes``. Reported per mode, n
+projection at every n, O(B) per step, eager and compiled; the exact inline projection with a dense
+``tau``, O(n) per step), all or ``--modes``. Reported per mode, n
 and processes: the median step time (after
 warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
 over all n, every sample scored with a Gaussian score), the exact projection of ``(eps, tau)`` alone against one elementwise
@@ -26,11 +25,9 @@ State per mode (docs/method.md sec. 11), per sample + per positive, and at half 
   ``score_epoch`` int32);
 * dense ``tau`` stepped by Adam: + 21 B per positive (``pos_index`` int32, ``tau_group``
   int8, ``tau``, ``lambda``, Adam's two moments): 23.5 B per sample;
-* ``sparse_adam`` (either projection): + 29 B per positive (``pos_index``, ``tau_group``, ``tau``,
-  ``lambda``, the lazy Adam moments 8 B, the gradient accumulator 8 B): 27.5 B per sample;
-* projection ``tracked``: + 1 B per positive (the active set, bool): 28 B per sample;
-* ``sparse_adam_ahead`` with ``tracked`` (the default): + 4 B per positive (the step of each row's
-  last touch, int32): 30 B per sample.
+* ``sparse_adam_ahead`` with the ``tracked`` projection (the default): + 34 B per positive
+  (``pos_index``, ``tau_group``, ``tau``, ``lambda``, the Adam moments 8 B, the gradient accumulator
+  8 B, the active set 1 B (bool), the step of each row's last touch 4 B (int32)): 30 B per sample.
 """
 
 from __future__ import annotations
@@ -64,17 +61,6 @@ MODES = (
     ModeSpec("default (auto: tracked + sparse_adam_ahead tau)", {}),
     # the exact inline projection with a dense tau: every row every step
     ModeSpec("inline projection, dense tau", {"tau_update": "dense"}),
-    ModeSpec(
-        "clip projection, sparse_adam tau", {"projection": "clip", "tau_update": "sparse_adam"}
-    ),
-    ModeSpec(
-        "epoch projection, sparse_adam tau",
-        {"projection": "epoch", "tau_update": "sparse_adam"},
-    ),
-    ModeSpec(
-        "tracked projection, sparse_adam tau",
-        {"projection": "tracked", "tau_update": "sparse_adam"},
-    ),
     ModeSpec("default compiled (reg.compile())", {"compile": True}),
 )
 

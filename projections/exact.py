@@ -22,6 +22,7 @@ from torch import Tensor
 from . import _checks
 from ._roots import root_linear, root_sort, root_sort_grouped, root_top_prefix
 from ._tree import as_dtype, root_tree, root_tree_value
+from .collective import LocalComm, root_over
 
 # Up to this many coordinates per row (grouped: in all), "auto" uses the sort: one fused sort
 # beats the linear method's passes on short rows. Crossovers measured on 2 CPU cores
@@ -39,7 +40,12 @@ _TREE_DTYPES = (torch.float32, torch.float64)  # the max tree's (numpy's) dtypes
 
 
 def project_onto_c(
-    eps: Tensor, tau: Tensor, *, method: str = "auto", groups: Tensor | None = None
+    eps: Tensor,
+    tau: Tensor,
+    *,
+    method: str = "auto",
+    groups: Tensor | None = None,
+    comm: LocalComm | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Euclidean projection of ``(eps, tau)`` onto C (docs/method.md sec. 4), differentiable a.e.
 
@@ -55,6 +61,11 @@ def project_onto_c(
             ``AUTO_SORT_MAX_N`` -- grouped: ``AUTO_GROUPED_SORT_MAX_N`` -- coordinates, else linear).
         groups: optional int64 ``(n,)`` with values in ``[0, G)``: coordinate ``i`` is constrained
             by ``tau_i <= eps[groups[i]]`` (one projection per group, solved jointly).
+        comm: the processes over which the coordinates of one problem are spread
+            (``projections.collective``; docs/method.md sec. 13): ``tau`` is this process's part,
+            ``eps`` (0-dim) the same on every process, and the root is found over all of them
+            (:func:`projections.collective.root_over`; no autograd). ``None`` or one process
+            (``LOCAL``): every coordinate is here.
 
     Returns:
         ``(eps_p, tau_p)`` with the dtype, device and shapes of the inputs, which are not modified.
@@ -64,6 +75,9 @@ def project_onto_c(
         ValueError: non-tensor or integer input, NaN/inf, mismatched shapes/dtypes/devices,
             ``groups`` of the wrong dtype/shape or out of range, unknown ``method``.
     """
+    if comm is not None and comm.world > 1:
+        e = projection_root(eps, tau, comm=comm).clamp_min(0)
+        return e, torch.minimum(tau.detach(), e)
     if groups is None and (method == "auto" or method == "tree"):
         out = _project_vector(eps, tau)
         if out is not None:
@@ -107,9 +121,19 @@ def projection_root(
     *,
     method: str = "auto",
     groups: Tensor | None = None,
+    comm: LocalComm | None = None,
     _checked: bool = False,
 ) -> Tensor:
-    """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd; ``e* = max(0, r)``."""
+    """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd;
+    ``e* = max(0, r)``. ``comm`` as for :func:`project_onto_c`: over several processes, one
+    problem (``eps`` 0-dim, ``groups`` ``None``) by :func:`projections.collective.root_over`."""
+    if comm is not None and comm.world > 1:
+        if groups is not None or eps.dim() != 0:
+            raise ValueError(
+                f"comm: the root over several processes is for one problem (eps 0-dim, no "
+                f"groups), got eps of shape {tuple(eps.shape)}, groups={'given' if groups is not None else None}"
+            )
+        return root_over(eps.detach(), tau.detach(), comm)
     if not _checked:
         method = _checks.check_method(method)
         if groups is None:

@@ -13,6 +13,7 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 __version__ = "0.2.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
 
 from . import functional, rate_functional
+from ._checks import RETIRED as RETIRED_OPTIONS
 from .base import PROJECTION_MODES, ReparamRegularizer
 from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer, resolve_preset
 from .functional import certified_fbeta_bound
@@ -25,6 +26,7 @@ __all__ = [
     "FBETA_PRESETS",
     "PAPER_PRESET",
     "PROJECTION_MODES",
+    "RETIRED_OPTIONS",
     "ROCAUC",
     "FBetaRegularizer",
     "PrecisionAtRecall",

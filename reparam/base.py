@@ -5,10 +5,9 @@ An objective (F-beta, P@R, R@P, ROC-AUC) is a Lagrangian in per-positive-sample 
 ascent) and a few objective-level variables. On top of ``ShapeObjective`` (labels, score memory,
 epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, float32 state) this
 base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
-``step`` (after every optimizer step), ``inline`` (the loss sees the projection of the raw
-parameters, exact or soft), ``clip`` (the loss sees only the batch's rows, clipped at the threshold:
-O(B) per step; the exact projection in place at every epoch end) or ``none`` (an ablation); and
-the ``lambda`` step ``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant
+``inline`` (the loss sees the projection of the raw parameters, exact or soft) or ``tracked``
+(F-beta: the loss sees the exact projection's threshold over an active set tracked in O(B) per
+step, ``reparam.tracked``); and the ``lambda`` step ``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant
 ``eta_lambda = dual_lr_lambda`` (a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch``
 in the user's loop).
 
@@ -30,7 +29,7 @@ from torch import Tensor
 from . import _checks
 from .objective import ShapeObjective
 
-PROJECTION_MODES = ("epoch", "step", "inline", "clip", "tracked", "none")
+PROJECTION_MODES = ("tracked", "epoch", "inline")
 
 
 class ReparamRegularizer(ShapeObjective):
@@ -61,18 +60,27 @@ class ReparamRegularizer(ShapeObjective):
         """``torch.compile`` the whole per-step path, each part one graph
         (``fullgraph=True``, no graph break; docs/method.md sec. 11b): the forward (``L_B``, the score memory, the counters
         and the input masks; AOTAutograd compiles its backward with it) and :meth:`after_step_`
-        (the sparse ``tau`` step, the tracked active set, mode ``"step"``'s projection). The
+        (the sparse ``tau`` step, the tracked active set). The
         epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile`` (for
         example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop the
         last partial batch). Replaces ``nn.Module.compile``; the state, checkpoints and
         ``state_dict`` are unchanged. The first calls compile (seconds to a minute); results match
         eager to rounding (tests/reparam/test_compile.py). Inside a compiled region of your own
         (``torch.compile`` of your training step) the objective traces whole without this call.
-        Modes ``"inline"`` and ``"step"`` run the exact projection every step, whose root search
-        reads values: they compile with graph breaks (``fullgraph=False``)."""
-        options = {"fullgraph": self.projection not in ("inline", "step"), **kwargs}
+        Mode ``"inline"`` runs the exact projection every step, whose root search
+        reads values: it compiles with graph breaks (``fullgraph=False``)."""
+        options = {"fullgraph": self._traces_whole, **kwargs}
         self._compiled_forward = torch.compile(_own_code(type(self)._forward), **options)
         self._compiled_after_step = torch.compile(_own_code(type(self)._after_step), **options)
+
+    @property
+    def _projects_at_epoch_end(self) -> bool:
+        return self.projection == "epoch"
+
+    @property
+    def _traces_whole(self) -> bool:
+        """Whether the per-step path traces as one graph (``compile``'s ``fullgraph``)."""
+        return self.projection != "inline"
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -85,13 +93,13 @@ class ReparamRegularizer(ShapeObjective):
         return self._project(*raw, strength=self.inline_strength)
 
     def _effective(self, position: int) -> Tensor:
-        """The value the loss uses for constrained variable ``position``: the parameter itself,
-        except in mode ``"inline"`` (its projection) and ``"clip"`` / ``"tracked"`` (its clipping,
-        :meth:`_clipped`), detached: write to the ``*_param``. Computed once while ``end_epoch_``
-        reads it (until a projection writes the parameters)."""
-        if self.projection not in ("inline", "clip", "tracked"):
+        """The value the loss uses for constrained variable ``position``: the parameter itself in
+        mode ``"epoch"``, its projection in mode ``"inline"``, its clipping at the tracked
+        threshold in mode ``"tracked"`` (:meth:`_clipped`), detached: write to the ``*_param``.
+        Computed once while ``end_epoch_`` reads it (until a projection writes the parameters)."""
+        if self.projection == "epoch":
             return getattr(self, self._constrained_names[position])
-        if self.projection in ("clip", "tracked"):
+        if self.projection == "tracked":
             return self._memo(("constrained", position), lambda: self._clipped(position))
         return self._memo(("constrained",), self._projected)[position]
 
@@ -112,28 +120,12 @@ class ReparamRegularizer(ShapeObjective):
         self.projections += 1
         self.projections_epoch += 1
 
-    @property
-    def _needs_after_step(self) -> str | None:
-        return (
-            "projection='step' projects there, so nothing is projected"
-            if (self.projection == "step")
-            else None
-        )
-
-    def _after_step_body_(self) -> None:
-        """After every optimizer step: projects in mode ``"step"``."""
-        if self.projection == "step":
-            self.project_()
-
     def _end_epoch_body_(self) -> None:
-        r"""End of epoch ``e`` (docs/method.md sec. 3b): projection (modes ``"epoch"`` and
-        ``"clip"``), then dual ascent on the remembered scores:
+        r"""End of epoch ``e`` (docs/method.md sec. 3b): projection (mode ``"epoch"``), then dual
+        ascent on the remembered scores:
         ``lambda_i <- max(0, lambda_i + eta_l (tau_i - u_i))`` for every positive whose score was
         ever recorded (``eta_l = dual_lr_lambda``), then the objective's own multipliers."""
-        # mode "clip": the exact projection re-anchors the threshold on all of tau once per epoch
-        # (O(n), as the dual step); without it F-beta's eps, a free parameter between clips, sank
-        # to 0 within an epoch and stayed for ~7 (S-MNIST MLP, docs/method.md sec. 3b)
-        if self.projection in ("epoch", "clip"):
+        if self._projects_at_epoch_end:
             self.project_()
         eta_l = self.dual_lr_lambda
         tau, target = self._lambda_targets()
@@ -171,7 +163,7 @@ class ReparamRegularizer(ShapeObjective):
         raise NotImplementedError
 
     def _clipped(self, position: int) -> Tensor:
-        """Mode ``"clip"``: constrained variable ``position`` as the loss sees it (detached)."""
+        """Mode ``"tracked"``: constrained variable ``position`` as the loss sees it (detached)."""
         raise NotImplementedError
 
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
@@ -190,7 +182,7 @@ class ReparamRegularizer(ShapeObjective):
 
 
 def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
-    """A dense-``tau`` state loads into a ``sparse_adam`` regularizer with fresh (zero) moments
+    """A dense-``tau`` state loads into a sparse-``tau`` regularizer with fresh (zero) moments
     (switching ``tau_update`` between runs is allowed; nothing else is filled in)."""
     for name in ("tau_adam_moments", "tau_adam_step", "tau_adam_last"):
         if hasattr(module, name) and prefix + name not in state_dict:

@@ -5,7 +5,7 @@ per positive training sample, indexed by dataset index) are ``nn.Parameter``s st
 optimizer; ``lambda`` (one per positive sample), ``mu`` (one per class), the scores remembered
 during the epoch and the counters are buffers, so ``.to()``, ``state_dict()`` and checkpoints carry
 all of it. ``reg.eps`` / ``reg.tau`` are the values the loss uses (the parameters themselves, or in
-mode ``"inline"`` their projection, in modes ``"clip"`` / ``"tracked"`` their clipping).
+mode ``"inline"`` their projection, in mode ``"tracked"`` their clipping at the tracked threshold).
 
 Per training step: ``loss = task_loss + alpha * reg(scores, idx)`` (the minibatch ``L_B``),
 ``loss.backward(); opt.step(); reg.after_step_()``. Per epoch: ``reg.end_epoch_()`` projects
@@ -31,7 +31,7 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
-from .sharding import Shard, sharded_root
+from .sharding import Shard
 from .sparse import TAU_UPDATES, SparseTau
 from .tracked import TrackedActiveSet
 
@@ -42,8 +42,7 @@ DEFAULT_TAU_LR = 1e-2
 # tau_update="auto" with the library's defaults: "sparse_adam_ahead" (dense Adam's trajectory at
 # O(B) per step, reparam/sparse.py) and the tracked projection at every n: the step is flat in n
 # (docs/figures/scale_n.md), and the LP gap on the fixed-feature problems is dense Adam's
-# (docs/method.md sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %; lazy Adam lost on
-# the imbalanced one, 4.9 %, with 50 steps per epoch).
+# (docs/method.md sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %).
 AUTO_TAU_UPDATE = "sparse_adam_ahead"
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
@@ -85,16 +84,14 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             samples of the other classes.
         projection: where ``Pi_C`` is applied: ``"inline"`` (inside the loss:
             ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
-            ``"step"`` (after every optimizer step), ``"clip"`` (the batch's positives see
-            ``min(tau_k, eps)``, the clipped rows follow ``eps``: O(B) per step, also with a sparse
-            ``tau``; docs/method.md sec. 3b), ``"tracked"`` (the loss sees ``Pi_C``'s formula with
+            ``"tracked"`` (the loss sees ``Pi_C``'s formula with
             the threshold ``e* = (eps + sum_A tau) / (1 + |A|)`` of an active set ``A`` tracked
             in O(B) per step: the touched rows re-tested after each step, all rows at the epoch
             end; the batch's positives see ``min(tau_k, e*)``, a clipped row's gradient is
             ``dL/de* / (1 + |A|)``, the exact projection's Jacobian; ``A`` moves with ``eps`` as a
             block, its rows stored in ``tau_param`` as offsets above ``eps``: read ``reg.tau``;
-            also with a sparse ``tau``; the default with ``tau_update="auto"``),
-            ``"none"`` (an ablation). ``None``: the preset's (``"inline"``; paper: ``"epoch"``);
+            also with a sparse ``tau``; the default with ``tau_update="auto"``).
+            ``None``: the preset's (``"inline"``; paper: ``"epoch"``);
             with the library's preset and a sparse ``tau`` (also ``tau_update="auto"``),
             ``"tracked"``.
             The exact projection is ``projections.project_onto_c`` with its fastest method
@@ -118,26 +115,24 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         preset: which values the four options above take when left at ``None``: the library's
             (``None``, ``FBETA_DEFAULTS``, chosen on the evidence of docs/comparison.md) or the
             paper's Algorithm 3 as published (``"paper"``, ``PAPER_PRESET``). An option passed
-            explicitly overrides the preset (``preset="paper", projection="step"``: the paper's
-            settings with full projections).
+            explicitly overrides the preset (``preset="paper", projection="inline"``: the paper's
+            steps with the projection inside the loss; the paper's full projections after every
+            step are ``reparam.baselines.FullProjectionsFBeta``).
         tau_update: who steps ``tau`` (docs/method.md sec. 11). ``"dense"``: ``tau_param`` is an
             ``nn.Parameter`` in ``reg.parameters()``, stepped by your optimizer with the network
-            (every row, every step: O(n)). ``"sparse_sgd"`` / ``"sparse_adam"``: the regularizer
-            steps the rows the batch touched in :meth:`after_step_` (plain SGD, the paper's
-            Algorithm 3; or lazy Adam, ``torch.optim.SparseAdam``'s rule): O(B) per step;
-            ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
+            (every row, every step: O(n)). ``"sparse_adam_ahead"``: the regularizer steps the rows
+            the batch touched in :meth:`after_step_`, on dense Adam's trajectory in O(B) per step
+            (each touched row stores where dense Adam's momentum carries it: docs/method.md sec.
+            11); ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
             ``after_step_()`` after every optimizer step (or :meth:`attach`) and a projection other
             than ``"inline"`` (which differentiates through the projection of every ``tau``: O(n)
             per step); with ``projection`` and ``preset`` left at ``None`` it takes
-            ``"tracked"``. ``"sparse_adam_ahead"``: dense Adam's trajectory in O(B) per step
-            (each touched row stores where dense Adam's momentum carries it: docs/method.md sec.
-            11; lazy Adam moves a row touched once per epoch 10x less, and one epoch late).
-            ``"auto"`` (default): with the library's defaults (``projection`` and ``preset``
+            ``"tracked"``. ``"auto"`` (default): with the library's defaults (``projection`` and ``preset``
             ``None``), ``"sparse_adam_ahead"`` and projection ``"tracked"`` at every size, else
             ``"dense"``. ``reg.tau_update`` and ``reg.projection`` are the resolved values.
-        tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step; with
-            ``"sparse_adam_ahead"`` and not given, :meth:`attach` makes it follow the lr of the
-            optimizer's group that steps ``eps``: the step a dense ``tau`` would take).
+        tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step, and
+            :meth:`attach` makes it follow the lr of the optimizer's group that steps ``eps``: the
+            step a dense ``tau`` would take).
         groups: ``(N,)`` integer group of every training sample (``-1``: in no group), or
             ``None``. Given, the objective is the **grouped F-beta**, the mean over the groups of
             each group's F-beta (a macro F-beta over images, queries or users; per image of a
@@ -224,7 +219,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
                 raise ValueError(
                     f"tau_update={tau_update!r} steps only the rows a batch touches, but "
                     "projection='inline' couples every tau in each step's loss (O(n) per step): "
-                    "use projection 'clip' (O(B)), 'epoch' (the paper's), 'step' or 'none', or "
+                    "use projection 'tracked' (O(B)) or 'epoch' (the paper's), or "
                     "tau_update='dense'"
                 )
             self.register_buffer("tau_param", torch.ones(n_pos))
@@ -262,11 +257,6 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         (``reparam.lagrangian.batch_lagrangian``; ``rows``: the batch's rows of ``tau``, ``-1``
         for a negative)."""
         projection = self.projection
-        if projection == "clip":  # eps >= 0 by projecting eps itself (O(P)); the batch's rows
-            # of tau are clipped at eps. Not eps.clamp_min(0) in the loss: its gradient is 0 below
-            # 0, so an eps_param stepped below 0 never came back (S-MNIST MLP: eps 0 for 8 epochs)
-            with torch.no_grad():
-                self.eps_param.clamp_(min=0)
         if projection == "inline":
             eps, tau = self.constrained_parameters()
         else:
@@ -306,7 +296,6 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
             slots,
             beta=self.beta,
             scale=scale,
-            clip=projection in ("clip", "tracked"),
             cap=self.cap_scores,
             share=share,
             problem=problem,
@@ -348,19 +337,15 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
 
     def _after_step_body_(self) -> None:
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
-        (``reparam.sparse``), then the base's (projection in mode ``"step"``)."""
+        (``reparam.sparse``)."""
         if self.tau_update != "dense" and self._sparse_pending:
             self._sparse_tau_step_()
-        super()._after_step_body_()
 
     def _clipped(self, position: int) -> Tensor:
-        """Modes ``"clip"`` and ``"tracked"``: ``eps`` (0) or ``tau`` (1) as the loss sees them;
-        ``eps`` alone is ``O(P)`` (the epoch end's statistics ask for it several times)."""
-        if self.projection == "tracked":
-            eps = self._tracked_threshold(self.eps_param.detach())[0]
-            return eps if position == 0 else self._tracked_values().minimum(self._per_row(eps))
-        eps = self.eps_param.detach().clamp_min(0)
-        return eps if position == 0 else torch.minimum(self.tau_param.detach(), self._per_row(eps))
+        """Mode ``"tracked"``: ``eps`` (0) or ``tau`` (1) as the loss sees them; ``eps`` alone is
+        ``O(P)`` (the epoch end's statistics ask for it several times)."""
+        eps = self._tracked_threshold(self.eps_param.detach())[0]
+        return eps if position == 0 else self._tracked_values().minimum(self._per_row(eps))
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form
@@ -369,11 +354,8 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
                 e, t = soft_project_onto_c(eps[0], tau, strength=strength)
                 return e.reshape(1), t
             return soft_project_onto_c(eps, tau, strength=strength, groups=self._groups)
-        if self.sharded:  # the root over every process's rows (reparam.sharding)
-            e = sharded_root(eps[0], tau, self._comm).clamp_min(0).reshape(1)
-            return e, torch.minimum(tau, e)
-        if one:
-            e, t = project_onto_c(eps[0], tau)
+        if one:  # (over every process's rows: the communicator's)
+            e, t = project_onto_c(eps[0], tau, comm=self._comm)
             return e.reshape(1), t
         return project_onto_c(eps, tau, groups=self._groups)
 

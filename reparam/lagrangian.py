@@ -43,7 +43,6 @@ def batch_lagrangian(
     *,
     beta: float,
     scale: float | Tensor,
-    clip: bool = False,
     cap: bool = False,
     share: Tensor | None = None,
     problem: Tensor | None = None,
@@ -61,16 +60,13 @@ def batch_lagrangian(
     docs/method.md sec. 10): its derivative is ``-s lambda_i`` below ``eps``, ``0`` above and half
     of it at a tie (``torch.minimum``'s rule).
 
-    ``clip``: the batch's positives see ``min(tau_k, eps)`` (projection mode ``"clip"``, O(B): the
-    exact projection's formula ``Pi_C(eps, tau) = (e, min(tau, e))`` with the threshold ``eps``
-    itself). A clipped row passes its term's gradient ``s (mu + lambda_k)`` to ``eps``, and follows
-    ``eps``: its own gradient is ``eps``'s total divided by (clipped rows + 1), as in the exact
-    projection the active set moves with the threshold (``d e* / d tau_k = 1/(|A| + 1)``, sec. 4)
-    -- without it a clipped row never comes back below ``eps`` (measured: docs/method.md sec. 3b).
-    Not the derivative of the forward value for those rows, by design. ``share`` (a 0-dim tensor,
-    or ``(K,)``; projection mode ``"tracked"``, where ``eps`` is the threshold ``e*`` of the
-    tracked active set ``A``): a clipped row's gradient is ``share * dL/deps`` instead, ``share =
-    d e*/d tau_k = 1[r > 0] / (|A| + 1)`` -- the projection's own derivative.
+    ``share`` (a 0-dim tensor, or ``(K,)``; projection mode ``"tracked"``, where ``eps`` is the
+    threshold ``e*`` of the tracked active set ``A``): the batch's positives see ``min(tau_k, eps)``,
+    the exact projection's formula ``Pi_C(eps, tau) = (e*, min(tau, e*))`` (O(B)). A clipped row
+    passes its term's gradient ``s (mu + lambda_k)`` to ``eps``, and follows ``eps``: its own
+    gradient is ``share * dL/deps``, ``share = d e*/d tau_k = 1[r > 0] / (|A| + 1)`` -- the
+    projection's own derivative: the active set moves with the threshold (docs/method.md sec. 4).
+    Not the derivative of the forward value for those rows, by design.
 
     **Several problems at once** (``problem`` given; docs/method.md sec. 12: several positive
     classes, or one problem per (class, group)): ``eps``, ``mu``, ``scale`` and ``eps_weight``
@@ -93,7 +89,6 @@ def batch_lagrangian(
         slots,
         beta**2,
         scale,
-        clip,
         cap,
         share,
         problem,
@@ -111,7 +106,6 @@ class _Step(NamedTuple):
     slots: Tensor | None
     beta2: float
     scale: float | Tensor
-    clip: bool
     cap: bool
     share: Tensor | None
     problem: Tensor | None
@@ -134,7 +128,6 @@ class _BatchLagrangian(torch.autograd.Function):
             step.slots,
             step.beta2,
             step.scale,
-            step.clip,
             step.cap,
             step.share,
             step.problem,
@@ -170,7 +163,6 @@ def lagrangian_terms(
     slots: Tensor,
     beta2: float,
     scale: float | Tensor,
-    clip: bool = False,
     cap: bool = False,
     share: Tensor | None = None,
     problem: Tensor | None = None,
@@ -180,9 +172,9 @@ def lagrangian_terms(
     gradient ``g``, ``dL/deps`` (shaped like ``eps``), and ``dL/du = f d_u``, ``dL/dtau = f d_tau``
     per batch entry (``f``: a float, ``scale`` or 1; one multiplication of ``g``)."""
     if problem is None:
-        return _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share)
+        return _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share)
     return _problems(
-        eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share, problem, eps_weight
+        eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, eps_weight
     )
 
 
@@ -193,10 +185,11 @@ def _rows(tau: Tensor, lam: Tensor, slots: Tensor | None) -> tuple[Tensor, Tenso
     return tau.index_select(0, slots), lam.index_select(0, slots)
 
 
-def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share):
+def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
     """:func:`lagrangian_terms` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
-    float): 16 operations on ``B``-long vectors; without ``clip``, ``d_u`` and ``d_tau`` per unit
-    of ``scale`` (the backward multiplies the incoming gradient by it once)."""
+    float): 16 operations on ``B``-long vectors; without clipping (``share`` ``None``), ``d_u`` and
+    ``d_tau`` per unit of ``scale`` (the backward multiplies the incoming gradient by it once)."""
+    clip = share is not None
     t, lam_b = _rows(tau, lam, slots)
     z = u + eps
     dphi = z > 0  # the hinge's derivative
@@ -224,14 +217,14 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, s
     if not clip:
         return loss, d_u, d_tau, d_eps, scale
     # the clipped rows move with eps, as the active set moves with the projection's e*
-    follow = d_eps / (over.sum() + 1) if share is None else d_eps * share
-    d_tau = torch.where(over, follow, d_tau * scale)
+    d_tau = torch.where(over, d_eps * share, d_tau * scale)
     return loss, d_u * scale, d_tau, d_eps, 1.0
 
 
-def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, share, problem, w):
+def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, w):
     """:func:`lagrangian_terms` for ``K`` problems: entry ``e`` in problem ``problem[e]`` (``-1``:
     none, weight 0), ``eps``, ``mu``, ``scale``, ``eps_weight`` (``w``) per problem ``(K,)``."""
+    clip = share is not None
     t, lam_b = _rows(tau, lam, slots)
     k = problem.clamp_min(0)
     eps_e, mu_e = eps.index_select(0, k), mu.index_select(0, k)
@@ -258,8 +251,5 @@ def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, clip, cap, shar
     d_eps = beta2 * w + torch.zeros_like(eps).index_add_(0, k, scale_e * d_eps_neg)
     loss = beta2 * (w * eps).sum() + (scale_e * terms).sum()
     if clip:  # the clipped rows move with eps, as the active set moves with the projection's e*
-        counted = over & (problem >= 0)
-        n_over = torch.zeros_like(eps).index_add_(0, k, counted.to(eps.dtype))
-        follow = (d_eps / (n_over + 1) if share is None else d_eps * share).index_select(0, k)
-        d_tau = torch.where(over, follow, d_tau)
+        d_tau = torch.where(over, (d_eps * share).index_select(0, k), d_tau)
     return loss, d_u, d_tau, d_eps, 1.0

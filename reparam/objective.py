@@ -341,7 +341,7 @@ class ShapeObjective(ShardedRows, nn.Module):
     # --- the schedule ---------------------------------------------------------------------------
 
     def after_step_(self) -> None:
-        """Call after every optimizer step (mode ``"step"`` projects here)."""
+        """Call after every optimizer step (a sparse ``tau`` is stepped here)."""
         if self._compiled_after_step is not None and not torch.compiler.is_compiling():
             with torch.no_grad():
                 self._compiled_after_step(self)

@@ -88,8 +88,8 @@ class RateObjective(ReparamRegularizer):
         if projection == "tracked":
             raise ValueError(
                 "projection='tracked' tracks F-beta's shared threshold eps; a rate objective's "
-                "box tau <= 1 has none (its projection is separable): use 'clip', which is "
-                "then the exact projection at O(B) per step, or 'inline'"
+                "box tau <= 1 has none (its projection is separable): use 'inline', which is "
+                "then the exact projection of the batch's rows, O(B) per step, or 'epoch'"
             )
         super().__init__(
             shape_labels,
@@ -146,8 +146,8 @@ class RateObjective(ReparamRegularizer):
 
     def _gather(self, idx: Tensor, slots: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (``slots``:
-        its rows of ``tau``, ``-1`` for a negative). The box's projection is separable, so modes
-        ``"inline"`` and ``"clip"`` project the batch's rows only (O(B); the same values and
+        its rows of ``tau``, ``-1`` for a negative). The box's projection is separable, so mode
+        ``"inline"`` projects the batch's rows only (O(B); the same values and
         gradients as projecting all of ``tau``), and the graph keeps no reference to ``tau``
         itself: the per-step dual step may write its rows before an earlier batch's backward
         (gradient accumulation)."""
@@ -161,8 +161,6 @@ class RateObjective(ReparamRegularizer):
             rows = rows.detach()
         if self.projection == "inline":
             (rows,) = self._project(rows, strength=self.inline_strength)
-        elif self.projection == "clip":
-            rows = rows.clamp(max=1)
         return is_pos, rows, self.lam.index_select(0, slots), scale
 
     @torch.no_grad()
@@ -212,9 +210,6 @@ class RateObjective(ReparamRegularizer):
 
     def _scale_pos(self, batch: int) -> float:
         return self.n_samples / (self._n_pos_list[0] * batch)
-
-    def _clipped(self, position: int) -> Tensor:
-        return self.tau_param.detach().clamp(max=1)
 
     def _dual_step_(self) -> None:
         """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""

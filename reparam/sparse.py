@@ -1,32 +1,17 @@
-r"""Updates of the per-positive variables ``tau`` that touch only the rows a batch used
+r"""The update of the per-positive variables ``tau`` that touches only the rows a batch used
 (docs/method.md sec. 11): the per-step work is O(B) whatever the number of positives ``n``.
 
 A batch's ``L_B`` depends on ``tau_i`` only for its positives, so its gradient is sparse: at most
 ``B`` nonzero rows. A dense optimizer nevertheless reads and writes all ``n`` rows of ``tau`` (and
-of its moment estimates) every step. The two sparse rules here do the same arithmetic on the
-touched rows only:
+of its moment estimates) every step. The rule here, ``tau_update="sparse_adam_ahead"``, does dense
+Adam's arithmetic on the touched rows only: dense Adam's trajectory at O(B) per step, for rows
+touched once in many steps (once an epoch: every per-sample ``tau``).
 
-* ``"sparse_sgd"``: ``tau_i <- tau_i - lr g_i`` for the touched rows -- the step of the paper's
-  Algorithm 3, and exactly what dense SGD (no momentum, no weight decay) does, since the other rows'
-  gradient is zero.
-* ``"sparse_adam"``: lazy Adam, the semantics of ``torch.optim.SparseAdam``: the moment estimates
-  of the touched rows only are updated,
-
-  .. math::
-      m_i \leftarrow \beta_1 m_i + (1-\beta_1) g_i,\quad
-      v_i \leftarrow \beta_2 v_i + (1-\beta_2) g_i^2,\quad
-      \tau_i \leftarrow \tau_i - \mathrm{lr}\,\frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t}\,
-      \frac{m_i}{\sqrt{v_i} + \epsilon},
-
-  with ``t`` the number of steps taken (one count for all rows, as SparseAdam's). Rows a batch did
-  not touch keep their moments (dense Adam would decay them and keep moving the row with its
-  stale momentum).
-* ``"sparse_adam_ahead"``: dense Adam's trajectory at O(B) per step, for rows touched once in many
-  steps (once an epoch: every per-sample ``tau``). Between two touches dense Adam keeps moving a
-  row by its decaying momentum: ``k`` steps without gradient scale ``m`` by ``b1^k``, ``v`` by
+* Between two touches dense Adam keeps moving a row by its decaying momentum: ``k`` steps without gradient scale ``m`` by ``b1^k``, ``v`` by
   ``b2^k`` and move the row by ``lr m / sqrt(v)`` times ``r + r^2 + ... + r^k`` (bias-corrected,
   ``r = b1 / sqrt(b2)``), ten times the step lazy Adam takes (``1 / (1 - r)`` against ``1 - b1``),
-  which lazy Adam applies one touch (one epoch) late instead, as stale momentum. Here a row stores
+  which lazy Adam (``torch.optim.SparseAdam``, which updates the touched rows' moments only)
+  applies one touch (one epoch) late instead, as stale momentum. Here a row stores
   its **rest point**: where dense Adam would carry it if no gradient came again,
   ``rho = tau - lr E(t) m / sqrt(v)``, with ``E(t) = sum_{u > t} c_u r^(u - t)`` the momentum's
   whole future (``c_u`` the bias correction of step ``u``; a table, constant from ``t`` = 2^14 on).
@@ -40,14 +25,14 @@ touched rows only:
   touched, which differs from dense Adam's value there by the momentum not yet spent,
   ``lr r^k E a``: nothing once a row waits a few dozen steps, and a look-ahead of the current
   momentum when rows repeat within a few steps. ``tests/reparam/test_sparse.py`` checks it
-  against ``torch.optim.Adam``. Its state: the lazy rule's plus the step of each row's last touch
-  (int32, 4 B per positive).
+  against ``torch.optim.Adam``. Its state: Adam's ``[m, v]`` per row, one step count, and the
+  step of each row's last touch (int32, 4 B per positive).
 
-Why not ``torch.optim.SparseAdam`` itself: its state lives in a separate optimizer, outside the
-regularizer's ``state_dict`` (checkpoints, ``.to()``), and its coalescing of the sparse gradient
-sorts the indices and sizes its output by the data, a host synchronization on accelerators per
-step. The rule is the same (``tests/reparam/test_sparse.py`` checks it against SparseAdam), and
-every operation here has a size fixed by the batch: no synchronization.
+Why not a ``torch.optim`` optimizer: dense Adam is O(n) per step, and ``torch.optim.SparseAdam``
+is the lazy rule; both keep their state outside the regularizer's ``state_dict`` (checkpoints,
+``.to()``), and SparseAdam's coalescing of the sparse gradient sorts the indices and sizes its
+output by the data, a host synchronization on accelerators per step. Every operation here has a
+size fixed by the batch: no synchronization.
 
 Bookkeeping, with no side effect in the backward pass (so ``torch.compile`` traces a step whole,
 forward, backward and :meth:`SparseTau.after_step_`, with no graph break): the loss sees the
@@ -73,8 +58,7 @@ from torch import Tensor
 
 from ._constants import constant
 
-TAU_UPDATES = ("dense", "sparse_sgd", "sparse_adam", "sparse_adam_ahead")
-ADAM_RULES = ("sparse_adam", "sparse_adam_ahead")  # the rules with Adam's state
+TAU_UPDATES = ("dense", "sparse_adam_ahead")
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
 ADAM_EPS = 1e-8
 _ONE_MINUS_BETAS = tuple(1 - b for b in ADAM_BETAS)
@@ -103,27 +87,25 @@ def add_rows_(state: Tensor, rows: Tensor, values: Tensor) -> None:
 
 @torch.no_grad()
 def sparse_step_(
-    rule: str,
     tau: Tensor,
     acc: Tensor,
     rows: Tensor,
     touched: Tensor,
     *,
     lr: float,
-    moments: Tensor | None = None,
-    step: Tensor | None = None,
-    last: Tensor | None = None,
+    moments: Tensor,
+    step: Tensor,
+    last: Tensor,
     ahead: Tensor | None = None,
     write: bool = True,
 ) -> Tensor | None:
-    """One ``rule`` step (``"sparse_sgd"`` / ``"sparse_adam"``, module docstring) on the rows
-    ``rows[touched]`` of ``tau`` (and of the Adam state: ``moments`` ``(n, 2)`` = ``[m, v]``, the
-    step count ``step``; ``"sparse_adam_ahead"``: ``last``, the step of each row's last touch, and
-    ``ahead``, the table of :func:`_ahead_table` on the state's device; ``None``: made here), from
-    the gradient summed in ``acc`` (:func:`accumulate_`), which is zero
-    again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not ``touched``
-    (their update is zero). In place; no host synchronization. Row-paired state (``[g, count]``,
-    ``[m, v]``) halves the scattered reads and writes of a step.
+    """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
+    and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
+    the step of each row's last touch; ``ahead``, the table of :func:`_ahead_table` on the state's
+    device, ``None``: made here), from the gradient summed in ``acc`` (:func:`accumulate_`), which
+    is zero again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not
+    ``touched`` (their update is zero). In place; no host synchronization. Row-paired state
+    (``[g, count]``, ``[m, v]``) halves the scattered reads and writes of a step.
 
     ``write=False``: ``tau`` is left alone and the step returns each entry's row change (the
     row's whole update, 0 where not touched) for the caller to write once (mode ``"tracked"``:
@@ -133,50 +115,31 @@ def sparse_step_(
     # a non-finite gradient skips the whole step (on the device): g . 0 is NaN iff one is
     ok = torch.dot(g, constant(0.0, g, g.shape)) == 0
     use, zero = ok & touched, constant(0.0, g)
+    share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence: one update a row
+    g = torch.where(ok, g, zero)
+    old = moments.index_select(0, rows)
+    betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
+    # the k steps since the row's last touch decay its moments
+    k = (step - last.index_select(0, rows)).to(old.dtype)
+    decayed = old * betas.pow(k.unsqueeze(1))  # dense Adam's moments at the last step
+    new = decayed * betas + torch.stack([g, g * g], 1) * one_minus_betas
+    ratio = constant(_AHEAD_RATIO, old)
+    a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
+    a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
+    ahead = _ahead_table(old.dtype).to(old.device) if ahead is None else ahead
+    future = ahead.index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
+    move = (a_old * ratio.pow(k) - a_new / ratio) * future
+    add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
     change = None
-    if rule == "sparse_sgd":  # 1/count of the row's step per occurrence: one update per row
-        if write:
-            tau.index_add_(0, rows, torch.where(use, g / count, zero), alpha=-lr)
-        else:
-            change = torch.where(use, g, zero) * -lr
-    elif rule in ADAM_RULES:
-        share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence
-        g = torch.where(ok, g, zero)
-        old = moments.index_select(0, rows)
-        betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
-        if rule == "sparse_adam":
-            step.add_(ok)
-            delta = (torch.stack([g, g * g], 1) - old) * one_minus_betas
-            m, v = (old + delta).unbind(1)
-            # sqrt(1 - b2^t) / (1 - b1^t) = prod([1 - b1^t, 1 - b2^t] ** [-1, 1/2]); t = 0: skipped
-            size = (1 - betas ** step.clamp_min(1)).pow(constant((-1.0, 0.5), old)).prod()
-            add_rows_(moments, rows, delta * share.unsqueeze(1))
-            if write:
-                tau.index_add_(0, rows, (m / (v.sqrt() + ADAM_EPS)).mul_(share * size), alpha=-lr)
-            else:
-                change = torch.where(use, m / (v.sqrt() + ADAM_EPS) * size, zero) * -lr
-        else:  # sparse_adam_ahead: the k steps since the row's last touch decay its moments
-            k = (step - last.index_select(0, rows)).to(old.dtype)
-            decayed = old * betas.pow(k.unsqueeze(1))  # dense Adam's moments at the last step
-            new = decayed * betas + torch.stack([g, g * g], 1) * one_minus_betas
-            ratio = constant(_AHEAD_RATIO, old)
-            a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
-            a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
-            ahead = _ahead_table(old.dtype).to(old.device) if ahead is None else ahead
-            future = ahead.index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
-            move = (a_old * ratio.pow(k) - a_new / ratio) * future
-            add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
-            if write:
-                tau.index_add_(0, rows, move * share, alpha=lr)
-            else:
-                change = torch.where(use, move, zero) * lr
-            if torch.compiler.is_compiling():
-                _write_touched_(last, rows, use, (step + 1).to(last.dtype))
-            else:  # eagerly one operation fewer than its fixed-shape form
-                last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
-            step.add_(ok)
+    if write:
+        tau.index_add_(0, rows, move * share, alpha=lr)
     else:
-        raise ValueError(f"rule must be one of {TAU_UPDATES[1:]}, got {rule!r}")
+        change = torch.where(use, move, zero) * lr
+    if torch.compiler.is_compiling():
+        _write_touched_(last, rows, use, (step + 1).to(last.dtype))
+    else:  # eagerly one operation fewer than its fixed-shape form
+        last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
+    step.add_(ok)
     zero_rows_(acc, rows)
     return change
 
@@ -251,13 +214,12 @@ class SparseTau:
     ``after_step_()``, and ``attach`` following the optimizer's lr for ``"sparse_adam_ahead"``."""
 
     def _init_sparse_tau(self, n_pos: int) -> None:
-        if self.tau_update in ADAM_RULES:  # Adam's [m, v] per row, and its step count
-            self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
-            self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
-        if self.tau_update == "sparse_adam_ahead":  # the step of each row's last touch
-            self.register_buffer("tau_adam_last", torch.zeros(n_pos, dtype=torch.int32))
-            # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
-            self.register_buffer("_tau_ahead", _ahead_table(), persistent=False)
+        # Adam's [m, v] per row, its step count and the step of each row's last touch
+        self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
+        self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("tau_adam_last", torch.zeros(n_pos, dtype=torch.int32))
+        # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
+        self.register_buffer("_tau_ahead", _ahead_table(), persistent=False)
         # the gradient summed since the last step and its count (zero outside touched rows)
         self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
         # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad;
@@ -346,8 +308,7 @@ class SparseTau:
         return len(self._pending) > 0 or len(self._accumulated) > 0 or self.sharded
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
-        """``ShapeObjective.attach``; with ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not
-        given, the sparse step also takes the lr of the optimizer's group that steps ``eps``, at
+        """``ShapeObjective.attach``; with a sparse ``tau`` and ``tau_lr`` not given, the sparse step also takes the lr of the optimizer's group that steps ``eps``, at
         every step (schedules included): the step a dense ``tau`` in that group would take."""
         handle = super().attach(optimizer)
         group = self.tau_lr_source(optimizer)
@@ -362,11 +323,11 @@ class SparseTau:
         return optimizer.register_step_post_hook(hook)
 
     def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with
-        ``tau_update="sparse_adam_ahead"`` and ``tau_lr`` not given, the group that steps ``eps``
+        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with a sparse
+        ``tau`` and ``tau_lr`` not given, the group that steps ``eps``
         (set ``self.tau_lr`` from its ``"lr"`` before each ``after_step_()``, as ``attach`` does);
         else ``None`` (``tau_lr`` is fixed)."""
-        if self.tau_update != "sparse_adam_ahead" or self._tau_lr_given:
+        if self.tau_update == "dense" or self._tau_lr_given:
             return None
         groups = optimizer.param_groups
         return next(g for g in groups if any(p is self.eps_param for p in g["params"]))
@@ -384,7 +345,9 @@ class SparseTau:
         ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read.
         Call it after the backward pass and before ``after_step_()``, on every process."""
         if self.tau_update == "dense":
-            raise RuntimeError(f"share_sparse_grads_() is for tau_update in {TAU_UPDATES[1:]}")
+            raise RuntimeError(
+                "share_sparse_grads_() is for a sparse tau (tau_update='dense' here)"
+            )
         acc = self._tau_grad
         packed = acc.new_zeros(size, 3, dtype=torch.float64)
         collected = self._collect_()
@@ -412,19 +375,17 @@ class SparseTau:
         else:
             rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
         self._accumulated.clear()
-        adam, ahead = self.tau_update in ADAM_RULES, self.tau_update == "sparse_adam_ahead"
         step = partial(
             sparse_step_,
-            self.tau_update,
             self.tau_param,
             self._tau_grad,
             rows,
             touched,
             lr=self.tau_lr,
-            moments=self.tau_adam_moments if adam else None,
-            step=self.tau_adam_step if adam else None,
-            last=self.tau_adam_last if ahead else None,
-            ahead=self._tau_ahead if ahead else None,
+            moments=self.tau_adam_moments,
+            step=self.tau_adam_step,
+            last=self.tau_adam_last,
+            ahead=self._tau_ahead,
         )
         if self.projection == "tracked":
             self._track_step_(rows, touched, step)

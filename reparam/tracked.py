@@ -25,8 +25,6 @@ from torch import Tensor
 
 from projections import projection_root
 
-from .sharding import sharded_root
-
 
 class TrackedActiveSet:
     """The state and steps of mode ``"tracked"`` for ``FBetaRegularizer`` (a mixin: it reads the
@@ -50,7 +48,7 @@ class TrackedActiveSet:
         (``o_i = tau_i - eps_j`` the stored offsets): the exact projection's threshold and
         Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (docs/method.md sec. 4).
         Autograd carries ``share`` to ``eps``: the block's move with ``eps`` is in the offsets,
-        not in this derivative (by design, as mode ``"clip"``'s)."""
+        not in this derivative (by design)."""
         sums = self.active_sums.to(eps.dtype)
         denom = 1 + sums[:, 1]
         share = 1 / denom
@@ -117,10 +115,8 @@ class TrackedActiveSet:
     def _refresh_active_(self) -> None:
         """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
         eps, values = self.eps_param.detach(), self._tracked_values()
-        if self.sharded:  # the root over every process's rows (reparam.sharding)
-            r = sharded_root(eps[0], values, self._comm).view(1)
-        elif self.n_problems == 1:
-            r = projection_root(eps[0], values).view(1)
+        if self.n_problems == 1:  # (over every process's rows: the communicator's)
+            r = projection_root(eps[0], values, comm=self._comm).view(1)
         else:
             r = projection_root(eps, values, groups=self._groups)
         self._set_active_(values > self._per_row(r), values)

@@ -100,9 +100,14 @@ CLI_CASES: list[tuple[str, Callable[[Path], list[str]], int, str, str | None]] =
         "bad-choice",
         lambda t: _demo(t, "regularizer.projection=sometimes"),
         2,
-        r"regularizer\.projection must be one of \('epoch', 'step', 'inline', 'clip', 'tracked', "
-        r"'none'\), "
-        r"got 'sometimes'",
+        r"regularizer\.projection must be one of \('tracked', 'epoch', 'inline'\), got 'sometimes'",
+        None,
+    ),
+    (
+        "removed-option",
+        lambda t: _demo(t, "regularizer.projection=clip"),
+        2,
+        r"regularizer\.projection='clip' was removed in version 0\.3\.0: use 'tracked'",
         None,
     ),
     (

@@ -26,15 +26,24 @@ from reparam import (
     FBETA_DEFAULTS,
     FBETA_PRESETS,
     PROJECTION_MODES,
+    RETIRED_OPTIONS,
     ROCAUC,
     FBetaRegularizer,
     PrecisionAtRecall,
     RecallAtPrecision,
     resolve_preset,
 )
-from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
+from reparam.baselines import (
+    LPAUC,
+    CooperFBeta,
+    FullProjectionsFBeta,
+    LibAUCMargin,
+    LPFBeta,
+    PairwiseAUC,
+    SoftFBeta,
+)
 from reparam.baselines.objectives import NEWTON
-from reparam.fbeta import AUTO_TAU_UPDATE, DEFAULT_TAU_LR
+from reparam.fbeta import AUTO_TAU_UPDATE
 from reparam.sparse import TAU_UPDATES
 
 from .dotted import build_dataclass, flatten, set_dotted
@@ -42,10 +51,11 @@ from .losses import CLASS_WEIGHT_RULES, TASK_LOSSES
 
 # regularizer.name -> class (``none``: no regularizer); the class's options are the sub-section
 # ``regularizer.<name>``, the options the reparameterized objectives share are in ``regularizer``
-# itself. The last six are the alternatives of ``reparam.baselines`` (docs/baselines.md), behind the same
-# protocol, so comparisons run through the same trainer, configs, logs and metrics.
+# itself. The others are the alternatives of ``reparam.baselines`` (docs/baselines.md), behind the
+# same protocol, so comparisons run through the same trainer, configs, logs and metrics.
 REGULARIZERS: dict[str, type] = {
     "fbeta": FBetaRegularizer,
+    "fbeta_full_projections": FullProjectionsFBeta,
     "precision_at_recall": PrecisionAtRecall,
     "recall_at_precision": RecallAtPrecision,
     "roc_auc": ROCAUC,
@@ -58,21 +68,30 @@ REGULARIZERS: dict[str, type] = {
 }
 SMNIST_MODELS = ("linear", "mlp")
 # the objectives whose target picks a decision threshold (train.shape_threshold=val)
-THRESHOLD_OBJECTIVES = ("fbeta", "precision_at_recall", "recall_at_precision")
+THRESHOLD_OBJECTIVES = (
+    "fbeta",
+    "fbeta_full_projections",
+    "precision_at_recall",
+    "recall_at_precision",
+)
 
 
 def options(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
     """``name -> (parameter, type hint)`` of the keyword options of ``cls``'s constructor, a
     ``**options`` it passes to its base expanded into the base's (the rate objectives declare
-    their shared options once, in their base): the signature the config sections are built from."""
+    their shared options once, in their base), but those the class fixes (``_fixed_options``): the
+    signature the config sections are built from."""
     out: dict[str, tuple[inspect.Parameter, Any]] = {}
+    fixed = getattr(cls, "_fixed_options", ())
     for klass in cls.__mro__:
         if "__init__" not in vars(klass):
             continue
         hints = typing.get_type_hints(klass.__init__)
         params = list(inspect.signature(klass.__init__).parameters.values())[1:]
         for p in params:
-            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD:
+            if (p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD) and (
+                p.name not in fixed
+            ):
                 out.setdefault(p.name, (p, hints.get(p.name, Any)))
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             return out
@@ -222,9 +241,10 @@ class _RegularizerBase:
     def positive_classes(self) -> list[int]:
         """The shape classes the shape head scores (its columns; the shape node's metrics use the
         first): F-beta's ``positive_classes`` (also for the baseline), else ``[positive_class]``."""
-        if self.name in ("none", "fbeta"):
-            return list(self.fbeta.positive_classes)
-        return [getattr(self, self.name).positive_class]
+        section = self.fbeta if self.name == "none" else getattr(self, self.name)
+        if hasattr(section, "positive_classes"):
+            return list(section.positive_classes)
+        return [section.positive_class]
 
 
 RegularizerConfig = dataclasses.make_dataclass(
@@ -341,11 +361,29 @@ def _drop_removed(raw: dict[str, Any]) -> None:
             del node[last]
 
 
+def _refuse_retired(raw: dict[str, Any]) -> None:
+    """A mode the library no longer has (``reparam.RETIRED_OPTIONS``) in any section: one line
+    naming the key and what to use instead."""
+    sections = raw.get("regularizer")
+    if not isinstance(sections, dict):
+        return
+    for path, node in [("regularizer", sections)] + [
+        (f"regularizer.{name}", sub) for name, sub in sections.items() if isinstance(sub, dict)
+    ]:
+        for option, retired in RETIRED_OPTIONS.items():
+            value = node.get(option)
+            if isinstance(value, str) and value in retired:
+                raise ValueError(
+                    f"{path}.{option}={value!r} was removed in version 0.3.0: {retired[value]}"
+                )
+
+
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build a validated ``Config`` from nested plain data (YAML); the options of the chosen
     objective left at ``null`` get the values it will use (:func:`_resolve_defaults`)."""
     raw = copy.deepcopy(raw)
     _drop_removed(raw)
+    _refuse_retired(raw)
     cfg = build_dataclass(Config, raw, "")
     _validate(cfg)
     _resolve_defaults(cfg.regularizer)
@@ -368,15 +406,10 @@ def _resolve_sparse_tau(cfg: Config) -> None:
       library's schedule: dense Adam's trajectory at O(B) per step) where that is the optimizer's
       rule, and becomes ``dense`` under ``optim.name: sgd`` (the optimizer's own rule steps
       ``tau``, as before) or ``train.precision: fp16`` (loss scaling would reach the sparse step).
-    * ``tau_lr: null``: for ``sparse_adam_ahead`` (and ``auto``) the step a dense ``tau`` takes:
-      the lr of the regularizer's optimizer group (``optim.regularizer_lr``, else ``optim.lr``) at
-      every step, the lr schedule included (the trainer sets it before each sparse step); it stays
-      ``null`` in the saved config, which means exactly that. For the lazy
-      ``sparse_adam`` and ``sparse_sgd`` ``optim.regularizer_lr`` when set, else the library's
-      default (``reparam.fbeta.DEFAULT_TAU_LR``, 1e-2, the paper's primal step), not
-      ``optim.lr``: lazy Adam moves a row the batch touches once per epoch about 10x less per
-      epoch than dense Adam (docs/method.md sec. 11), so the network's lr is the wrong scale for it
-      (S-MNIST: 1e-3), pinned in the saved config.
+    * ``tau_lr: null``: the step a dense ``tau`` takes: the lr of the regularizer's optimizer
+      group (``optim.regularizer_lr``, else ``optim.lr``) at every step, the lr schedule included
+      (the trainer sets it before each sparse step); it stays ``null`` in the saved config, which
+      means exactly that.
     * fp16 with an explicit sparse update is refused (only the optimizer's gradients are
       unscaled)."""
     r, o = cfg.regularizer, cfg.optim
@@ -386,9 +419,6 @@ def _resolve_sparse_tau(cfg: Config) -> None:
         r.fbeta.tau_update = "dense"
     if r.fbeta.tau_update == "dense":
         return
-    ahead = r.fbeta.tau_update in ("auto", "sparse_adam_ahead")  # auto: if it resolves to ahead
-    if r.fbeta.tau_lr is None and not ahead:  # ahead: null follows the group's lr (above)
-        r.fbeta.tau_lr = DEFAULT_TAU_LR if o.regularizer_lr is None else o.regularizer_lr
     if cfg.train.precision == "fp16":
         raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
 
@@ -452,6 +482,12 @@ def _resolve_defaults(r: _RegularizerBase) -> None:
         for key, value in resolve_preset(r.fbeta.preset, **given).items():
             if not (key == "projection" and open_projection):
                 setattr(owners[key], key, value)
+    elif r.name == "fbeta_full_projections":  # its preset's, but the projection it fixes
+        section = r.fbeta_full_projections
+        given = {key: getattr(section, key) for key in FBETA_DEFAULTS if key != "projection"}
+        for key, value in resolve_preset(section.preset, **given).items():
+            if key != "projection":
+                setattr(section, key, value)
     elif r.projection is None and "projection" in options(REGULARIZERS[r.name]):
         r.projection = _default(REGULARIZERS[r.name], "projection")
 

@@ -50,27 +50,10 @@ METHODS: dict[str, list[str]] = {  # name -> overrides (documented settings of e
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
     ],
-    "reparam F-beta, defaults but clip": [  # the O(B) clip projection (docs/method.md 3b)
-        "regularizer.name=fbeta",
-        "regularizer.fbeta.preset=null",
-        "regularizer.projection=clip",
-    ],
-    "reparam F-beta, defaults but clip, sparse_adam tau": [
-        "regularizer.name=fbeta",
-        "regularizer.fbeta.preset=null",
-        "regularizer.projection=clip",
-        "regularizer.fbeta.tau_update=sparse_adam",
-    ],
     "reparam F-beta, defaults but tracked": [
         "regularizer.name=fbeta",
         "regularizer.fbeta.preset=null",
         "regularizer.projection=tracked",
-    ],
-    "reparam F-beta, defaults but tracked, sparse_adam tau": [
-        "regularizer.name=fbeta",
-        "regularizer.fbeta.preset=null",
-        "regularizer.projection=tracked",
-        "regularizer.fbeta.tau_update=sparse_adam",
     ],
     "reparam P@R r=0.9": [
         "regularizer.name=precision_at_recall",

@@ -12,8 +12,8 @@ and what the regularizer costs a training step.
    medians over ``--steps`` steps after warm-up; the regularizer has one state per training image
    of COCO-Stuff train2017 (118287, half of them positive) and runs in mode ``epoch``, with ``tau``
    stepped densely by the optimizer and, as a third interleaved trainer, sparsely
-   (``tau_update="sparse_adam"``, docs/method.md sec. 11); its epoch end (projection + dual step)
-   is timed too and set against an epoch of 118287 images.
+   (``tau_update="sparse_adam_ahead"``, docs/method.md sec. 11); its epoch end (projection + dual
+   step) is timed too and set against an epoch of 118287 images.
 3. Seconds per training step of the paper configs' models on this CPU (README numbers).
 
 ``spec``: COCO-Stuff's scale, the step size, the paper configs' models; ``run``: the measurements;

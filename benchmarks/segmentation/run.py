@@ -58,7 +58,7 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
     """Median step times of the baseline, the regularized trainer (``tau`` stepped densely) and
     the sparse one, interleaved after 2 warm-up rounds; the epoch end of the regularized one."""
     torch.set_num_threads(threads)
-    rules = {"base": None, "reg": "dense", "sparse": "sparse_adam"}
+    rules = {"base": None, "reg": "dense", "sparse": "sparse_adam_ahead"}
     trainers = {name: _trainer(classes, rule) for name, rule in rules.items()}
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (batch, 3, *SIZE), dtype=torch.uint8, generator=gen)

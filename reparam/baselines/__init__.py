@@ -8,6 +8,7 @@
   :func:`inject_fisher` (empirical Fisher);
 * optional peers, imported lazily: Cooper (:func:`cooper_fbeta_problem`) and LibAUC
   (:func:`libauc_aucm_pesg`);
+* the paper's per-step projection of F-beta: :class:`FullProjectionsFBeta`;
 * all of them behind the protocol of ``reparam``'s regularizers (``reg(scores, idx)``,
   ``after_step_``, ``end_epoch_``, ``stats``): :class:`LPFBeta`, :class:`LPAUC`, :class:`SoftFBeta`,
   :class:`PairwiseAUC`, :class:`CooperFBeta`, :class:`LibAUCMargin` (:mod:`reparam.baselines.objectives`).
@@ -21,6 +22,7 @@
 0.3324
 """
 
+from .full_projections import FullProjectionsFBeta
 from .lp_layer import BACKWARDS, LPSolution, solve_lp, solve_lp_trace
 from .lp_losses import (
     AUC_SOLVERS,
@@ -49,6 +51,7 @@ __all__ = [
     "LPAUC",
     "BatchLossObjective",
     "CooperFBeta",
+    "FullProjectionsFBeta",
     "LPFBeta",
     "LPSolution",
     "LibAUCMargin",

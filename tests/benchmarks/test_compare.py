@@ -83,5 +83,5 @@ def test_projection_modes_table_counts_feasible_runs_and_every_arm(tmp_path):
     ]
     text = pm.table(records, {problem: 1.0 for problem in pm.PROBLEMS})
     assert len(text.splitlines()) == 2 + len(pm.PROBLEMS) * len(pm.ARMS)
-    assert "| inline, exact (dense tau) |" in text and "| projection none |" in text
+    assert "| inline, exact (dense tau) |" in text and "| projection epoch |" in text
     assert "10.0 ± 0.0 % (2/3 feasible)" in text

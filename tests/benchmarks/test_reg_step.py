@@ -1,5 +1,5 @@
 """``benchmarks.reg_step --no-sizes --against REF``: the parts of a step at S-MNIST's size, this
-checkout against the library at a git revision, interleaved (issue 31's before / after)."""
+checkout against the library at a git revision, interleaved (a change's before / after)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_parts_against_a_revision_quick(tmp_path):
     assert reg_step.main(argv) == 0
     text = (tmp_path / "reg_step_parts.md").read_text()
     assert "--against HEAD" in text and "--no-sizes" in text and "load average" in text
-    for mode in ("dense Adam (epoch)", "sparse_adam (epoch)", "sparse_sgd (epoch)"):
+    for mode in reg_step.PARTS_MODES:
         assert f"| {mode} at HEAD | {mode} | {mode}: now / before |" in text
     for part in [*reg_step.SEGMENTS, "total"]:
         assert f"| {part} |" in text

@@ -47,9 +47,11 @@ def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
 def make(kind: str, labels: torch.Tensor, shard: Shard | None):
     if kind in ("fbeta", "fbeta_ordered"):
         return FBetaRegularizer(labels, shard=shard)
-    if kind == "fbeta_clip":
-        return FBetaRegularizer(labels, shard=shard, projection="clip", tau_update="sparse_adam")
-    return PrecisionAtRecall(labels, recall=0.8, shard=shard, projection="clip")
+    if kind == "fbeta_epoch":  # the projection at the epoch end, on the shards
+        return FBetaRegularizer(
+            labels, shard=shard, projection="epoch", tau_update="sparse_adam_ahead"
+        )
+    return PrecisionAtRecall(labels, recall=0.8, shard=shard, projection="epoch")
 
 
 def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, state=None):
@@ -135,9 +137,9 @@ def _uneven(x: torch.Tensor, rank: int, k: int) -> torch.Tensor:
 def statistics(rank: int, k: int, out: str) -> None:
     """The epoch end's selections on scores spread over the processes against one process's on
     all of them: the value-bucket paths (more than 2^14 scores; ties; a few huge values)."""
+    from projections.collective import LOCAL, ProcessComm, root_over
     from reparam import functional as Fn
     from reparam import rate_functional as R
-    from reparam.sharding import LOCAL, ProcessComm, sharded_root
 
     comm, results = ProcessComm(), {}
     g = torch.Generator().manual_seed(7)
@@ -173,8 +175,8 @@ def statistics(rank: int, k: int, out: str) -> None:
                 tuple(R.threshold_at_recall(u_pos, u_neg, 0.9)),
             ),
             "root": (
-                float(sharded_root(torch.tensor(0.3), mine[0], comm)),
-                float(sharded_root(torch.tensor(0.3), u_pos, LOCAL)),
+                float(root_over(torch.tensor(0.3), mine[0], comm)),
+                float(root_over(torch.tensor(0.3), u_pos, LOCAL)),
             ),
         }
     if rank == 0:

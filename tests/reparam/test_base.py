@@ -10,6 +10,7 @@ import torch
 
 from projections import project_onto_c
 from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision, ShapeHead
+from reparam.baselines import FullProjectionsFBeta
 from tests.protocol import run_protocol
 
 LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1] * 4)  # N = 40
@@ -80,7 +81,7 @@ def test_per_batch_schedule_needs_no_optimizer_for_tau(kind):
 
 @pytest.mark.parametrize("kind", list(MAKERS))
 def test_a_correct_loop_is_silent(kind):
-    reg, head = MAKERS[kind](projection="step"), ShapeHead(1)
+    reg, head = MAKERS[kind](), ShapeHead(1)
     opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2, fused=True)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -88,18 +89,18 @@ def test_a_correct_loop_is_silent(kind):
     assert not [w for w in record if issubclass(w.category, RuntimeWarning)], _messages(record)
 
 
-def test_step_mode_without_after_step_warns():
-    reg, head = MAKERS["fbeta"](projection="step"), ShapeHead(1)
+def test_full_projections_without_after_step_warns():
+    reg, head = FullProjectionsFBeta(LABELS), ShapeHead(1)
     opt = torch.optim.SGD([*head.parameters(), *reg.parameters()], lr=1e-2)
     with pytest.warns(
         RuntimeWarning,
-        match=r"after_step_\(\) has not been called.*projection='step' projects there",
+        match=r"after_step_\(\) has not been called.*FullProjectionsFBeta projects there",
     ):
         _loop(reg, head, opt, 2, after_step=False)
 
 
 def test_attach_and_epochs_run_the_hooks():
-    reg, head = MAKERS["fbeta"](projection="step"), ShapeHead(1)
+    reg, head = FullProjectionsFBeta(LABELS), ShapeHead(1)
     opt = torch.optim.SGD([*head.parameters(), *reg.parameters()], lr=1e-2)
     handle = reg.attach(opt)
     x = torch.randn(40, 1)
@@ -110,7 +111,7 @@ def test_attach_and_epochs_run_the_hooks():
             loss = reg(head(x[idx]), idx)
             opt.zero_grad()
             loss.backward()
-            opt.step()  # the hook projects (mode step): 4 projections per epoch
+            opt.step()  # the hook projects: 4 projections per epoch
         assert reg.stats()["projections"] == 4 * epoch
     assert seen == [1, 2, 3] and int(reg.epoch) == 3
     assert reg.stats()["projections_last_epoch"] == 4

@@ -41,8 +41,8 @@ def _train(compiled: bool, device: str, **options):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "options",
-    [dict(projection="epoch", tau_update="sparse_adam"), dict(preset="paper"), dict()],
-    ids=["sparse_adam", "paper-dense", "defaults-inline"],
+    [dict(projection="epoch", tau_update="sparse_adam_ahead"), dict(preset="paper"), dict()],
+    ids=["epoch-sparse", "paper-dense", "defaults"],
 )
 def test_compiled_regularizer_matches_eager(options, device):
     eager_losses, eager = _train(False, device, **options)

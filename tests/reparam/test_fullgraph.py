@@ -31,8 +31,8 @@ OBJECTIVES = {
     "fbeta-defaults": lambda: FBetaRegularizer(LABELS),
     "fbeta-epoch": lambda: FBetaRegularizer(LABELS, projection="epoch"),
     "fbeta-paper": lambda: FBetaRegularizer(LABELS, preset="paper"),
-    "fbeta-clip-sparse": lambda: FBetaRegularizer(
-        LABELS, projection="clip", tau_update="sparse_sgd"
+    "fbeta-epoch-sparse": lambda: FBetaRegularizer(
+        LABELS, projection="epoch", tau_update="sparse_adam_ahead"
     ),
     "fbeta-classes": lambda: FBetaRegularizer(THREE, positive_classes=(1, 2)),
     "fbeta-grouped": lambda: FBetaRegularizer(LABELS, groups=torch.arange(N) % 7),

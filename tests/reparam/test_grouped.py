@@ -28,7 +28,7 @@ def _grads(reg, u, idx):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("projection", ["inline", "clip", "tracked", "epoch"])
+@pytest.mark.parametrize("projection", ["inline", "tracked", "epoch"])
 def test_one_group_is_the_ungrouped_objective(projection):
     labels, _, gen = _toy()
     u = torch.randn(60, generator=gen)
@@ -45,7 +45,7 @@ def test_one_group_is_the_ungrouped_objective(projection):
 
 
 @pytest.mark.parametrize("classes", [(1,), (0, 1)])
-@pytest.mark.parametrize("projection", ["inline", "clip", "tracked"])
+@pytest.mark.parametrize("projection", ["inline", "tracked"])
 def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, projection):
     """On the whole training set, the grouped ``L_B`` is the mean over the (class, group)
     problems of a separate regularizer's on that group's samples alone; gradients too. A sample
@@ -117,15 +117,15 @@ def _grouped_toy(seed: int):
     [
         ({"projection": "inline"}, 0.10),
         ({"projection": "tracked"}, 0.10),
-        # lazy Adam on a small problem (7 steps per epoch; docs/method.md sec. 11): 2.7-9.9 %
-        ({"tau_update": "sparse_adam", "projection": "tracked"}, 0.15),
+        ({"tau_update": "sparse_adam_ahead", "projection": "tracked"}, 0.10),
     ],
     ids=["inline-dense", "tracked-dense", "tracked-sparse"],
 )
 def test_grouped_fbeta_converges_toward_the_exact_grouped_lp(seed, opts, gap):
     """Algorithm 3 with the grouped objective on a linear head: the mean over groups of each
     group's (3') objective at the trained head (each group's best feasible eps) is within 10 % of
-    the exact grouped LP's optimum (HiGHS; measured 0.3-5.8 % inline, 2.1-2.6 % tracked), and the
+    the exact grouped LP's optimum (HiGHS; measured 0.3-5.8 % inline, 2.1-2.6 % tracked, 1.6-3.5 %
+    tracked with the sparse tau), and the
     reported bound is sound."""
     a, s, g = _grouped_toy(seed)
     opt, w, b = solve_fbeta_lp(a, s, groups=g)

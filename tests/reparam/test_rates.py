@@ -153,7 +153,7 @@ def test_minibatch_lagrangians_pass_gradcheck_in_float64():
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_dual_step_uses_remembered_scores(kind):
     reg, labels, gen = _setup(
-        kind, dual_lr_lambda=0.5, dual_lr_nu=0.25, projection="none", nu_max=None
+        kind, dual_lr_lambda=0.5, dual_lr_nu=0.25, projection="inline", nu_max=None
     )
     u = torch.randn(N, generator=gen) * 2
     seen = torch.arange(0, N - 6)  # the last 6 samples get no score this epoch
@@ -197,9 +197,7 @@ def test_nu_cap_and_a_step_size_set_from_the_loop():
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize(
-    "mode, per_epoch", [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 1)]
-)
+@pytest.mark.parametrize("mode, per_epoch", [("epoch", 1), ("inline", 0)])
 def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
     reg, _, gen = _setup(kind, projection=mode)
     opt = torch.optim.SGD(reg.parameters(), lr=0.5)
@@ -208,9 +206,8 @@ def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
         run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
-    if mode in ("epoch", "step", "inline", "clip"):  # the tau the loss uses is in the box
-        assert float(reg.tau.detach().max()) <= 1.0
-    if mode in ("inline", "clip"):
+    assert float(reg.tau.detach().max()) <= 1.0  # the tau the loss uses is in the box
+    if mode == "inline":
         torch.testing.assert_close(reg.tau, reg.tau_param.detach().clamp(max=1))
 
 

@@ -83,7 +83,7 @@ def test_gradients_match_closed_forms():
 
 
 def test_dual_step_uses_remembered_scores_and_keeps_lambda_nonnegative():
-    reg, _labels, gen = _setup(dual_lr_lambda=0.5, dual_lr_mu=0.25, projection="none")
+    reg, _labels, gen = _setup(dual_lr_lambda=0.5, dual_lr_mu=0.25, projection="inline")
     u = torch.randn(60, generator=gen) * 3
     for idx in torch.arange(60).split(7):
         reg(u[idx], idx)  # the forward pass records the scores: no extra pass needed
@@ -113,7 +113,7 @@ def test_dual_step_sizes_are_attributes_a_loop_can_schedule():
 
 @pytest.mark.parametrize(
     "mode, per_epoch",
-    [("epoch", 1), ("step", 6), ("none", 0), ("inline", 0), ("clip", 1), ("tracked", 0)],
+    [("epoch", 1), ("inline", 0), ("tracked", 0)],
 )
 def test_projection_count_per_epoch(mode, per_epoch):
     reg, _, gen = _setup(projection=mode)
@@ -123,7 +123,7 @@ def test_projection_count_per_epoch(mode, per_epoch):
         run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
-    if mode in ("epoch", "step", "clip", "tracked"):  # (eps, tau) in C right after the projection
+    if mode in ("epoch", "tracked"):  # (eps, tau) in C right after the projection
         assert float(reg.eps.detach()) >= 0 and bool((reg.tau <= reg.eps).all())
 
 
@@ -309,91 +309,6 @@ def test_inert_regularizer_says_why_and_what_to_change():
     assert _one_epoch(healthy, good + 0.1)["inert"] is None
 
 
-def test_clip_mode_loss_is_the_reference_on_clipped_rows_and_clipped_rows_follow_eps():
-    """``clip=True``: the batch's positives see ``min(tau_k, eps)``: the value and the gradients of
-    ``eps``, ``u`` and the unclipped rows are the reference ``minibatch_lagrangian``'s on the clipped
-    rows (autograd through ``torch.minimum``); a clipped row gets ``eps``'s gradient divided by
-    (clipped rows + 1), as the exact projection's active set does."""
-    gen = torch.Generator().manual_seed(5)
-    n_pos = 9
-    eps = torch.tensor(0.6, dtype=torch.float64, requires_grad=True)
-    tau = (torch.rand(n_pos, dtype=torch.float64, generator=gen) * 1.2).requires_grad_()
-    u = torch.randn(12, dtype=torch.float64, generator=gen).requires_grad_()
-    lam = torch.rand(n_pos, dtype=torch.float64, generator=gen)
-    mu = torch.tensor(-0.8, dtype=torch.float64)
-    is_pos = torch.tensor([1, 0, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1], dtype=torch.bool)
-    slots = torch.tensor([4, 0, 2, 7, 0, 0, 4, 0, 1, 0, 0, 8])
-    kw = dict(beta=0.7, scale=1.9)
-    fused = batch_lagrangian(eps, tau, u, lam, mu, is_pos, slots, clip=True, **kw)
-    t = torch.minimum(tau[slots[is_pos]], eps)
-    ref = fn.minibatch_lagrangian(eps, t, lam[slots[is_pos]], u[is_pos], mu, u[~is_pos], **kw)
-    torch.testing.assert_close(fused, ref)
-    over = is_pos & (tau.detach()[slots] > eps.detach())
-    assert bool(over.any()) and bool((is_pos & ~over).any())
-    g_eps, g_tau, g_u = torch.autograd.grad(fused, (eps, tau, u))
-    r_eps, r_tau, r_u = torch.autograd.grad(ref, (eps, tau, u))
-    torch.testing.assert_close(g_eps, r_eps)
-    torch.testing.assert_close(g_u, r_u)
-    clipped = torch.zeros(n_pos, dtype=torch.bool).index_fill_(0, slots[over], True)
-    torch.testing.assert_close(g_tau[~clipped], r_tau[~clipped])
-    follow = torch.zeros(n_pos, dtype=torch.float64).index_add_(
-        0, slots[over], (g_eps / (int(over.sum()) + 1)).expand(int(over.sum()))
-    )
-    torch.testing.assert_close(g_tau[clipped], follow[clipped])
-
-
-@pytest.mark.parametrize("tau_update", ["dense", "sparse_adam"])
-def test_clip_mode_reports_clipped_tau_and_projects_at_the_epoch_end(tau_update):
-    """Mode ``"clip"``: the loss and ``reg.tau`` see the rows clipped at ``eps`` between epoch
-    ends, and every epoch end projects ``(eps, tau)`` in place exactly (before the dual step)."""
-    s = torch.tensor([1, 0] * 20)
-    reg = FBetaRegularizer(s, projection="clip", tau_update=tau_update, tau_lr=0.1)
-    with torch.no_grad():
-        reg.tau_param.copy_(torch.linspace(0.5, 1.5, reg.tau_param.numel()))
-    torch.testing.assert_close(reg.tau, reg.tau_param.detach().clamp(max=float(reg.eps)))
-    opt = torch.optim.Adam(reg.parameters(), lr=0.1)
-    u = torch.randn(40)
-    before = reg.tau_param.detach().clone()
-    for idx in torch.arange(40).split(10):
-        loss = reg(u[idx].requires_grad_(), idx)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        reg.after_step_()
-    assert reg.stats()["projections"] == 0  # nothing in place during the epoch
-    assert not torch.equal(reg.tau_param, before)  # clipped rows moved too (they follow eps)
-    assert bool((reg.tau <= reg.eps).all())
-    raw = reg.eps_param.detach().clone(), reg.tau_param.detach().clone()
-    assert bool((raw[1] > raw[0]).any())  # some rows above eps: the projection moves eps
-    e, t = project_onto_c(raw[0][0], raw[1])
-    reg.end_epoch_()
-    assert reg.stats()["projections"] == 1
-    torch.testing.assert_close(reg.eps_param.detach(), e.reshape(1))
-    torch.testing.assert_close(reg.tau_param.detach(), t)
-    torch.testing.assert_close(reg.tau, t)  # in C: the clip changes nothing
-
-
-@pytest.mark.parametrize("tau_update", ["dense", "sparse_adam"])
-def test_clip_mode_eps_stepped_below_zero_comes_back(tau_update):
-    """An optimizer step can take ``eps_param`` below 0. The loss must then use ``eps = 0`` *and*
-    still pass ``eps`` its gradient: a ``clamp_min(0)`` inside the loss has gradient 0 there, and
-    an ``eps`` stepped below 0 never came back (S-MNIST MLP: ``eps`` 0 for eight epochs while
-    ``mu`` drifted). The projection of ``eps`` itself (``eps_param.clamp_(0)``) keeps it alive."""
-    s = torch.tensor([1, 0] * 20)
-    reg = FBetaRegularizer(s, projection="clip", tau_update=tau_update, mu_init=-3.0)
-    with torch.no_grad():
-        reg.eps_param.fill_(-0.5)  # where a step left it
-    u = torch.full((40,), -1.0)  # negatives' hinge inactive: the positives' (mu + lambda) < 0 rule
-    loss = reg(u.requires_grad_(), torch.arange(40))
-    assert float(reg.eps_param) == 0.0 and float(reg.eps) == 0.0
-    loss.backward()
-    # d L / d eps = beta^2 + s sum_{clipped} (mu + lambda) < 0 with mu = -3: descent raises eps
-    assert float(reg.eps_param.grad) < 0
-    opt = torch.optim.SGD(reg.parameters(), lr=0.1)
-    opt.step()
-    assert float(reg.eps_param) > 0
-
-
 def _tracked_pair(**options):
     """An inline and a tracked regularizer in the same state, rows of tau spread around eps."""
     s = torch.tensor([1, 0] * 20)
@@ -441,8 +356,7 @@ def test_tracked_mode_is_the_inline_projection_when_its_active_set_is_exact():
 
 
 @pytest.mark.parametrize("classes", [(1,), (1, 2)])
-@pytest.mark.parametrize("rule", ["sparse_sgd", "sparse_adam"])
-def test_tracked_mode_follows_its_active_set_in_O_B(rule, classes):
+def test_tracked_mode_follows_its_active_set_in_O_B(classes):
     """With a sparse tau the tracked sums ``[sum of A's offsets above eps, |A|]`` follow each step
     from the touched rows alone (a sample twice in a batch counted once), the touched rows are
     re-tested against the moved threshold, and the epoch end re-computes ``A`` from the exact
@@ -450,7 +364,11 @@ def test_tracked_mode_follows_its_active_set_in_O_B(rule, classes):
     gen = torch.Generator().manual_seed(0)
     s = torch.randint(0, 3, (90,), generator=gen)
     reg = FBetaRegularizer(
-        s, positive_classes=classes, projection="tracked", tau_update=rule, tau_lr=0.2
+        s,
+        positive_classes=classes,
+        projection="tracked",
+        tau_update="sparse_adam_ahead",
+        tau_lr=0.2,
     )
     with torch.no_grad():
         reg.tau_param.uniform_(0.5, 1.5, generator=gen)
@@ -495,10 +413,10 @@ def test_tracked_mode_follows_its_active_set_in_O_B(rule, classes):
     assert retested > 0
 
 
-def test_epoch_end_projects_inline_once_and_rereads_after_a_projection(monkeypatch):
+def test_epoch_end_projects_inline_once(monkeypatch):
     """``end_epoch_`` reads ``reg.eps`` / ``reg.tau`` several times (dual step, inert check,
-    statistics): in mode ``"inline"`` each read was a projection of all of ``tau``; now one per
-    epoch end. A projection in place (mode ``"clip"``) drops what was read before it."""
+    statistics): in mode ``"inline"`` one projection of all of ``tau`` serves every read of one
+    epoch end."""
     s = torch.tensor([1, 0] * 20)
     reg = FBetaRegularizer(s, projection="inline")
     with torch.no_grad():
@@ -511,15 +429,6 @@ def test_epoch_end_projects_inline_once_and_rereads_after_a_projection(monkeypat
     assert len(calls) == 1
     reg.stats()  # outside the epoch end: computed afresh
     assert len(calls) == 2  # stats() too: one projection
-    clip = FBetaRegularizer(s, projection="clip")
-    with torch.no_grad():
-        clip.tau_param.copy_(torch.linspace(0.5, 1.5, clip.tau_param.numel()))
-    clip._epoch_end_memo = {}
-    before = clip.tau.clone()  # clipped at eps = 1, not yet projected
-    clip.project_()
-    assert not torch.equal(clip.tau, before)  # the read after the projection is the new value
-    torch.testing.assert_close(clip.tau, clip.tau_param.detach())
-    clip._epoch_end_memo = None
 
 
 def test_inert_message_names_only_remedies_not_in_effect():
@@ -531,3 +440,18 @@ def test_inert_message_names_only_remedies_not_in_effect():
     assert "at or below 0" in defaults and "preset=None" not in defaults
     paper = _one_epoch(FBetaRegularizer(s, preset="paper"), below)["inert"]
     assert "preset=None" in paper
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "instead"),
+    [
+        ("projection", "clip", "'tracked'"),
+        ("projection", "step", "FullProjectionsFBeta"),
+        ("projection", "none", "'tracked'"),
+        ("tau_update", "sparse_adam", "'sparse_adam_ahead'"),
+        ("tau_update", "sparse_sgd", "'sparse_adam_ahead'"),
+    ],
+)
+def test_a_retired_option_names_what_to_use_instead(option, value, instead):
+    with pytest.raises(ValueError, match=rf"{option}='{value}' was removed in .*{instead}"):
+        FBetaRegularizer(torch.tensor([0, 1] * 5), **{option: value})

@@ -127,15 +127,15 @@ def test_defaults_and_the_paper_preset():
     for key, value in PAPER_PRESET.items():
         assert getattr(paper, key) == value, key
     assert "preset='paper'" in repr(paper)
-    # an option passed explicitly overrides the preset (the paper with full projections)
-    mixed = FBetaRegularizer(labels, preset="paper", projection="step")
-    assert (mixed.projection, mixed.dual_lr_lambda, mixed.cap_scores) == ("step", 1e-3, False)
-    assert FBetaRegularizer(labels, preset="paper", projection="inline").projection == "inline"
+    # an option passed explicitly overrides the preset (the paper's steps, projected inline)
+    mixed = FBetaRegularizer(labels, preset="paper", projection="inline")
+    assert (mixed.projection, mixed.dual_lr_lambda, mixed.cap_scores) == ("inline", 1e-3, False)
+    assert FBetaRegularizer(labels, preset="paper", projection="tracked").projection == "tracked"
     with pytest.raises(ValueError, match="preset must be one of"):
         FBetaRegularizer(labels, preset="fast")
     # the one resolution rule the constructor and the trainer's config share
-    assert resolve_preset("paper", projection="step", cap_scores=None) == {
+    assert resolve_preset("paper", projection="inline", cap_scores=None) == {
         **PAPER_PRESET,
-        "projection": "step",
+        "projection": "inline",
     }
     assert resolve_preset(None) == FBETA_DEFAULTS

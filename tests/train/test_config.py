@@ -257,19 +257,53 @@ def test_a_saved_config_with_removed_options_at_their_only_meaning_still_loads(t
         C.load(tmp_path / "al.yaml")
 
 
-def test_sparse_tau_lr_is_not_the_network_lr():
-    """``tau_lr: null`` with a sparse ``tau``: ``optim.regularizer_lr`` when set, else the library's
-    1e-2 -- not ``optim.lr`` (lazy Adam moves a row touched once per epoch ~10x less per epoch than
-    dense Adam; at the S-MNIST network's 1e-3 the sparse tau barely moved, docs/method.md sec. 11)."""
-    from reparam.fbeta import DEFAULT_TAU_LR
+@pytest.mark.parametrize(
+    ("override", "instead"),
+    [
+        ("regularizer.projection=clip", "'tracked'"),
+        ("regularizer.projection=step", "regularizer.name=fbeta_full_projections"),
+        ("regularizer.projection=none", "'tracked'"),
+        ("regularizer.fbeta.tau_update=sparse_adam", "'sparse_adam_ahead'"),
+        ("regularizer.fbeta.tau_update=sparse_sgd", "'sparse_adam_ahead'"),
+        ("regularizer.precision_at_recall.projection=clip", "'inline'"),
+    ],
+)
+def test_a_retired_mode_in_a_config_names_what_to_use_instead(override, instead):
+    """A config (or a checkpoint's saved config) naming a mode the library no longer has: one
+    line naming the key and what to use instead."""
+    key, value = override.split("=")
+    raw: dict = {}
+    C.set_dotted(raw, override)
+    with pytest.raises(
+        ValueError, match=rf"{key}='{value}' was removed in version 0\.3\.0: .*{instead}"
+    ):
+        C.from_dict(raw)
 
-    sparse = {"name": "fbeta", "fbeta": {"tau_update": "sparse_adam"}, "projection": "clip"}
-    cfg = C.from_dict({"regularizer": sparse, "optim": {"lr": 1e-3}})
-    assert cfg.regularizer.fbeta.tau_lr == DEFAULT_TAU_LR == 1e-2
-    cfg = C.from_dict({"regularizer": sparse, "optim": {"lr": 1e-3, "regularizer_lr": 0.05}})
-    assert cfg.regularizer.fbeta.tau_lr == 0.05
-    reg = FBetaRegularizer(torch.tensor([0, 1, 1]), projection="clip", tau_update="sparse_adam")
-    assert reg.tau_lr == 1e-2
+
+def test_full_projections_is_a_regularizer_of_its_own():
+    """``regularizer.name=fbeta_full_projections``: its section has F-beta's options but the
+    projection and the tau update it fixes; its preset's values are pinned in the config, and a
+    shared ``regularizer.projection`` is refused."""
+    cfg = C.from_dict(
+        {
+            "regularizer": {
+                "name": "fbeta_full_projections",
+                "fbeta_full_projections": {"preset": "paper"},
+            }
+        }
+    )
+    section = cfg.regularizer.fbeta_full_projections
+    assert not hasattr(section, "projection") and not hasattr(section, "tau_update")
+    assert (section.dual_lr_lambda, section.dual_lr_mu, section.cap_scores) == (1e-3, 1e-5, False)
+    reg = C.REGULARIZERS["fbeta_full_projections"](
+        torch.tensor([0, 1, 1]), **cfg.regularizer.kwargs()
+    )
+    assert type(reg).__name__ == "FullProjectionsFBeta" and reg.dual_lr_mu == 1e-5
+    assert cfg.regularizer.positive_classes() == [1]
+    with pytest.raises(ValueError, match=r"regularizer\.projection does not apply"):
+        C.from_dict(
+            {"regularizer": {"name": "fbeta_full_projections", "projection": "epoch"}}
+        ).regularizer.kwargs()
 
 
 def test_auto_tau_update_is_pinned_in_the_config():

@@ -326,9 +326,6 @@ def test_two_processes_train_like_one(runs):
 @pytest.mark.parametrize(
     "rule, projection",
     [
-        ("sparse_sgd", "epoch"),
-        ("sparse_adam", "epoch"),
-        ("sparse_adam", "tracked"),
         ("sparse_adam_ahead", "epoch"),
         # the defaults: tau and eps start equal (1, 1), at the kink of min(tau_k, e*), and there
         # one row's first gradient follows the 1e-7 rounding of eps between 1 and 2 processes
@@ -337,15 +334,14 @@ def test_two_processes_train_like_one(runs):
     ],
 )
 def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist, tmp_path):
-    """``regularizer.fbeta.tau_update=sparse_*`` under torch.distributed: every step the processes
+    """``regularizer.fbeta.tau_update=sparse_adam_ahead`` under torch.distributed: every step the processes
     exchange their batch's touched rows of tau (``share_sparse_grads_``) and take the same sparse
     step, so 2 processes end where 1 does (the projection once per epoch: the sparse modes'), and
     both ranks hold the same state. Projection ``"tracked"``: the active set of the threshold is
     re-tested on every process's touched rows, so it stays replicated too."""
     extra = [
         "regularizer.fbeta.tau_update=" + rule,
-        # ahead moves a row ~10x lazy Adam's step per touch (dense Adam's momentum): 0.1 as far
-        "regularizer.fbeta.tau_lr=" + ("0.1" if rule == "sparse_adam_ahead" else "1.0"),
+        "regularizer.fbeta.tau_lr=0.1",
         f"regularizer.projection={projection}",
     ]
     found = {}
@@ -355,11 +351,9 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
         _spawn(_train_worker, world, [*_overrides(digits_smnist, out), *extra], str(folder))
         found[world] = _records(folder, world)
     one, (rank0, rank1) = found[1][0]["regularizer"], found[2]
-    adam = rule in ("sparse_adam", "sparse_adam_ahead")
-    keys = [*REG_STATE, *(("tau_adam_moments", "tau_adam_step") if adam else ())]
-    keys += ["tau_adam_last"] if rule == "sparse_adam_ahead" else []
+    keys = [*REG_STATE, "tau_adam_moments", "tau_adam_step", "tau_adam_last"]
     keys += ["tau_active", "active_sums"] if projection == "tracked" else []
-    kink = rule == "sparse_adam_ahead" and projection == "tracked"
+    kink = projection == "tracked"
     for k in keys:
         assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k  # replicated
         two_k, one_k = rank0["regularizer"][k], one[k]
@@ -373,8 +367,7 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
         torch.testing.assert_close(rank0["model"][k], value, rtol=0, atol=1e-5, msg=k)
     # the comparison means something: the rows of tau moved apart (per-row lambda)
     assert float(one["tau_param"].max() - one["tau_param"].min()) > 1e-3
-    if adam:
-        assert int(one["tau_adam_step"]) == 2 * N // 20
+    assert int(one["tau_adam_step"]) == 2 * N // 20
     if projection == "tracked":  # the threshold's active set is neither empty nor everything
         assert 0 < float(one["active_sums"][0, 1]) < one["tau_param"].numel()
 
@@ -407,10 +400,14 @@ def test_the_per_image_fbeta_on_two_processes_keeps_one_state(coco_cache_sky, tm
 
 
 def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp_path):
-    """``sparse_adam`` under 2 processes, stopped mid-epoch 2 (step 40 of 60) and resumed by 2 new
-    processes: the same model and regularizer state (moments and step count included), bit for
-    bit, as the uninterrupted 2-process run."""
-    extra = ["regularizer.fbeta.tau_update=sparse_adam", "regularizer.fbeta.tau_lr=1.0"]
+    """A sparse ``tau`` under 2 processes, stopped mid-epoch 2 (step 40 of 60) and resumed by 2 new
+    processes: the same model and regularizer state (moments, step count and last touches
+    included), bit for bit, as the uninterrupted 2-process run."""
+    extra = [
+        "regularizer.projection=epoch",
+        "regularizer.fbeta.tau_update=sparse_adam_ahead",
+        "regularizer.fbeta.tau_lr=0.1",
+    ]
     ends = []
     for name, stop in (("whole", []), ("stopped", ["train.stop_after_steps=40"])):
         out, folder = tmp_path / name, tmp_path / f"records-{name}"

@@ -262,9 +262,10 @@ def test_nonfinite_skip_reads_every_step_and_never_steps_on_a_bad_batch(
     SGD), the regularizer counted only the finite batches, and everything stays finite."""
     per_epoch = steps_per_epoch(smnist_cfg(digits_smnist, tmp_path / "x"))
     target, _, sparse = target.partition("-")  # sparse: the regularizer steps tau (after_step_)
-    extra = ("regularizer.projection=epoch", "regularizer.fbeta.tau_update=sparse_adam") * bool(
-        sparse
-    )
+    extra = (
+        "regularizer.projection=epoch",
+        "regularizer.fbeta.tau_update=sparse_adam_ahead",
+    ) * bool(sparse)
     states, histories = [], []
     for every in ("1", "100"):
         out = tmp_path / f"every-{every}"

@@ -204,8 +204,8 @@ SETTINGS = [
     pytest.param(SGD_BF16, id="fbeta-sgd-bf16"),
     pytest.param([PAPER, "train.precision=fp16"], id="fbeta-fp16"),
     pytest.param(
-        [PAPER, "regularizer.fbeta.tau_update=sparse_adam", "model.shared_gemm=true"],
-        id="fbeta-sparse-adam",
+        [PAPER, "regularizer.fbeta.tau_update=sparse_adam_ahead", "model.shared_gemm=true"],
+        id="fbeta-sparse-adam-ahead",
     ),
     pytest.param([], id="fbeta-defaults"),  # tracked + sparse_adam_ahead: no read in the step
     pytest.param(

@@ -256,19 +256,20 @@ def test_cli_error_is_one_line(tmp_path):
 
 
 def test_sparse_tau_and_shared_gemm_train(digits_smnist, tmp_path):
-    """The fast step (issue 15): ``tau`` stepped sparsely by the regularizer, one GEMM for the
-    class outputs and the shape node. ``tau_lr: null`` takes ``optim.regularizer_lr`` when set
-    (pinned in the saved config); the Adam state of ``tau`` is checkpointed (a
-    resumed run is bitwise equal: tests/train/test_resume.py)."""
+    """The fast step: ``tau`` stepped sparsely by the regularizer, one GEMM for the class outputs
+    and the shape node. ``tau_lr: null`` stays null in the saved config: the step follows the lr
+    of the regularizer's group (``optim.regularizer_lr``); the Adam state of ``tau`` is
+    checkpointed (a resumed run is bitwise equal: tests/train/test_resume.py)."""
     fast = (
         "regularizer.projection=epoch",
-        "regularizer.fbeta.tau_update=sparse_adam",
+        "regularizer.fbeta.tau_update=sparse_adam_ahead",
         "model.shared_gemm=true",
         "optim.regularizer_lr=0.02",
     )
     summary = run(_cfg(digits_smnist, tmp_path / "run", *fast), log=lambda *_: None)
     saved = C.load(tmp_path / "run" / "config.yaml")
-    assert saved.regularizer.fbeta.tau_lr == 0.02 and saved.model.shared_gemm
+    assert saved.regularizer.fbeta.tau_lr is None and saved.model.shared_gemm
+    assert saved.optim.regularizer_lr == 0.02
     ckpt = checkpoint.latest(tmp_path / "run")[1]
     row = summary["history"][-1]
     assert int(ckpt["regularizer"]["tau_adam_step"]) == row["steps"]
@@ -282,12 +283,12 @@ def test_sparse_tau_is_refused_with_fp16_and_inline(digits_smnist, tmp_path):
             digits_smnist,
             tmp_path,
             "regularizer.projection=epoch",
-            "regularizer.fbeta.tau_update=sparse_sgd",
+            "regularizer.fbeta.tau_update=sparse_adam_ahead",
             "train.precision=fp16",
         )
-    inline = ("regularizer.fbeta.tau_update=sparse_sgd", "regularizer.projection=inline")
+    inline = ("regularizer.fbeta.tau_update=sparse_adam_ahead", "regularizer.projection=inline")
     cfg = _cfg(digits_smnist, tmp_path / "r", *inline)
-    with pytest.raises(ValueError, match=r"regularizer \(fbeta\): tau_update='sparse_sgd'"):
+    with pytest.raises(ValueError, match=r"regularizer \(fbeta\): tau_update='sparse_adam_ahead'"):
         run(cfg, log=lambda *_: None)
 
 

@@ -130,23 +130,8 @@ MODE_FAMILIES: dict[str, Family] = {
         "-", (None,), None, lambda labels, _, kw=kw: FBetaRegularizer(labels, **kw)
     )
     for label, kw in (
-        ("projection step", {"projection": "step"}),
         ("projection epoch", {"projection": "epoch"}),
-        ("projection none", {"projection": "none"}),
-        ("projection clip", {"projection": "clip"}),
-        (
-            "projection clip, sparse tau",
-            {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": LR},
-        ),
-        (  # the sparse update at the S-MNIST network's step (1e-3, optim.lr), not the head's
-            "projection clip, sparse tau at tau_lr 1e-3",
-            {"projection": "clip", "tau_update": "sparse_adam", "tau_lr": 1e-3},
-        ),
         ("projection tracked", {"projection": "tracked"}),
-        (
-            "projection tracked, sparse tau",
-            {"projection": "tracked", "tau_update": "sparse_adam", "tau_lr": LR},
-        ),
         (
             "projection tracked, sparse tau ahead",
             {"projection": "tracked", "tau_update": "sparse_adam_ahead", "tau_lr": LR},

@@ -1,0 +1,56 @@
+"""The paper's "full projections" comparison (docs/method.md sec. 3b): F-beta with a dense ``tau``
+projected onto ``C`` after every optimizer step, O(n) per step.
+
+The paper contrasts its once-per-epoch projection (Algorithm 3) with projecting after every step.
+The library's schedules are once per epoch (``projection="epoch"``), inside the loss
+(``"inline"``) and the tracked threshold (``"tracked"``, the default); this class keeps the
+per-step projection for reproducing that comparison (``benchmarks.smnist_results``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..fbeta import FBetaRegularizer
+
+
+class FullProjectionsFBeta(FBetaRegularizer):
+    """``FBetaRegularizer`` with a dense ``tau`` whose ``(eps, tau)`` are projected onto ``C`` in
+    place after every optimizer step (:meth:`after_step_`); the epoch end takes the dual step on
+    them (they are in ``C`` already).
+
+    Args:
+        shape_labels: as for :class:`reparam.FBetaRegularizer`.
+        **options: the options of :class:`reparam.FBetaRegularizer` but ``projection`` and
+            ``tau_update``, which this schedule fixes (``preset="paper"``: the paper's steps).
+    """
+
+    _fixed_options = ("projection", "tau_update")
+
+    def __init__(self, shape_labels: object, **options: Any) -> None:
+        fixed = sorted(set(options) & set(self._fixed_options))
+        if fixed:
+            raise ValueError(
+                f"FullProjectionsFBeta fixes {', '.join(fixed)} (a dense tau projected after every "
+                f"step), got {', '.join(f'{k}={options[k]!r}' for k in fixed)}"
+            )
+        super().__init__(shape_labels, projection="epoch", tau_update="dense", **options)
+
+    @property
+    def _projects_at_epoch_end(self) -> bool:
+        return False  # the last step's projection left (eps, tau) in C
+
+    @property
+    def _traces_whole(self) -> bool:
+        return False  # the exact projection after every step reads values: graph breaks
+
+    @property
+    def _needs_after_step(self) -> str | None:
+        return "FullProjectionsFBeta projects there, so nothing is projected"
+
+    def _after_step_body_(self) -> None:
+        """Project ``(eps, tau)`` onto ``C`` in place (counted in ``stats()["projections"]``)."""
+        self.project_()
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ", full projections after every step"
