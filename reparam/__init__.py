@@ -15,7 +15,14 @@ __version__ = "0.2.0"  # the one place of the version (pyproject.toml reads it; 
 from . import functional, rate_functional
 from ._checks import RETIRED as RETIRED_OPTIONS
 from .base import PROJECTION_MODES, ReparamRegularizer
-from .fbeta import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, FBetaRegularizer, resolve_preset
+from .fbeta import (
+    FBETA_DEFAULTS,
+    FBETA_PRESETS,
+    PAPER_PRESET,
+    FBetaRegularizer,
+    resolve_options,
+    resolve_preset,
+)
 from .functional import certified_fbeta_bound
 from .head import ShapeHead
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
@@ -37,5 +44,6 @@ __all__ = [
     "certified_fbeta_bound",
     "functional",
     "rate_functional",
+    "resolve_options",
     "resolve_preset",
 ]

@@ -71,6 +71,32 @@ def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
     return {key: value if given.get(key) is None else given[key] for key, value in base.items()}
 
 
+def resolve_options(
+    preset: str | None = None,
+    *,
+    tau_update: str = "auto",
+    sparse: bool | None = None,
+    **given: object,
+) -> dict[str, object]:
+    """Every option the constructor resolves: the preset's (:func:`resolve_preset`) and
+    ``tau_update``, the one place where ``"auto"`` is resolved. ``"auto"`` is
+    ``"sparse_adam_ahead"`` (O(B) per step) with the library's schedule (``preset`` and
+    ``projection`` left at ``None``), whose projection is then ``"tracked"`` (inline's O(B) form),
+    else ``"dense"``. ``sparse`` overrides that choice for ``"auto"``: ``True``, sparse whatever the
+    schedule (the trainer's objective on every pixel); ``False``, dense (the trainer with an
+    optimizer other than Adam, or fp16: the sparse rule is Adam's and reads the unscaled
+    gradient). The trainer's config writes the result, so a saved config pins the run."""
+    out = resolve_preset(preset, **given)
+    tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
+    library = preset is None and given.get("projection") is None
+    if tau_update == "auto":
+        sparse = library if sparse is None else sparse
+        tau_update = AUTO_TAU_UPDATE if sparse else "dense"
+    if tau_update != "dense" and library:  # inline needs every row: its O(B) form
+        out["projection"] = "tracked"
+    return {**out, "tau_update": tau_update}
+
+
 class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
     one-vs-rest per class.
@@ -170,14 +196,17 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         groups: object = None,
         shard: Shard | None = None,
     ) -> None:
-        given_projection = projection
-        projection, dual_lr_lambda, dual_lr_mu, cap_scores = resolve_preset(
+        resolved = resolve_options(
             preset,
+            tau_update=tau_update,
             projection=projection,
             dual_lr_lambda=dual_lr_lambda,
             dual_lr_mu=dual_lr_mu,
             cap_scores=cap_scores,
-        ).values()
+        )
+        projection, tau_update = resolved["projection"], resolved["tau_update"]
+        dual_lr_lambda, dual_lr_mu = resolved["dual_lr_lambda"], resolved["dual_lr_mu"]
+        cap_scores = resolved["cap_scores"]
         super().__init__(
             shape_labels,
             positive_classes=positive_classes,
@@ -194,12 +223,6 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         p, n_pos = self.n_problems, self.pos_index.numel()
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
-        tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
-        library = preset is None and given_projection is None  # the library's default schedule
-        if tau_update == "auto":  # O(B) per step with the library's schedule, else dense
-            tau_update = AUTO_TAU_UPDATE if library else "dense"
-        if tau_update != "dense" and library:  # inline needs every row: its O(B) form
-            self.projection = "tracked"
         self.tau_update = tau_update
         if self.sharded and (tau_update == "dense" or p != 1):
             raise ValueError(

@@ -44,8 +44,8 @@ def run_folder(cfg: Config) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         return out
     r = cfg.regularizer
-    # projection null here: F-beta's library default, inline or tracked by the data's size (auto)
-    tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection or 'auto'}"
+    # the projection as resolved on loading (null: an objective that takes none)
+    tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection or 'none'}"
     base = Path("runs") / cfg.experiment / f"{tag}-seed{cfg.train.seed}"
     out, k = base, 1
     while out.exists() and any(out.iterdir()):

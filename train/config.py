@@ -31,6 +31,7 @@ from reparam import (
     FBetaRegularizer,
     PrecisionAtRecall,
     RecallAtPrecision,
+    resolve_options,
     resolve_preset,
 )
 from reparam.baselines import (
@@ -43,7 +44,6 @@ from reparam.baselines import (
     SoftFBeta,
 )
 from reparam.baselines.objectives import NEWTON
-from reparam.fbeta import AUTO_TAU_UPDATE
 from reparam.sparse import TAU_UPDATES
 
 from .dotted import build_dataclass, flatten, set_dotted
@@ -386,9 +386,9 @@ def from_dict(raw: dict[str, Any]) -> Config:
     _refuse_retired(raw)
     cfg = build_dataclass(Config, raw, "")
     _validate(cfg)
-    _resolve_defaults(cfg.regularizer)
-    _resolve_pixel_target(cfg)
-    _resolve_sparse_tau(cfg)
+    _check_pixel_target(cfg)
+    _resolve_defaults(cfg)
+    _check_sparse_tau(cfg)
     return cfg
 
 
@@ -399,35 +399,20 @@ _NO_FP16 = (
 )
 
 
-def _resolve_sparse_tau(cfg: Config) -> None:
-    """F-beta's sparse ``tau`` update (``regularizer.fbeta.tau_update``) steps ``tau`` itself.
-
-    * ``tau_update: auto`` (the default) stays the library's choice (``sparse_adam_ahead`` with the
-      library's schedule: dense Adam's trajectory at O(B) per step) where that is the optimizer's
-      rule, and becomes ``dense`` under ``optim.name: sgd`` (the optimizer's own rule steps
-      ``tau``, as before) or ``train.precision: fp16`` (loss scaling would reach the sparse step).
-    * ``tau_lr: null``: the step a dense ``tau`` takes: the lr of the regularizer's optimizer
-      group (``optim.regularizer_lr``, else ``optim.lr``) at every step, the lr schedule included
-      (the trainer sets it before each sparse step); it stays ``null`` in the saved config, which
-      means exactly that.
-    * fp16 with an explicit sparse update is refused (only the optimizer's gradients are
-      unscaled)."""
-    r, o = cfg.regularizer, cfg.optim
-    if r.name != "fbeta":
-        return
-    if r.fbeta.tau_update == "auto" and (o.name != "adam" or cfg.train.precision == "fp16"):
-        r.fbeta.tau_update = "dense"
-    if r.fbeta.tau_update == "dense":
-        return
-    if cfg.train.precision == "fp16":
+def _check_sparse_tau(cfg: Config) -> None:
+    """F-beta's sparse ``tau`` update steps ``tau`` itself, reading its gradient: under fp16 that
+    gradient would carry the loss scale, so the combination is refused. (``tau_lr: null`` is the
+    step a dense ``tau`` takes: the lr of the regularizer's optimizer group, ``optim.regularizer_lr``
+    else ``optim.lr``, at every step, the lr schedule included; it stays ``null`` in the saved
+    config, which means exactly that.)"""
+    r = cfg.regularizer
+    if r.name == "fbeta" and r.fbeta.tau_update != "dense" and cfg.train.precision == "fp16":
         raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
 
 
-def _resolve_pixel_target(cfg: Config) -> None:
-    """``regularizer.target: pixels``: F-beta on segmentation only; its ``tau_update: auto``
-    becomes ``sparse_adam_ahead`` whatever the schedule (n is every training pixel, 1.8M at 60x80
-    and 7M at 120x160: the O(B) state, with the tracked projection), pinned in the saved
-    config."""
+def _check_pixel_target(cfg: Config) -> None:
+    """``regularizer.target: pixels``: F-beta on segmentation only, and not with a dense inline
+    projection of every pixel's ``tau`` at every step."""
     r = cfg.regularizer
     if r.target != "pixels":
         return
@@ -437,8 +422,6 @@ def _resolve_pixel_target(cfg: Config) -> None:
             f"(the grouped F-beta per image), got regularizer.name={r.name!r}, "
             f"data.kind={cfg.data.kind!r}"
         )
-    if r.fbeta.tau_update == "auto":
-        r.fbeta.tau_update = AUTO_TAU_UPDATE
     if r.projection == "inline" and r.fbeta.tau_update != "dense":
         raise ValueError(
             "regularizer.target=pixels with regularizer.projection=inline: every pixel's tau "
@@ -447,41 +430,28 @@ def _resolve_pixel_target(cfg: Config) -> None:
         )
 
 
-def pin_resolved(cfg: Config, reg: object) -> bool:
-    """After the regularizer is built: write what it resolved from the data into the config
-    (F-beta's ``tau_update: auto`` and the projection that goes with it), so the saved config pins
-    the run; ``True`` if anything changed. A sparse update under fp16 is refused (see
-    :func:`_resolve_sparse_tau`)."""
-    r = cfg.regularizer
-    if r.name != "fbeta":
-        return False
-    before = (r.projection, r.fbeta.tau_update)
-    r.projection, r.fbeta.tau_update = reg.projection, reg.tau_update
-    if r.fbeta.tau_update != "dense" and cfg.train.precision == "fp16":
-        raise ValueError(
-            f"regularizer.fbeta.tau_update={before[1]!r} resolved to {r.fbeta.tau_update!r} for "
-            f"these data, which {_NO_FP16}"
-        )
-    return (r.projection, r.fbeta.tau_update) != before
-
-
-def _resolve_defaults(r: _RegularizerBase) -> None:
+def _resolve_defaults(cfg: Config) -> None:
     """Write into the config the values the chosen objective takes for options left at ``null``
-    (F-beta: its preset's, ``regularizer.fbeta.preset``; a rate objective: its projection), so the
-    saved config pins them even if the library's defaults change."""
+    or ``auto`` (F-beta: ``reparam.resolve_options``, its preset's and its ``tau_update``; a rate
+    objective: its projection), so the saved config pins them even if the library's defaults
+    change. F-beta's ``tau_update: auto`` is the library's choice, except that the objective on
+    the pixels (``target: pixels``: every training pixel a sample) is sparse whatever the
+    schedule, and an optimizer other than Adam or fp16 keeps it dense (the sparse rule is Adam's,
+    and reads the unscaled gradient)."""
+    r = cfg.regularizer
     if r.name == "none":
         return
     if r.name == "fbeta":
         owners = {key: r if key in COMMON else r.fbeta for key in FBETA_DEFAULTS}
         given = {key: getattr(owner, key) for key, owner in owners.items()}
-        # the library's projection with tau_update auto / sparse depends on the data (inline or
-        # tracked): the constructor resolves it, and pin_resolved writes it into the config
-        open_projection = (
-            r.projection is None and r.fbeta.preset is None and r.fbeta.tau_update != "dense"
+        adam = cfg.optim.name == "adam" and cfg.train.precision != "fp16"
+        sparse = True if r.target == "pixels" else (None if adam else False)
+        resolved = resolve_options(
+            r.fbeta.preset, tau_update=r.fbeta.tau_update, sparse=sparse, **given
         )
-        for key, value in resolve_preset(r.fbeta.preset, **given).items():
-            if not (key == "projection" and open_projection):
-                setattr(owners[key], key, value)
+        r.fbeta.tau_update = resolved.pop("tau_update")
+        for key, value in resolved.items():
+            setattr(owners[key], key, value)
     elif r.name == "fbeta_full_projections":  # its preset's, but the projection it fixes
         section = r.fbeta_full_projections
         given = {key: getattr(section, key) for key in FBETA_DEFAULTS if key != "projection"}

@@ -61,7 +61,7 @@ def run(
     """Train ``cfg`` end to end (or continue the run folder ``resume`` from its latest
     checkpoint); returns what ``metrics.json`` holds. Under ``torchrun`` every process calls this;
     only rank 0 logs and writes files."""
-    cfg = copy.deepcopy(cfg)  # the run pins into it what the regularizer resolves (pin_resolved)
+    cfg = copy.deepcopy(cfg)  # the caller's config is left alone
     already = distributed.is_initialized()
     ctx = distributed.init_from_env(cfg.train.device)
     finished = False
@@ -142,8 +142,6 @@ def setup(
     labels = labels if shard is None else shard.local_labels(labels)
     reg = build_regularizer(cfg.regularizer, labels, groups, shard)
     del labels, groups
-    if reg is not None and config_mod.pin_resolved(cfg, reg) and resume is None and ctx.is_main:
-        config_mod.save(cfg, out / "config.yaml")  # what "auto" chose for these data
     reg = reg.to(device) if reg is not None else None
     optimizer = build_optimizer(cfg, model, reg)
     train_loader = make_loader(

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reparam import FBETA_DEFAULTS, PAPER_PRESET, FBetaRegularizer, resolve_preset
+from reparam import FBETA_DEFAULTS, PAPER_PRESET, FBetaRegularizer, resolve_options, resolve_preset
 from reparam import functional as fn
 
 
@@ -139,3 +139,25 @@ def test_defaults_and_the_paper_preset():
         "projection": "inline",
     }
     assert resolve_preset(None) == FBETA_DEFAULTS
+
+
+def test_auto_is_resolved_in_one_place():
+    """``resolve_options``: ``tau_update="auto"`` is sparse (with the tracked projection) with the
+    library's schedule, dense with a preset or a projection given; ``sparse`` overrides the
+    choice; the constructor takes what it returns."""
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    cases = [
+        (dict(), ("tracked", "sparse_adam_ahead")),
+        (dict(projection="inline"), ("inline", "dense")),
+        (dict(preset="paper"), ("epoch", "dense")),
+        (dict(preset="paper", sparse=True), ("epoch", "sparse_adam_ahead")),
+        (dict(sparse=False), ("inline", "dense")),
+        (dict(tau_update="dense"), ("inline", "dense")),
+        (dict(projection="epoch", tau_update="sparse_adam_ahead"), ("epoch", "sparse_adam_ahead")),
+    ]
+    for options, expected in cases:
+        out = resolve_options(**options)
+        assert (out["projection"], out["tau_update"]) == expected, options
+        if "sparse" not in options:
+            reg = FBetaRegularizer(labels, **options)
+            assert (reg.projection, reg.tau_update) == expected, options

@@ -228,11 +228,15 @@ def test_config_selects_the_paper_preset_and_pins_what_it_resolves():
     assert again.to_dict() == cfg.to_dict()
     ours_cfg = C.from_dict({"regularizer": {"name": "fbeta"}})
     ours = ours_cfg.regularizer
-    # the library's projection depends on the data (tau_update auto): pinned once it is built
-    assert (ours.projection, ours.fbeta.dual_lr_lambda, ours.fbeta.cap_scores) == (None, 0.1, True)
+    # tau_update auto and the projection that goes with it: resolved and pinned on loading
+    assert (ours.projection, ours.fbeta.dual_lr_lambda, ours.fbeta.cap_scores) == (
+        "tracked",
+        0.1,
+        True,
+    )
+    assert ours.fbeta.tau_update == "sparse_adam_ahead"
     reg = FBetaRegularizer(torch.tensor([0, 1, 1]), **ours.kwargs())
-    assert C.pin_resolved(ours_cfg, reg)
-    assert (ours.projection, ours.fbeta.tau_update) == ("tracked", "sparse_adam_ahead")
+    assert (reg.projection, reg.tau_update) == ("tracked", "sparse_adam_ahead")
     # a paper config switched to an alternative: the shared projection stays unset, no error
     alt = C.load(ROOT / "configs" / "smnist_mlp.yaml", ["regularizer.name=soft_fbeta"])
     assert alt.regularizer.projection is None
@@ -309,9 +313,9 @@ def test_full_projections_is_a_regularizer_of_its_own():
 def test_auto_tau_update_is_pinned_in_the_config():
     """``tau_update: auto`` (the default): the library's defaults resolve to ``sparse_adam_ahead``
     with the tracked projection at every size, at the regularizer group's lr (the step a dense
-    ``tau`` takes; ``tau_lr`` stays null), and ``pin_resolved`` writes the choice into the config (a resumed run
-    rebuilds it from there); an explicit projection or the paper preset keeps the dense update,
-    and so do ``optim.name: sgd`` and fp16 (pinned before the regularizer is built); an explicit
+    ``tau`` takes; ``tau_lr`` stays null), written into the config on loading by the library's
+    ``resolve_options`` (a resumed run rebuilds it from there); an explicit projection or the
+    paper preset keeps the dense update, and so do ``optim.name: sgd`` and fp16; an explicit
     sparse update under fp16 is refused."""
     labels = torch.tensor([0, 1, 1, 1, 0])
     for given, optim, expected in (
@@ -321,10 +325,9 @@ def test_auto_tau_update_is_pinned_in_the_config():
         ({}, {"name": "sgd"}, ("inline", "dense")),
     ):
         cfg = C.from_dict({"regularizer": {"name": "fbeta", **given}, "optim": optim})
+        assert (cfg.regularizer.projection, cfg.regularizer.fbeta.tau_update) == expected
         reg = FBetaRegularizer(labels, **cfg.regularizer.kwargs())
         assert (reg.projection, reg.tau_update) == expected
-        C.pin_resolved(cfg, reg)
-        assert (cfg.regularizer.projection, cfg.regularizer.fbeta.tau_update) == expected
         again = FBetaRegularizer(labels, **C.from_dict(cfg.to_dict()).regularizer.kwargs())
         assert (again.projection, again.tau_update) == expected
     assert FBetaRegularizer(labels[:3]).tau_update == "sparse_adam_ahead"  # 2 positives too

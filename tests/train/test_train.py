@@ -180,7 +180,7 @@ def test_default_run_folders_do_not_collide(digits_smnist, tmp_path, monkeypatch
     run(cfg, log=lambda *_: None)
     run(cfg, log=lambda *_: None)
     names = sorted(p.name for p in (tmp_path / "runs" / "demo").iterdir())
-    assert names == ["fbeta-a0.01-auto-seed0", "fbeta-a0.01-auto-seed0-2"]
+    assert names == ["fbeta-a0.01-tracked-seed0", "fbeta-a0.01-tracked-seed0-2"]
 
 
 def test_missing_data_says_how_to_build_it(tmp_path):
