@@ -10,7 +10,7 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 >>> loss = reg(torch.randn(2), torch.tensor([0, 2]))   # L_B for the batch of samples 0 and 2
 """
 
-__version__ = "0.2.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
+__version__ = "0.3.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
 
 from . import functional, rate_functional
 from ._checks import RETIRED as RETIRED_OPTIONS
