@@ -53,6 +53,11 @@ class ReparamRegularizer(ShapeObjective):
         )
         self.projection = _checks.choice("projection", projection, PROJECTION_MODES)
         self.inline_strength = _checks.number("inline_strength", inline_strength, 0)
+        if self.inline_strength > 0 and self.projection != "inline":  # it would do nothing
+            raise ValueError(
+                f"inline_strength={inline_strength!r} smooths the inline projection, but "
+                f"projection is {self.projection!r}: pass projection='inline' with it"
+            )
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
         self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
 

@@ -21,31 +21,17 @@ import torch
 import torch._dynamo
 
 import reparam
-from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision
+from reparam import FBetaRegularizer
+from tests.matrix import CELLS, NOT_TRACED_WHOLE, build
 
+# every cell of the supported matrix but those whose exact root search reads values
+OBJECTIVES = [name for name in CELLS if name not in NOT_TRACED_WHOLE]
 N = 400
 LABELS = (torch.rand(N, generator=torch.Generator().manual_seed(0)) < 0.3).long()
-THREE = torch.arange(N) % 3
-
-OBJECTIVES = {
-    "fbeta-defaults": lambda: FBetaRegularizer(LABELS),
-    "fbeta-epoch": lambda: FBetaRegularizer(LABELS, projection="epoch"),
-    "fbeta-paper": lambda: FBetaRegularizer(LABELS, preset="paper"),
-    "fbeta-epoch-sparse": lambda: FBetaRegularizer(
-        LABELS, projection="epoch", tau_update="sparse_adam_ahead"
-    ),
-    "fbeta-classes": lambda: FBetaRegularizer(THREE, positive_classes=(1, 2)),
-    "fbeta-grouped": lambda: FBetaRegularizer(LABELS, groups=torch.arange(N) % 7),
-    "precision-at-recall": lambda: PrecisionAtRecall(LABELS, recall=0.9),
-    "recall-at-precision": lambda: RecallAtPrecision(LABELS, precision=0.8),
-    "roc-auc": lambda: ROCAUC(LABELS),
-}
 
 
 def _setup(name: str):
-    torch.manual_seed(0)
-    reg = OBJECTIVES[name]()
-    columns = 3 if name == "fbeta-classes" else 1
+    reg, columns = build(name)
     model = torch.nn.Linear(5, columns)
     x = torch.randn(N, 5, generator=torch.Generator().manual_seed(1))
     params = [*model.parameters(), *reg.parameters()]
@@ -89,7 +75,7 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("name", list(OBJECTIVES))
+@pytest.mark.parametrize("name", OBJECTIVES)
 def test_a_users_step_is_one_graph_with_no_break(name):
     _, _, x, step = _setup(name)
     idx = torch.arange(50)
@@ -99,7 +85,7 @@ def test_a_users_step_is_one_graph_with_no_break(name):
 
 
 # two objectives in the default suite, every one in the slow suite (3 epochs traced and run each)
-TRAINED = ["fbeta-defaults", "precision-at-recall"]
+TRAINED = ["fbeta-tracked-sparse", "precision-at-recall-inline"]
 SLOW = [pytest.param(n, marks=pytest.mark.slow) for n in OBJECTIVES if n not in TRAINED]
 
 
@@ -148,12 +134,12 @@ def test_torch_optimizers_break_the_graph_themselves_and_the_objective_does_not(
         assert not any(f.startswith(library) for f in files), files
 
 
-@pytest.mark.parametrize("name", ["fbeta-defaults", "precision-at-recall"])
+@pytest.mark.parametrize("name", ["fbeta-tracked-sparse", "precision-at-recall-inline"])
 def test_bad_entries_are_masked_on_the_device_and_reported_at_the_epoch_end(name):
     """Inside torch.compile a NaN score and an index out of range reach no state and no loss
     term; the epoch end raises a ValueError naming both arguments and the forward call."""
-    reg = OBJECTIVES[name]()
-    reference = OBJECTIVES[name]()
+    reg, _ = build(name)
+    reference, _ = build(name)
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def forward(u, idx):

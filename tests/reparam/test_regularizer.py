@@ -455,3 +455,14 @@ def test_inert_message_names_only_remedies_not_in_effect():
 def test_a_retired_option_names_what_to_use_instead(option, value, instead):
     with pytest.raises(ValueError, match=rf"{option}='{value}' was removed in .*{instead}"):
         FBetaRegularizer(torch.tensor([0, 1] * 5), **{option: value})
+
+
+def test_a_soft_strength_without_the_inline_projection_is_refused():
+    """``inline_strength`` smooths the inline projection; with another (the defaults' tracked) it
+    would be ignored without a word."""
+    labels = torch.tensor([0, 1] * 5)
+    with pytest.raises(ValueError, match=r"inline_strength=0\.05 .* projection is 'tracked'"):
+        FBetaRegularizer(labels, inline_strength=0.05)
+    assert (
+        FBetaRegularizer(labels, projection="inline", inline_strength=0.05).inline_strength == 0.05
+    )

@@ -136,8 +136,8 @@ MODE_FAMILIES: dict[str, Family] = {
             "projection tracked, sparse tau ahead",
             {"projection": "tracked", "tau_update": "sparse_adam_ahead", "tau_lr": LR},
         ),
-        ("inline soft 0.05", {"inline_strength": 0.05}),
-        ("inline soft 0.2", {"inline_strength": 0.2}),
+        ("inline soft 0.05", {"projection": "inline", "inline_strength": 0.05}),
+        ("inline soft 0.2", {"projection": "inline", "inline_strength": 0.2}),
     )
 }
 AUC_FAMILIES = tuple(f for f, family in FAMILIES.items() if family.auc)
