@@ -39,6 +39,23 @@ class LocalComm:
     def cat(self, t: Tensor) -> Tensor:
         return t
 
+    # reductions of all the values of a tensor (one process: the plain ones)
+
+    def mean_of(self, x: Tensor) -> Tensor:
+        """``x.mean()`` over every process's values (NaN where none has one)."""
+        return x.mean()
+
+    def max_of(self, x: Tensor) -> Tensor:
+        """``x.max()`` over every process's values (``-inf`` where none has one, with several
+        processes)."""
+        return x.max()
+
+    def min_of(self, x: Tensor) -> Tensor:
+        return x.min()
+
+    def any_of(self, x: Tensor) -> bool:
+        return bool(x.any())
+
 
 LOCAL = LocalComm()
 
@@ -70,6 +87,21 @@ class ProcessComm(LocalComm):
 
     def max(self, t: Tensor) -> Tensor:
         return self._reduce(t, dist.ReduceOp.MAX)
+
+    def mean_of(self, x: Tensor) -> Tensor:
+        total = self.sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))
+        return (total[0] / total[1]).to(x.dtype)
+
+    def max_of(self, x: Tensor) -> Tensor:
+        here = x.max() if x.numel() else x.new_tensor(-float("inf"))
+        return self.max(here.reshape(1))[0]
+
+    def min_of(self, x: Tensor) -> Tensor:
+        here = x.min() if x.numel() else x.new_tensor(float("inf"))
+        return self.min(here.reshape(1))[0]
+
+    def any_of(self, x: Tensor) -> bool:
+        return bool(self.max(x.any().reshape(1))[0])
 
     def cat(self, t: Tensor) -> Tensor:
         """Every process's ``t`` concatenated in rank order along dim 0 (the lengths may

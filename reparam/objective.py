@@ -125,10 +125,8 @@ class ShapeObjective(ShardedRows, nn.Module):
         # positive of problem k and 0 for a negative (a sample's problem without a per-sample buffer)
         starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0).to(index)
         self.register_buffer("class_start", starts, persistent=False)
-        if self.sharded:  # the positives of all the processes
-            counts_all = self._comm.sum(torch.tensor(counts, dtype=torch.int64)).tolist()
-        else:
-            counts_all = counts
+        # the positives of all the processes (one process: its own)
+        counts_all = self._comm.sum(torch.tensor(counts, dtype=torch.int64)).tolist()
         self.register_buffer("n_pos", torch.tensor(counts_all, dtype=torch.float32))
         self._n_pos_list = [float(c) for c in counts_all]  # fixed by shape_labels: no host sync
         self._problem_class = problem_class  # problem k -> its class's column j

@@ -217,30 +217,20 @@ class ShardedRows:
         accumulation; equal gradients stay equal, so gradient accumulation is exact)."""
         p.grad.copy_(self._comm.sum(p.grad) / self._comm.world)
 
-    # reductions of per-row values over the processes (one process: the plain ones, unchanged)
+    # reductions of per-row values over the processes (the communicator's; one process: the
+    # plain ones, unchanged)
 
     def _mean(self, x: Tensor) -> Tensor:
-        """``x.mean()`` over every process's rows (NaN where none has one)."""
-        if not self.sharded:
-            return x.mean()
-        total = self._comm.sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))
-        return (total[0] / total[1]).to(x.dtype)
+        return self._comm.mean_of(x)
 
     def _max(self, x: Tensor) -> Tensor:
-        """``x.max()`` over every process's rows (``-inf`` where none has one)."""
-        if not self.sharded:
-            return x.max()
-        here = x.max() if x.numel() else x.new_tensor(-float("inf"))
-        return self._comm.max(here.reshape(1))[0]
+        return self._comm.max_of(x)
 
     def _min(self, x: Tensor) -> Tensor:
-        if not self.sharded:
-            return x.min()
-        here = x.min() if x.numel() else x.new_tensor(float("inf"))
-        return self._comm.min(here.reshape(1))[0]
+        return self._comm.min_of(x)
 
     def _any(self, x: Tensor) -> bool:
-        return bool(self._comm.max(x.any().reshape(1))[0]) if self.sharded else bool(x.any())
+        return self._comm.any_of(x)
 
 
 class _AllToAll(torch.autograd.Function):

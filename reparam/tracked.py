@@ -100,8 +100,7 @@ class TrackedActiveSet:
         else:
             parts = torch.stack([torch.where(active, tau, 0).double(), active.double()], 1)
             self.active_sums.zero_().index_add_(0, self._groups, parts)
-        if self.sharded:  # over every process's rows
-            self.active_sums.copy_(self._comm.sum(self.active_sums))
+        self.active_sums.copy_(self._comm.sum(self.active_sums))  # over every process's rows
 
     @torch.no_grad()
     def _retest_all_(self) -> None:
@@ -143,29 +142,25 @@ class TrackedActiveSet:
         t = before + change
         was = active.index_select(0, rows)
         moved = (t.double() - before.double()) * (was & first)
-        if self.sharded:  # A's sums are over every process's rows: their moves summed first
-            self.active_sums[:, 0].add_(self._comm.sum(moved.sum(0, keepdim=True)))
-        else:
-            _add_per_problem(self.active_sums[:, 0], group, moved, one)
+        # A's sums are over every process's rows: their moves summed over the processes
+        _add_per_problem(self.active_sums[:, 0], group, moved, one, self._comm)
         eps = self._eps_of_rows(rows)
         values = torch.where(was, t + eps, t)
         now = (values > self._tracked_root().index_select(0, group)) & kept | (was & ~kept)
         offset = torch.where(was, t, values - eps)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        if self.sharded:
-            self.active_sums.add_(self._comm.sum(delta.sum(0, keepdim=True)))
-        else:
-            _add_per_problem(self.active_sums, group, delta, one)
+        _add_per_problem(self.active_sums, group, delta, one, self._comm)
         tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
         active.index_copy_(0, rows, now)
 
 
-def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool) -> None:
+def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool, comm) -> None:
     """``sums[group] += values`` (rows of ``values`` summed per problem); with one problem a sum
-    (inductor's CPU code generator fails on a scatter-add of float64 into one row, torch 2.13)."""
+    (inductor's CPU code generator fails on a scatter-add of float64 into one row, torch 2.13),
+    summed over the processes by ``comm`` (a sharded state has one problem)."""
     if one:
-        sums.add_(values.sum(0, keepdim=True))
+        sums.add_(comm.sum(values.sum(0, keepdim=True)))
     else:
         sums.index_add_(0, group, values)
 
