@@ -54,7 +54,12 @@ class ModeSpec:
 
 # buffers whose size is fixed or set by the batch, not by n: the sparse update's gradient probe
 # (4096 entries) and the E(t) table of sparse_adam_ahead
-PER_BATCH = ("_tau_probe", "_probe_index", "_probe_touched", "_tau_ahead")
+PER_BATCH = (  # the sparse tau's probe and table: sized by the batch and the rule, not n
+    "sparse_tau.probe_values",
+    "sparse_tau.probe_rows",
+    "sparse_tau.probe_touched",
+    "sparse_tau.ahead",
+)
 
 MODES = (
     # tau_update "auto": sparse_adam_ahead + tracked at every n

@@ -15,16 +15,10 @@ __version__ = "0.3.0"  # the one place of the version (pyproject.toml reads it; 
 from . import functional, rate_functional
 from ._checks import RETIRED as RETIRED_OPTIONS
 from .base import PROJECTION_MODES, ReparamRegularizer
-from .fbeta import (
-    FBETA_DEFAULTS,
-    FBETA_PRESETS,
-    PAPER_PRESET,
-    FBetaRegularizer,
-    resolve_options,
-    resolve_preset,
-)
+from .fbeta import FBetaRegularizer
 from .functional import certified_fbeta_bound
 from .head import ShapeHead
+from .options import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, resolve_options, resolve_preset
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 from .sharding import Shard
 

@@ -189,9 +189,11 @@ class ReparamRegularizer(ShapeObjective):
 def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
     """A dense-``tau`` state loads into a sparse-``tau`` regularizer with fresh (zero) moments
     (switching ``tau_update`` between runs is allowed; nothing else is filled in)."""
-    for name in ("tau_adam_moments", "tau_adam_step", "tau_adam_last"):
-        if hasattr(module, name) and prefix + name not in state_dict:
-            state_dict[prefix + name] = torch.zeros_like(getattr(module, name))
+    sparse = getattr(module, "sparse_tau", None)
+    if sparse is None or prefix + "sparse_tau.step" in state_dict:
+        return
+    for name, value in sparse.state_dict().items():
+        state_dict.setdefault(prefix + "sparse_tau." + name, torch.zeros_like(value))
 
 
 def _own_code(fn):

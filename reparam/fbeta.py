@@ -20,7 +20,7 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -31,73 +31,13 @@ from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
+from .options import DEFAULT_TAU_LR, resolve_options
 from .sharding import Shard
-from .sparse import TAU_UPDATES, SparseTau
+from .sparse import SparseTau
 from .tracked import TrackedActiveSet
 
-# tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
-# Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-97 %)
-DEFAULT_TAU_LR = 1e-2
 
-# tau_update="auto" with the library's defaults: "sparse_adam_ahead" (dense Adam's trajectory at
-# O(B) per step, reparam/sparse.py) and the tracked projection at every n: the step is flat in n
-# (docs/figures/scale_n.md), and the LP gap on the fixed-feature problems is dense Adam's
-# (docs/method.md sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %).
-AUTO_TAU_UPDATE = "sparse_adam_ahead"
-
-# The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
-# docs/comparison.md) and the paper's Algorithm 3 as published (``preset="paper"``). An option
-# passed explicitly (not ``None``) overrides its preset's value.
-FBETA_DEFAULTS: dict[str, object] = {
-    "projection": "inline",
-    "dual_lr_lambda": 0.1,
-    "dual_lr_mu": 0.1,
-    "cap_scores": True,
-}
-PAPER_PRESET: dict[str, object] = {
-    "projection": "epoch",
-    "dual_lr_lambda": 1e-3,
-    "dual_lr_mu": 1e-5,
-    "cap_scores": False,
-}
-FBETA_PRESETS = (None, "paper")
-
-
-def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
-    """The options a preset sets (``FBETA_DEFAULTS``' keys; ``given`` may name any of them), each
-    one given as ``None`` or not given taking the preset's value; the trainer's config uses it too,
-    so a saved config pins what the constructor resolves."""
-    base = PAPER_PRESET if _checks.choice("preset", preset, FBETA_PRESETS) else FBETA_DEFAULTS
-    return {key: value if given.get(key) is None else given[key] for key, value in base.items()}
-
-
-def resolve_options(
-    preset: str | None = None,
-    *,
-    tau_update: str = "auto",
-    sparse: bool | None = None,
-    **given: object,
-) -> dict[str, object]:
-    """Every option the constructor resolves: the preset's (:func:`resolve_preset`) and
-    ``tau_update``, the one place where ``"auto"`` is resolved. ``"auto"`` is
-    ``"sparse_adam_ahead"`` (O(B) per step) with the library's schedule (``preset`` and
-    ``projection`` left at ``None``), whose projection is then ``"tracked"`` (inline's O(B) form),
-    else ``"dense"``. ``sparse`` overrides that choice for ``"auto"``: ``True``, sparse whatever the
-    schedule (the trainer's objective on every pixel); ``False``, dense (the trainer with an
-    optimizer other than Adam, or fp16: the sparse rule is Adam's and reads the unscaled
-    gradient). The trainer's config writes the result, so a saved config pins the run."""
-    out = resolve_preset(preset, **given)
-    tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
-    library = preset is None and given.get("projection") is None
-    if tau_update == "auto":
-        sparse = library if sparse is None else sparse
-        tau_update = AUTO_TAU_UPDATE if sparse else "dense"
-    if tau_update != "dense" and library:  # inline needs every row: its O(B) form
-        out["projection"] = "tracked"
-    return {**out, "tau_update": tau_update}
-
-
-class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
+class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
     one-vs-rest per class.
 
@@ -176,6 +116,7 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
     """
 
     _constrained_names = ("eps_param", "tau_param")
+    _version = 3  # 3: the sparse tau's state in its own module (sparse_tau.moments, .step, .last)
 
     def __init__(
         self,
@@ -231,11 +172,10 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
                 "is dense once projection or preset is given: pass "
                 "tau_update='sparse_adam_ahead'; the trainer: regularizer.fbeta.tau_update)"
             )
-        self.tau_lr = _checks.number(
-            "tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True
-        )
-        self._tau_lr_given = tau_lr is not None  # else attach() follows the optimizer's (ahead)
+        lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)
+        self.sparse_tau: SparseTau | None = None  # the rows' own update (reparam.sparse)
         if self.tau_update == "dense":
+            self._dense_tau_lr = lr  # (unused: the user's optimizer steps tau)
             self.tau_param = nn.Parameter(torch.ones(n_pos))
         else:
             if self.projection == "inline":
@@ -246,7 +186,8 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
                     "tau_update='dense'"
                 )
             self.register_buffer("tau_param", torch.ones(n_pos))
-            self._init_sparse_tau(n_pos)
+            # tau_lr not given: attach() follows the optimizer's lr
+            self.sparse_tau = SparseTau(n_pos, lr=lr, lr_given=tau_lr is not None, comm=self._comm)
         if self.projection == "tracked":  # the projection's active set A (reparam/tracked.py)
             self._init_tracked(n_pos, p)
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
@@ -333,14 +274,14 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
         rows = slots.clamp_min(0)
         if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
             tau, lam = tau.new_zeros(1), self.lam.new_zeros(1)
-            probe = self._probe_rows(rows, touched)
+            probe = self.sparse_tau.probe(rows, touched)
             values = tau.expand(rows.shape[0]) + (0 if probe is None else probe)
             return values, lam.expand(rows.shape[0])
         values = tau.index_select(0, rows)
         if self.projection == "tracked":
             values = values + self._tracked_shift(rows)
-        if self.tau_update != "dense":
-            probe = self._probe_rows(rows, touched)
+        if self.sparse_tau is not None:
+            probe = self.sparse_tau.probe(rows, touched)
             if probe is not None:
                 values = values + probe
         return values, self.lam.index_select(0, rows)
@@ -360,9 +301,65 @@ class FBetaRegularizer(TrackedActiveSet, SparseTau, ReparamRegularizer):
 
     def _after_step_body_(self) -> None:
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
-        (``reparam.sparse``)."""
-        if self.tau_update != "dense" and self._sparse_pending:
-            self._sparse_tau_step_()
+        (``reparam.sparse``), with the tracked active set kept in step in mode ``"tracked"``."""
+        if self.sparse_tau is not None and self.sparse_tau.pending:
+            tracked = self._track_step_ if self.projection == "tracked" else None
+            self.sparse_tau.step_(self.tau_param, tracked)
+
+    # --- the sparse tau's conveniences ------------------------------------------------------------
+
+    @property
+    def tau_lr(self) -> float:
+        """The sparse update's step size (``reg.sparse_tau.lr``)."""
+        return self.sparse_tau.lr if self.sparse_tau is not None else self._dense_tau_lr
+
+    @tau_lr.setter
+    def tau_lr(self, value: float) -> None:
+        if self.sparse_tau is None:
+            raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
+        self.sparse_tau.lr = value
+
+    def reserve_(self, entries: int) -> None:
+        """Room for ``entries`` batch entries between two steps: call it before ``torch.compile``
+        traces a step with batches of more than 4096 entries (eagerly the room grows)."""
+        if self.sparse_tau is not None:
+            self.sparse_tau.reserve_(entries)
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
+        """``ShapeObjective.attach``; with a sparse ``tau`` and ``tau_lr`` not given, the sparse
+        step also takes the lr of the optimizer's group that steps ``eps``, at every step
+        (schedules included): the step a dense ``tau`` in that group would take."""
+        handle = super().attach(optimizer)
+        group = self.tau_lr_source(optimizer)
+        if group is None:
+            return handle
+        handle.remove()
+
+        def hook(*_) -> None:
+            self.tau_lr = float(group["lr"])
+            self.after_step_()
+
+        return optimizer.register_step_post_hook(hook)
+
+    def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with a sparse
+        ``tau`` and ``tau_lr`` not given, the group that steps ``eps`` (set ``self.tau_lr`` from
+        its ``"lr"`` before each ``after_step_()``, as ``attach`` does); else ``None``."""
+        if self.sparse_tau is None:
+            return None
+        return self.sparse_tau.lr_source(optimizer, self.eps_param)
+
+    def share_sparse_grads_(
+        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
+    ) -> None:
+        """Data parallelism with a replicated sparse ``tau``: the pending gradient becomes the mean
+        over the processes (``reparam.sparse.SparseTau.share_``). Call it after the backward pass
+        and before ``after_step_()``, on every process."""
+        if self.sparse_tau is None:
+            raise RuntimeError(
+                "share_sparse_grads_() is for a sparse tau (tau_update='dense' here)"
+            )
+        self.sparse_tau.share_(all_gather, processes, size)
 
     def _clipped(self, position: int) -> Tensor:
         """Mode ``"tracked"``: ``eps`` (0) or ``tau`` (1) as the loss sees them; ``eps`` alone is

@@ -54,7 +54,9 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from projections.collective import LocalComm
 
 from ._constants import constant
 
@@ -206,22 +208,29 @@ def touched_only(rows: Tensor, touched: Tensor, grad: Tensor) -> tuple[Tensor, T
 PROBE_ENTRIES = 4096
 
 
-class SparseTau:
-    """The state and steps of a sparse ``tau`` update for ``FBetaRegularizer`` (a mixin, as
-    ``tracked.TrackedActiveSet``: it reads the regularizer's ``tau_param``, ``tau_update``,
-    ``tau_lr``, ``eps_param``, ``slot``, projection and ``_track_step_``): the probe that
-    collects the batch's gradient (module docstring), the exchange between processes, the step in
-    ``after_step_()``, and ``attach`` following the optimizer's lr for ``"sparse_adam_ahead"``."""
+class SparseTau(nn.Module):
+    """The per-positive rows of ``tau`` stepped in place by the ``"sparse_adam_ahead"`` rule (module
+    docstring): a child module of ``FBetaRegularizer`` (``reg.sparse_tau``) in the manner of an
+    indexed multiplier. It owns the rule's state (``moments`` ``[m, v]`` per row, the ``step``
+    count, each row's ``last`` touch; ``state_dict`` keys ``sparse_tau.*``) and the probe that
+    collects a batch's gradient; the rows themselves (``tau``) are its host's, passed in.
 
-    def _init_sparse_tau(self, n_pos: int) -> None:
+    Per forward, :meth:`probe` gives the zeros to add to the batch's rows; after the optimizer's
+    step, :meth:`step_` steps the rows the backward passes since the last step touched. ``lr`` is
+    a plain attribute (``attach`` makes it follow the optimizer's group). ``comm``: the processes
+    over which the rows are spread (``projections.collective``; ``LOCAL``: one process)."""
+
+    def __init__(self, n_pos: int, *, lr: float, lr_given: bool, comm: LocalComm) -> None:
+        super().__init__()
+        self.lr, self.lr_given, self._comm = lr, lr_given, comm
         # Adam's [m, v] per row, its step count and the step of each row's last touch
-        self.register_buffer("tau_adam_moments", torch.zeros(n_pos, 2))
-        self.register_buffer("tau_adam_step", torch.zeros((), dtype=torch.int64))
-        self.register_buffer("tau_adam_last", torch.zeros(n_pos, dtype=torch.int32))
+        self.register_buffer("moments", torch.zeros(n_pos, 2))
+        self.register_buffer("step", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("last", torch.zeros(n_pos, dtype=torch.int32))
         # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
-        self.register_buffer("_tau_ahead", _ahead_table(), persistent=False)
+        self.register_buffer("ahead", _ahead_table(), persistent=False)
         # the gradient summed since the last step and its count (zero outside touched rows)
-        self.register_buffer("_tau_grad", torch.zeros(n_pos, 2), persistent=False)
+        self.register_buffer("grad", torch.zeros(n_pos, 2), persistent=False)
         # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad;
         # the rows and which are positives are recorded beside it, in buffers (what a compiled
         # forward writes there outlives its graph's outputs: CUDA graphs reuse those)
@@ -234,42 +243,41 @@ class SparseTau:
     def _probe_buffers_(self, entries: int, like: Tensor | None) -> None:
         device = None if like is None else like.device
         probe = torch.zeros(entries, device=device, requires_grad=True)
-        self.register_buffer("_tau_probe", probe, persistent=False)
+        self.register_buffer("probe_values", probe, persistent=False)
         rows = torch.zeros(entries, dtype=torch.int64, device=device)
-        self.register_buffer("_probe_index", rows, persistent=False)
+        self.register_buffer("probe_rows", rows, persistent=False)
         touched = torch.zeros(entries, dtype=torch.bool, device=device)
-        self.register_buffer("_probe_touched", touched, persistent=False)
+        self.register_buffer("probe_touched", touched, persistent=False)
 
     def reserve_(self, entries: int) -> None:
-        """Make room for ``entries`` batch entries (samples, or pixels with ``target: pixels``)
-        between two ``after_step_()`` calls. Eager code grows the room by itself; call it once
-        before ``torch.compile`` traces a step with batches of more than 4096 entries."""
-        if entries > self._tau_probe.numel():
-            self._probe_buffers_(entries, self._tau_probe)
+        """Make room for ``entries`` batch entries between two steps (eagerly the room grows by
+        itself)."""
+        if entries > self.probe_values.numel():
+            self._probe_buffers_(entries, self.probe_values)
 
-    def _probe_rows(self, rows: Tensor, touched: Tensor) -> Tensor | None:
+    def probe(self, rows: Tensor, touched: Tensor) -> Tensor | None:
         """``(B,)`` zeros to add to the batch's rows of ``tau`` (``rows``, with ``touched``: the
         entries that are positives), whose gradient is the rows' gradient; ``None`` when no
         gradient is recorded (``torch.no_grad``). O(B): a slice, and the rows recorded."""
         if not torch.is_grad_enabled():
             return None
         start, end = self._probe_used, self._probe_used + rows.numel()
-        if end > self._tau_probe.numel():
+        if end > self.probe_values.numel():
             if torch.compiler.is_compiling():
                 raise ValueError(
                     f"a compiled step needs room for {end} batch entries of tau's gradient, the "
-                    f"regularizer has {self._tau_probe.numel()}: call reg.reserve_({end}) before "
-                    "compiling"
+                    f"regularizer has {self.probe_values.numel()}: call reg.reserve_({end}) "
+                    "before compiling"
                 )
             # new buffers: the pending entries keep the old ones
-            self._probe_buffers_(max(end, 2 * self._tau_probe.numel()), self._tau_probe)
+            self._probe_buffers_(max(end, 2 * self.probe_values.numel()), self.probe_values)
         if torch.compiler.is_compiling():  # kept in buffers: a graph's outputs are reused
-            self._probe_index[start:end].copy_(rows)  # by CUDA graphs
-            self._probe_touched[start:end].copy_(touched)
-            rows, touched = self._probe_index[start:end], self._probe_touched[start:end]
-        self._pending.append((self._tau_probe, start, rows, touched))
+            self.probe_rows[start:end].copy_(rows)  # by CUDA graphs
+            self.probe_touched[start:end].copy_(touched)
+            rows, touched = self.probe_rows[start:end], self.probe_touched[start:end]
+        self._pending.append((self.probe_values, start, rows, touched))
         self._probe_used = end
-        return self._tau_probe[start:end]
+        return self.probe_values[start:end]
 
     def _collect_(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """The pending forwards' ``(rows, touched, grad)`` (a large batch on the CPU: its
@@ -282,8 +290,8 @@ class SparseTau:
             grad = probe.grad
             if grad is None:  # a forward with no backward: no gradient on its rows
                 grad = torch.zeros_like(probe)
-            g = grad[start : start + rows.numel()].to(self._tau_grad.dtype, copy=True)
-            if self.sharded:  # a row's share of the mean over the processes' gradients
+            g = grad[start : start + rows.numel()].to(self.grad.dtype, copy=True)
+            if self._comm.world > 1:  # a row's share of the mean over the processes' gradients
                 g = g / self._comm.world
             parts.append(touched_only(rows, touched, g))
         for probe, *_ in self._pending:
@@ -294,61 +302,37 @@ class SparseTau:
             return parts[0]
         return tuple(torch.cat([part[k] for part in parts]) for k in range(3))
 
-    def _accumulate_pending_(self) -> None:
+    def accumulate_pending_(self) -> None:
         """The pending gradients into the accumulator (:func:`accumulate_`)."""
         collected = self._collect_()
-        if collected is not None and self._tau_grad.shape[0] > 0:  # (a shard may hold no row)
+        if collected is not None and self.grad.shape[0] > 0:  # (a shard may hold no row)
             rows, touched, grad = collected
-            accumulate_(self._tau_grad, rows, touched, grad)
+            accumulate_(self.grad, rows, touched, grad)
             self._accumulated.append((rows, touched))
 
     @property
-    def _sparse_pending(self) -> bool:
-        # sharded: every process steps at every step (the tracked sums are summed over them)
-        return len(self._pending) > 0 or len(self._accumulated) > 0 or self.sharded
+    def pending(self) -> bool:
+        """Whether :meth:`step_` has rows to step (several processes: always, every process
+        steps at every step: the tracked sums are summed over them)."""
+        return len(self._pending) > 0 or len(self._accumulated) > 0 or self._comm.world > 1
 
-    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
-        """``ShapeObjective.attach``; with a sparse ``tau`` and ``tau_lr`` not given, the sparse step also takes the lr of the optimizer's group that steps ``eps``, at
-        every step (schedules included): the step a dense ``tau`` in that group would take."""
-        handle = super().attach(optimizer)
-        group = self.tau_lr_source(optimizer)
-        if group is None:
-            return handle
-        handle.remove()
-
-        def hook(*_) -> None:
-            self.tau_lr = float(group["lr"])
-            self.after_step_()
-
-        return optimizer.register_step_post_hook(hook)
-
-    def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with a sparse
-        ``tau`` and ``tau_lr`` not given, the group that steps ``eps``
-        (set ``self.tau_lr`` from its ``"lr"`` before each ``after_step_()``, as ``attach`` does);
-        else ``None`` (``tau_lr`` is fixed)."""
-        if self.tau_update == "dense" or self._tau_lr_given:
+    def lr_source(self, optimizer: torch.optim.Optimizer, eps: Tensor) -> dict | None:
+        """The param group of ``optimizer`` that steps ``eps`` when ``lr`` was not given (the
+        step a dense ``tau`` would take), else ``None``."""
+        if self.lr_given:
             return None
-        groups = optimizer.param_groups
-        return next(g for g in groups if any(p is self.eps_param for p in g["params"]))
+        return next(g for g in optimizer.param_groups if any(p is eps for p in g["params"]))
 
     @torch.no_grad()
-    def share_sparse_grads_(
-        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
-    ) -> None:
-        """Data parallelism with a sparse ``tau`` update (docs/method.md sec. 11): make the pending
-        ``tau`` gradient the mean over ``processes`` of every process's, so that every process takes
-        the same step in :meth:`after_step_` (its state stays replicated), as a dense ``tau`` whose
-        gradient is all-reduced would. Exchanges only the touched rows: this process's entries
-        ``(row, touched, grad)`` since the last step, padded to ``size`` (at least their number:
-        the per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
-        ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read.
-        Call it after the backward pass and before ``after_step_()``, on every process."""
-        if self.tau_update == "dense":
-            raise RuntimeError(
-                "share_sparse_grads_() is for a sparse tau (tau_update='dense' here)"
-            )
-        acc = self._tau_grad
+    def share_(self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int) -> None:
+        """Data parallelism with a replicated sparse ``tau`` (docs/method.md sec. 11): make the
+        pending gradient the mean over ``processes`` of every process's, so that every process
+        takes the same step (its state stays replicated), as a dense ``tau`` whose gradient is
+        all-reduced would. Exchanges only the touched rows: this process's entries ``(row,
+        touched, grad)`` since the last step, padded to ``size`` (at least their number: the
+        per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
+        ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read."""
+        acc = self.grad
         packed = acc.new_zeros(size, 3, dtype=torch.float64)
         collected = self._collect_()
         if collected is not None:
@@ -357,18 +341,19 @@ class SparseTau:
                 raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
             packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
         every = all_gather(packed)
-        rows, touched = every[:, 0].to(self.slot.dtype), every[:, 1] > 0
+        rows, touched = every[:, 0].long(), every[:, 1] > 0
         grad = (every[:, 2] / processes).to(acc.dtype)
         accumulate_(acc, rows, touched, grad)
         self._accumulated.append((rows, touched))
 
-    def _sparse_tau_step_(self) -> None:
-        """The sparse step (:func:`sparse_step_`) on the rows the backward passes since the last
-        call touched; in mode ``"tracked"`` with the active set kept in step."""
-        self._accumulate_pending_()
+    def step_(self, tau: Tensor, tracked: Callable[..., None] | None = None) -> None:
+        """The sparse step (:func:`sparse_step_`) on the rows of ``tau`` the backward passes since
+        the last call touched; ``tracked(rows, touched, step)`` runs it instead when the host
+        keeps a tracked active set in step with it (``reparam.tracked``)."""
+        self.accumulate_pending_()
         parts = self._accumulated  # (rows, touched) of each pass
         if len(parts) == 0:  # sharded, no row here since the last step
-            empty = self.slot[:0]
+            empty = torch.zeros(0, dtype=torch.int64, device=tau.device)
             parts = [(empty, empty >= 0)]
         if len(parts) == 1:
             rows, touched = parts[0]
@@ -377,17 +362,17 @@ class SparseTau:
         self._accumulated.clear()
         step = partial(
             sparse_step_,
-            self.tau_param,
-            self._tau_grad,
+            tau,
+            self.grad,
             rows,
             touched,
-            lr=self.tau_lr,
-            moments=self.tau_adam_moments,
-            step=self.tau_adam_step,
-            last=self.tau_adam_last,
-            ahead=self._tau_ahead,
+            lr=self.lr,
+            moments=self.moments,
+            step=self.step,
+            last=self.last,
+            ahead=self.ahead,
         )
-        if self.projection == "tracked":
-            self._track_step_(rows, touched, step)
+        if tracked is not None:
+            tracked(rows, touched, step)
         else:
             step()

@@ -176,7 +176,7 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
     fresh = MAKERS[kind]()
     fresh.load_state_dict(state)  # the same version: loads
     assert torch.equal(fresh.scores, reg.scores)
-    version = type(reg)._version  # 3 for P@R and R@P (the decision threshold), else 2
+    version = type(reg)._version  # 3 for F-beta (sparse_tau.*), P@R and R@P (the threshold)
     state._metadata[""]["version"] = version + 1
     with pytest.raises(
         RuntimeError, match=rf"layout version {version + 1}, this library reads version {version}"

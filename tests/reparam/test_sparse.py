@@ -133,9 +133,9 @@ def test_sparse_tau_is_the_rule_on_the_dense_gradient(classes, repeat, device):
     sparse = _run(head, sparse.to(device), _batches(1, 15, repeat=repeat))
     torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(sparse.eps_param, dense.eps_param, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(sparse.tau_adam_moments, reference[0].moments, rtol=1e-6, atol=0)
-    assert torch.equal(sparse.tau_adam_last, reference[0].last)
-    assert int(sparse.tau_adam_step) == 15
+    torch.testing.assert_close(sparse.sparse_tau.moments, reference[0].moments, rtol=1e-6, atol=0)
+    assert torch.equal(sparse.sparse_tau.last, reference[0].last)
+    assert int(sparse.sparse_tau.step) == 15
     assert not torch.equal(sparse.tau_param, torch.ones_like(sparse.tau_param))  # it moved
 
 
@@ -154,10 +154,10 @@ def test_rows_outside_the_batch_are_left_bit_for_bit():
     rows = reg.slot[idx[:3]]
     others = torch.ones(reg.tau_param.numel(), dtype=torch.bool)
     others[rows] = False
-    for name in ("tau_param", "tau_adam_moments", "tau_adam_last"):
+    for name in ("tau_param", "sparse_tau.moments", "sparse_tau.last"):
         assert torch.equal(reg.state_dict()[name][others], before[name][others]), name
         assert not torch.equal(reg.state_dict()[name][rows], before[name][rows]), name
-    assert torch.count_nonzero(reg._tau_grad) == 0
+    assert torch.count_nonzero(reg.sparse_tau.grad) == 0
 
 
 def test_gradient_accumulation_sums_like_dense_gradients():
@@ -181,7 +181,7 @@ def test_a_nonfinite_gradient_skips_the_step():
     )
     before = {k: v.clone() for k, v in reg.state_dict().items()}
     reg(torch.randn(3, requires_grad=True), torch.tensor([1, 2, 3])).backward()
-    reg._tau_probe.grad[1] = float("nan")  # the gradient of a positive's row
+    reg.sparse_tau.probe_values.grad[1] = float("nan")  # the gradient of a positive's row
     reg.after_step_()
     for k, v in reg.state_dict().items():
         if k not in ("scores", "score_epoch", "batches"):  # the forward's memory
@@ -230,7 +230,9 @@ def test_state_round_trip_and_dense_state_loads_into_sparse_tau():
     dense = FBetaRegularizer(LABELS, projection="epoch", lambda_init=0.5)
     fresh = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead")
     fresh.load_state_dict(dense.state_dict())  # no moments in a dense state: start at zero
-    assert int(fresh.tau_adam_step) == 0 and torch.equal(fresh.tau_param, dense.tau_param.detach())
+    assert int(fresh.sparse_tau.step) == 0 and torch.equal(
+        fresh.tau_param, dense.tau_param.detach()
+    )
 
 
 def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
@@ -256,8 +258,8 @@ def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
     a.after_step_()
     both(u[first].clone().requires_grad_(), first).backward()
     both(u[second].clone().requires_grad_(), second).backward()
-    both._accumulate_pending_()
-    both._tau_grad[:, 0] /= 2  # the mean of the two processes' gradients
+    both.sparse_tau.accumulate_pending_()
+    both.sparse_tau.grad[:, 0] /= 2  # the mean of the two processes' gradients
     both.after_step_()
     torch.testing.assert_close(a.tau_param, both.tau_param)
     assert not torch.equal(a.tau_param, FBetaRegularizer(LABELS, **kw).tau_param)
@@ -292,12 +294,14 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
     idx = torch.arange(12)
     u = torch.randn(12, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
     reg(u, idx).backward()
-    ((probe, start, rows, touched),) = reg._pending
+    ((probe, start, rows, touched),) = reg.sparse_tau._pending
     assert rows.numel() == touched.numel() == 12 and start == 0
     assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
     assert bool((probe.grad[:12] != 0).all()) and bool((probe.grad[12:] == 0).all())
     reg.share_sparse_grads_(lambda t: t, 1, 12)  # a batch of 12 samples: 12 entries to share
-    torch.testing.assert_close(reg._tau_grad[:, 1].sum(), torch.tensor(12.0))  # one count each
+    torch.testing.assert_close(
+        reg.sparse_tau.grad[:, 1].sum(), torch.tensor(12.0)
+    )  # one count each
 
 
 @pytest.mark.parametrize("projection", ["epoch", "tracked"])
@@ -318,8 +322,8 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
             idx = torch.randperm(20000, generator=gen)[:5000]
             reg(torch.randn(5000, generator=gen, requires_grad=True), idx).backward()
             if compact:
-                reg._accumulate_pending_()
-                ((rows, touched),) = reg._accumulated
+                reg.sparse_tau.accumulate_pending_()
+                ((rows, touched),) = reg.sparse_tau._accumulated
                 assert bool(touched.all()) and rows.numel() == int(labels[idx].sum())
             reg.after_step_()
         states[compact] = reg.state_dict()
@@ -403,13 +407,13 @@ def test_attach_gives_sparse_adam_ahead_the_optimizers_lr():
         opt.step()
         sched.step()
         assert reg.tau_lr == lr
-    assert int(reg.tau_adam_step) == 2  # the hook still steps tau
+    assert int(reg.sparse_tau.step) == 2  # the hook still steps tau
     other = FBetaRegularizer(LABELS, tau_lr=0.05)
     other_opt = torch.optim.Adam(other.parameters(), lr=3e-3)
     other.attach(other_opt)
     other(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
     other_opt.step()
-    assert int(other.tau_adam_step) == 1 and other.tau_lr == 0.05
+    assert int(other.sparse_tau.step) == 1 and other.tau_lr == 0.05
     assert other.tau_lr_source(other_opt) is None
 
 

@@ -29,7 +29,12 @@ def _half_positive(n: int) -> torch.Tensor:
 
 # state whose size is fixed or set by the batch, not by the data: the sparse update's gradient probe
 # (4096 entries) and the tables of the rules
-PER_BATCH = ("_tau_probe", "_probe_index", "_probe_touched", "_tau_ahead")
+PER_BATCH = (
+    "sparse_tau.probe_values",
+    "sparse_tau.probe_rows",
+    "sparse_tau.probe_touched",
+    "sparse_tau.ahead",
+)
 
 
 def _state_bytes(reg: torch.nn.Module) -> int:

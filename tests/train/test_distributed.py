@@ -351,13 +351,13 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
         _spawn(_train_worker, world, [*_overrides(digits_smnist, out), *extra], str(folder))
         found[world] = _records(folder, world)
     one, (rank0, rank1) = found[1][0]["regularizer"], found[2]
-    keys = [*REG_STATE, "tau_adam_moments", "tau_adam_step", "tau_adam_last"]
+    keys = [*REG_STATE, "sparse_tau.moments", "sparse_tau.step", "sparse_tau.last"]
     keys += ["tau_active", "active_sums"] if projection == "tracked" else []
     kink = projection == "tracked"
     for k in keys:
         assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k  # replicated
         two_k, one_k = rank0["regularizer"][k], one[k]
-        if kink and k in ("tau_param", "lam", "tau_adam_moments"):  # per row: all but the kink's
+        if kink and k in ("tau_param", "lam", "sparse_tau.moments"):  # per row: all but the kink's
             far = (two_k.double() - one_k.double()).abs().reshape(len(one_k), -1) > 1e-5
             assert int(far.any(1).sum()) <= 1, k
         else:  # mu sums over the rows, the kink's too
@@ -367,7 +367,7 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
         torch.testing.assert_close(rank0["model"][k], value, rtol=0, atol=1e-5, msg=k)
     # the comparison means something: the rows of tau moved apart (per-row lambda)
     assert float(one["tau_param"].max() - one["tau_param"].min()) > 1e-3
-    assert int(one["tau_adam_step"]) == 2 * N // 20
+    assert int(one["sparse_tau.step"]) == 2 * N // 20
     if projection == "tracked":  # the threshold's active set is neither empty nor everything
         assert 0 < float(one["active_sums"][0, 1]) < one["tau_param"].numel()
 
@@ -395,8 +395,8 @@ def test_the_per_image_fbeta_on_two_processes_keeps_one_state(coco_cache_sky, tm
     rank0, rank1 = (r["regularizer"] for r in _records(folder, 2))
     for k, value in rank0.items():
         assert torch.equal(value, rank1[k]), k
-    assert int(rank0["tau_adam_step"]) > 0
-    assert float(rank0["tau_adam_moments"].abs().sum()) > 0
+    assert int(rank0["sparse_tau.step"]) > 0
+    assert float(rank0["sparse_tau.moments"].abs().sum()) > 0
 
 
 def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp_path):
@@ -422,7 +422,7 @@ def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp
     for part in ("model", "regularizer"):
         for key, value in whole[part].items():
             assert torch.equal(resumed[part][key], value), f"{part}.{key}"
-    assert int(whole["regularizer"]["tau_adam_step"]) == 60
+    assert int(whole["regularizer"]["sparse_tau.step"]) == 60
 
 
 def test_every_rank_ends_with_the_same_state(runs):

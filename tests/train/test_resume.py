@@ -90,7 +90,7 @@ def test_smnist_stop_and_resume_in_a_fresh_process_is_bitwise_exact(
     reg_state = REG_STATE if objective.startswith("fbeta") else RATE_STATE
     if tau_update:  # the fast step: tau's Adam state is the regularizer's, checkpointed
         extra += (f"regularizer.fbeta.tau_update={tau_update}", "model.shared_gemm=true")
-        reg_state += ("tau_adam_moments", "tau_adam_step", "tau_adam_last")
+        reg_state += ("sparse_tau.moments", "sparse_tau.step", "sparse_tau.last")
     if projection == "tracked":  # the threshold's tracked active set and its sums
         reg_state += ("tau_active", "active_sums")
     cfg = smnist_cfg(digits_smnist, tmp_path / "a", *extra)

@@ -272,7 +272,7 @@ def test_sparse_tau_and_shared_gemm_train(digits_smnist, tmp_path):
     assert saved.optim.regularizer_lr == 0.02
     ckpt = checkpoint.latest(tmp_path / "run")[1]
     row = summary["history"][-1]
-    assert int(ckpt["regularizer"]["tau_adam_step"]) == row["steps"]
+    assert int(ckpt["regularizer"]["sparse_tau.step"]) == row["steps"]
     assert len(ckpt["optimizer"]["param_groups"][1]["params"]) == 1  # eps only: tau is not in it
     assert row["test_accuracy"] > 0.3 and row["reg_tau_mean"] != 1.0  # tau moved
 
@@ -304,8 +304,8 @@ def test_auto_tau_update_is_resolved_and_pinned(digits_smnist, tmp_path):
     )
     ckpt = checkpoint.latest(tmp_path / "run")[1]
     steps = summary["history"][-1]["steps"]
-    assert int(ckpt["regularizer"]["tau_adam_step"]) == steps
-    last = ckpt["regularizer"]["tau_adam_last"]
+    assert int(ckpt["regularizer"]["sparse_tau.step"]) == steps
+    last = ckpt["regularizer"]["sparse_tau.last"]
     assert 0 < int(last.max()) <= steps
     assert 0 < float(ckpt["regularizer"]["active_sums"][0, 1])  # rows at the threshold
 
