@@ -149,6 +149,9 @@ class ShapeObjective(ShardedRows, nn.Module):
         self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
         self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
+        # the epoch end's memo (_memo_window), None outside it: an instance attribute from the
+        # start, so a compiled step that reads it is guarded on a value, not on its presence
+        self._epoch_end_memo: dict | None = None
         # inside torch.compile the monitor's counters are on the device: [samples since the last
         # end_epoch_(), since the last after_step_()], read at the epoch end
         self.register_buffer("_calls_since", torch.zeros(2, dtype=torch.int64), persistent=False)
@@ -514,7 +517,6 @@ class ShapeObjective(ShardedRows, nn.Module):
     # end_epoch_ and stats() read each class's split of the scores and the constrained variables
     # several times, O(N) / O(n) each: while they run, each is computed once (the scores are
     # fixed; the constrained variables until a projection writes them, which calls _forget_)
-    _epoch_end_memo: dict | None = None
 
     @contextlib.contextmanager
     def _memo_window(self):

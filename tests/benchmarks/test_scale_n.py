@@ -3,9 +3,12 @@ table and the figure (no timing is asserted)."""
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import scale_n
 
 
+@pytest.mark.slow  # every mode in fresh processes, 1 and 2 of them (~30 s)
 def test_scale_n_measures_every_mode_and_process_count(tmp_path):
     args = ["--max-n", "1e4", "--steps", "2", "--processes", "1", "2", "--out", str(tmp_path)]
     assert scale_n.main(args) == 0
