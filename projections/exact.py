@@ -131,7 +131,8 @@ def projection_root(
         if groups is not None or eps.dim() != 0:
             raise ValueError(
                 f"comm: the root over several processes is for one problem (eps 0-dim, no "
-                f"groups), got eps of shape {tuple(eps.shape)}, groups={'given' if groups is not None else None}"
+                f"groups), got eps of shape {tuple(eps.shape)}"
+                + (" and groups" if groups is not None else "")
             )
         return root_over(eps.detach(), tau.detach(), comm)
     if not _checked:

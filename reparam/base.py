@@ -7,7 +7,8 @@ epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, flo
 base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
 ``inline`` (the loss sees the projection of the raw parameters, exact or soft) or ``tracked``
 (F-beta: the loss sees the exact projection's threshold over an active set tracked in O(B) per
-step, ``reparam.tracked``); and the ``lambda`` step ``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant
+step, ``reparam.tracked``); and the ``lambda`` step
+``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant
 ``eta_lambda = dual_lr_lambda`` (a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch``
 in the user's loop).
 
