@@ -105,7 +105,8 @@ def _segments(lib, reg, opt, u0, idx):
     u = u0.clone().requires_grad_()
     yield
     u, idx, *ok = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
-    rows = (lib._checks.rows(reg.slot, idx),) if hasattr(lib._checks, "rows") else ()
+    slot = reg.layout.slot if hasattr(reg, "layout") else reg.slot  # (older revisions: the host's)
+    rows = (lib._checks.rows(slot, idx),) if hasattr(lib._checks, "rows") else ()
     yield
     reg._remember_(u, idx, *ok)  # ok: None (eager on the CPU), absent at older revisions
     yield

@@ -29,8 +29,10 @@ from torch import Tensor
 
 from . import _checks
 from .objective import ShapeObjective
+from .schedules import EpochEnd, Inline, Schedule
+from .tracked import TrackedThreshold
 
-PROJECTION_MODES = ("tracked", "epoch", "inline")
+PROJECTION_MODES = ("tracked", "epoch", "inline")  # the schedules' names (reparam.schedules)
 
 
 class ReparamRegularizer(ShapeObjective):
@@ -52,15 +54,31 @@ class ReparamRegularizer(ShapeObjective):
         super().__init__(
             shape_labels, positive_classes=positive_classes, groups=groups, shard=shard
         )
-        self.projection = _checks.choice("projection", projection, PROJECTION_MODES)
-        self.inline_strength = _checks.number("inline_strength", inline_strength, 0)
-        if self.inline_strength > 0 and self.projection != "inline":  # it would do nothing
-            raise ValueError(
-                f"inline_strength={inline_strength!r} smooths the inline projection, but "
-                f"projection is {self.projection!r}: pass projection='inline' with it"
-            )
+        self.schedule = self._schedule(projection, inline_strength)
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
         self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
+
+    def _schedule(self, projection: str, inline_strength: float) -> Schedule:
+        """The schedule named ``projection`` (``inline_strength``: the inline one's smoothing)."""
+        name = _checks.choice("projection", projection, PROJECTION_MODES)
+        strength = _checks.number("inline_strength", inline_strength, 0)
+        if strength > 0 and name != "inline":  # it would do nothing
+            raise ValueError(
+                f"inline_strength={inline_strength!r} smooths the inline projection, but "
+                f"projection is {name!r}: pass projection='inline' with it"
+            )
+        if name == "tracked":
+            return TrackedThreshold(self.layout.pos_index.numel(), self.n_problems, self._comm)
+        return Inline(strength) if name == "inline" else EpochEnd()
+
+    @property
+    def projection(self) -> str:
+        """The schedule's name (``reg.schedule``: the module)."""
+        return self.schedule.name
+
+    @property
+    def inline_strength(self) -> float:
+        return getattr(self.schedule, "strength", 0.0)
 
     def compile(self, **kwargs: object) -> None:
         """``torch.compile`` the whole per-step path, each part one graph
@@ -75,44 +93,26 @@ class ReparamRegularizer(ShapeObjective):
         (``torch.compile`` of your training step) the objective traces whole without this call.
         Mode ``"inline"`` runs the exact projection every step, whose root search
         reads values: it compiles with graph breaks (``fullgraph=False``)."""
-        options = {"fullgraph": self._traces_whole, **kwargs}
+        options = {"fullgraph": self.schedule.traces_whole, **kwargs}
         self._compiled_forward = torch.compile(_own_code(type(self)._forward), **options)
         self._compiled_after_step = torch.compile(_own_code(type(self)._after_step), **options)
-
-    @property
-    def _projects_at_epoch_end(self) -> bool:
-        return self.projection == "epoch"
-
-    @property
-    def _traces_whole(self) -> bool:
-        """Whether the per-step path traces as one graph (``compile``'s ``fullgraph``)."""
-        return self.projection != "inline"
 
     # --- the loss -------------------------------------------------------------------------------
 
     def constrained_parameters(self) -> tuple[Tensor, ...]:
-        """The constrained variables as the loss sees them (``_constrained_names`` order): the
+        """The constrained variables the loss takes (``_constrained_names`` order): the
         parameters themselves, or in mode ``"inline"`` their (soft) projection, with autograd."""
         raw = tuple(getattr(self, name) for name in self._constrained_names)
-        if self.projection != "inline":
-            return raw
-        return self._project(*raw, strength=self.inline_strength)
+        return self.schedule.view(raw, self._project)
 
     def _effective(self, position: int) -> Tensor:
-        """The value the loss uses for constrained variable ``position``: the parameter itself in
-        mode ``"epoch"``, its projection in mode ``"inline"``, its clipping at the tracked
-        threshold in mode ``"tracked"`` (:meth:`_clipped`), detached: write to the ``*_param``.
+        """The value the loss sees for constrained variable ``position`` (``Schedule.seen``): the
+        parameter itself in mode ``"epoch"``, its projection in mode ``"inline"``, its clipping
+        at the tracked threshold in mode ``"tracked"``, detached: write to the ``*_param``.
         Computed once while ``end_epoch_`` reads it (until a projection writes the parameters)."""
-        if self.projection == "epoch":
-            return getattr(self, self._constrained_names[position])
-        if self.projection == "tracked":
-            return self._memo(("constrained", position), lambda: self._clipped(position))
-        return self._memo(("constrained",), self._projected)[position]
-
-    @torch.no_grad()
-    def _projected(self) -> tuple[Tensor, ...]:
-        """Mode ``"inline"``: every constrained variable as the loss sees it (one projection)."""
-        return tuple(x.detach() for x in self.constrained_parameters())
+        raw = tuple(getattr(self, name) for name in self._constrained_names)
+        seen = lambda: self.schedule.seen(raw, self._project, self.layout.row_groups)  # noqa: E731
+        return self._memo(("constrained",), seen)[position]
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -120,7 +120,8 @@ class ReparamRegularizer(ShapeObjective):
     def project_(self) -> None:
         """Project the constrained parameters in place (counted)."""
         raw = tuple(getattr(self, name).detach() for name in self._constrained_names)
-        for name, value in zip(self._constrained_names, self._project(*raw), strict=True):
+        projected = self._project(*raw) if raw else ()  # (rates' saddle blocks: none stored)
+        for name, value in zip(self._constrained_names, projected, strict=True):
             getattr(self, name).copy_(value)
         self._forget_("constrained")
         self.projections += 1
@@ -131,15 +132,16 @@ class ReparamRegularizer(ShapeObjective):
         ascent on the remembered scores:
         ``lambda_i <- max(0, lambda_i + eta_l (tau_i - u_i))`` for every positive whose score was
         ever recorded (``eta_l = dual_lr_lambda``), then the objective's own multipliers."""
-        if self._projects_at_epoch_end:
+        if self.schedule.projects_at_epoch_end:
             self.project_()
-        eta_l = self.dual_lr_lambda
-        tau, target = self._lambda_targets()
-        have = self._seen_positives()
-        have = have.view(-1, *([1] * (tau.dim() - 1)))
-        self.lam.copy_(
-            torch.where(have, (self.lam + eta_l * (tau - target)).clamp_min(0), self.lam)
-        )
+        if self._stores_lambda:
+            eta_l = self.dual_lr_lambda
+            tau, target = self._lambda_targets()
+            have = self._seen_positives()
+            have = have.view(-1, *([1] * (tau.dim() - 1)))
+            self.lam.copy_(
+                torch.where(have, (self.lam + eta_l * (tau - target)).clamp_min(0), self.lam)
+            )
         self._dual_step_()
 
     # --- reporting ------------------------------------------------------------------------------
@@ -156,8 +158,8 @@ class ReparamRegularizer(ShapeObjective):
         over_u = (tau - target).clamp_min(0)[self._seen_positives()]
         any_over = self._comm.total(over_u.numel()) > 0
         return super().stats() | {
-            "lambda_mean": float(self._mean(self.lam)),
-            "lambda_max": float(self._max(self.lam)),
+            "lambda_mean": float(self._mean(self._lambda_values())),
+            "lambda_max": float(self._max(self._lambda_values())),
             "tau_mean": float(self._mean(tau)),
             "violation_tau_gt_u_mean": float(self._mean(over_u)) if any_over else 0.0,
             "violation_tau_gt_u_max": float(self._max(over_u)) if any_over else 0.0,
@@ -166,10 +168,6 @@ class ReparamRegularizer(ShapeObjective):
     # --- for subclasses ---------------------------------------------------------------------------
 
     def _project(self, *raw: Tensor, strength: float = 0.0) -> tuple[Tensor, ...]:
-        raise NotImplementedError
-
-    def _clipped(self, position: int) -> Tensor:
-        """Mode ``"tracked"``: constrained variable ``position`` as the loss sees it (detached)."""
         raise NotImplementedError
 
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
@@ -182,6 +180,12 @@ class ReparamRegularizer(ShapeObjective):
 
     def _dual_step_(self) -> None:
         raise NotImplementedError
+
+    _stores_lambda = True  # lambda is per-sample state (lam), stepped at the epoch end
+
+    def _lambda_values(self) -> Tensor:
+        """``lambda`` per positive (what ``stats()`` reports)."""
+        return self.lam
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         raise NotImplementedError

@@ -21,6 +21,7 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -32,12 +33,13 @@ from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
 from .options import DEFAULT_TAU_LR, resolve_options
+from .schedules import Inline
 from .sharding import Shard
 from .sparse import SparseTau
-from .tracked import TrackedActiveSet
+from .tracked import TrackedThreshold
 
 
-class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
+class FBetaRegularizer(ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
     one-vs-rest per class.
 
@@ -116,7 +118,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
     """
 
     _constrained_names = ("eps_param", "tau_param")
-    _version = 3  # 3: the sparse tau's state in its own module (sparse_tau.moments, .step, .last)
+    # 3: the sparse tau's state in its own module (sparse_tau.moments, .step, .last); 4: the
+    # tracked active set in the schedule's (schedule.tau_active, .active_sums); 5: the layout's
+    _version = 5
 
     def __init__(
         self,
@@ -161,11 +165,11 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         self.preset = preset
         self.beta = _checks.number("beta", beta, 0, strict=True)
         mu_init = _checks.number("mu_init", -(self.beta**2) if mu_init is None else mu_init)
-        p, n_pos = self.n_problems, self.pos_index.numel()
+        p, n_pos = self.n_problems, self.layout.pos_index.numel()
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
-        self.tau_update = tau_update
-        if self.sharded and (tau_update == "dense" or p != 1):
+        dense = tau_update == "dense"
+        if self.sharded and (dense or p != 1):
             raise ValueError(
                 f"shard: a sharded F-beta needs one positive class and a sparse tau update, got "
                 f"positive_classes={self.classes}, tau_update={tau_update!r} (tau_update='auto' "
@@ -174,11 +178,11 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             )
         lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)
         self.sparse_tau: SparseTau | None = None  # the rows' own update (reparam.sparse)
-        if self.tau_update == "dense":
+        if dense:
             self._dense_tau_lr = lr  # (unused: the user's optimizer steps tau)
             self.tau_param = nn.Parameter(torch.ones(n_pos))
         else:
-            if self.projection == "inline":
+            if isinstance(self.schedule, Inline):
                 raise ValueError(
                     f"tau_update={tau_update!r} steps only the rows a batch touches, but "
                     "projection='inline' couples every tau in each step's loss (O(n) per step): "
@@ -188,8 +192,6 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             self.register_buffer("tau_param", torch.ones(n_pos))
             # tau_lr not given: attach() follows the optimizer's lr
             self.sparse_tau = SparseTau(n_pos, lr=lr, lr_given=tau_lr is not None, comm=self._comm)
-        if self.projection == "tracked":  # the projection's active set A (reparam/tracked.py)
-            self._init_tracked(n_pos, p)
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -220,34 +222,32 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         (class, group) pairs, sec. 12) in one autograd node with no batch split
         (``reparam.lagrangian.batch_lagrangian``; ``rows``: the batch's rows of ``tau``, ``-1``
         for a negative)."""
-        projection = self.projection
-        if projection == "inline":
-            eps, tau = self.constrained_parameters()
-        else:
-            eps, tau = self.eps_param, self.tau_param
+        tracked = self._tracked
+        eps, tau = self.constrained_parameters()  # inline: Pi_C of them, with autograd
         lam, share = self.lam, None
         problem = scale = eps_weight = None
-        if self._one_problem:  # the hot path: one problem, scalars
+        if self.layout.one_problem:  # the hot path: one problem, scalars
             is_pos = rows >= 0
             touched = is_pos
-            scale = self.n_samples / (self._n_pos_list[0] * self._batch_of(idx))
+            scale = self.n_samples / (self.layout.n_pos_list[0] * self._batch_of(idx))
         else:  # one entry per (sample, class column), each in its problem
-            problem, scale, eps_weight = self._batch_problems(idx)
+            problem, scale, eps_weight = self.layout.batch_problems(idx)
             columns = len(self.classes)
-            row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
+            row_problem = self.layout.tau_group.index_select(0, rows.clamp_min(0)).long()
             is_pos = (rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)
             touched = is_pos.any(1)  # a sample is a positive of one problem at most
             u, problem, is_pos = u.reshape(-1), problem.reshape(-1), is_pos.reshape(-1)
-        if projection == "tracked" and self.tau_update == "dense":
-            self._retest_all_()  # the optimizer moved every row: re-test all, O(n)
+        if tracked is not None and self.sparse_tau is None:  # the optimizer moved every row:
+            tracked.retest_all_(self.tau_param, self.eps_param, self.layout.row_groups)  # O(n)
+            self._forget_("constrained")
         slots = rows.clamp_min(0)
-        if projection == "tracked" or self.tau_update != "dense":  # the batch's rows, O(B)
+        if tracked is not None or self.sparse_tau is not None:  # the batch's rows, O(B)
             tau, lam = self._batch_rows(tau, rows, touched)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
         if problem is not None:  # a sample's row serves every column
             slots = slots.unsqueeze(1).expand(-1, columns).reshape(-1)
-        if projection == "tracked":  # the loss sees e*
-            eps, share = self._tracked_threshold(self.eps_param)
+        if tracked is not None:  # the loss sees e*
+            eps, share = tracked.threshold(self.eps_param)
             if problem is None:
                 share = share.view(())
         return batch_lagrangian(
@@ -278,24 +278,36 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             values = tau.expand(rows.shape[0]) + (0 if probe is None else probe)
             return values, lam.expand(rows.shape[0])
         values = tau.index_select(0, rows)
-        if self.projection == "tracked":
-            values = values + self._tracked_shift(rows)
+        if self._tracked is not None:
+            values = values + self._tracked.shift(rows, self.eps_param, self.layout.row_groups)
         if self.sparse_tau is not None:
             probe = self.sparse_tau.probe(rows, touched)
             if probe is not None:
                 values = values + probe
         return values, self.lam.index_select(0, rows)
 
+    @property
+    def tau_update(self) -> str:
+        """Who steps ``tau``: ``"dense"`` (the user's optimizer) or ``"sparse_adam_ahead"``
+        (``reg.sparse_tau``)."""
+        return "dense" if self.sparse_tau is None else "sparse_adam_ahead"
+
+    @property
+    def _tracked(self) -> TrackedThreshold | None:
+        """The schedule when it is ``"tracked"`` (its active set), else ``None``."""
+        return self.schedule if isinstance(self.schedule, TrackedThreshold) else None
+
     def _end_epoch_body_(self) -> None:
         """Mode ``"tracked"``: ``A`` re-computed from the exact root first (O(n)); then the
         base's epoch end."""
-        if self.projection == "tracked":
-            self._refresh_active_()
+        if self._tracked is not None:
+            self._tracked.refresh_(self.tau_param, self.eps_param, self.layout.row_groups)
+            self._forget_("constrained")
         super()._end_epoch_body_()
 
     @property
     def _needs_after_step(self) -> str | None:
-        if self.tau_update != "dense":
+        if self.sparse_tau is not None:
             return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
         return super()._needs_after_step
 
@@ -303,7 +315,11 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
         (``reparam.sparse``), with the tracked active set kept in step in mode ``"tracked"``."""
         if self.sparse_tau is not None and self.sparse_tau.pending:
-            tracked = self._track_step_ if self.projection == "tracked" else None
+            tracked = self._tracked
+            if tracked is not None:  # A kept in step with the rows' change
+                tracked = partial(
+                    tracked.step_, self.tau_param, self.eps_param, self.layout.row_groups
+                )
             self.sparse_tau.step_(self.tau_param, tracked)
 
     # --- the sparse tau's conveniences ------------------------------------------------------------
@@ -361,33 +377,27 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             )
         self.sparse_tau.share_(all_gather, processes, size)
 
-    def _clipped(self, position: int) -> Tensor:
-        """Mode ``"tracked"``: ``eps`` (0) or ``tau`` (1) as the loss sees them; ``eps`` alone is
-        ``O(P)`` (the epoch end's statistics ask for it several times)."""
-        eps = self._tracked_threshold(self.eps_param.detach())[0]
-        return eps if position == 0 else self._tracked_values().minimum(self._per_row(eps))
-
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form
         if strength > 0:
             if one:
                 e, t = soft_project_onto_c(eps[0], tau, strength=strength)
                 return e.reshape(1), t
-            return soft_project_onto_c(eps, tau, strength=strength, groups=self._groups)
+            return soft_project_onto_c(eps, tau, strength=strength, groups=self.layout.groups)
         if one:  # (over every process's rows: the communicator's)
             e, t = project_onto_c(eps[0], tau, comm=self._comm)
             return e.reshape(1), t
-        return project_onto_c(eps, tau, groups=self._groups)
+        return project_onto_c(eps, tau, groups=self.layout.groups)
 
     # --- the dual step --------------------------------------------------------------------------
 
     def _lambda_targets(self) -> tuple[Tensor, Tensor]:
         if len(self.classes) == 1:
-            u = self.scores[:, 0].index_select(0, self.pos_index)
+            u = self.scores[:, 0].index_select(0, self.layout.pos_index)
         else:  # each row's class column
-            u = self.scores[self.pos_index, self.problem_class[self._groups]]
+            u = self.scores[self.layout.pos_index, self.layout.problem_class[self.layout.groups]]
         if self.cap_scores:
-            u = torch.minimum(u, self._per_row(self.eps.detach().float()))
+            u = torch.minimum(u, self.layout.per_row(self.eps.detach().float()))
         return self.tau.detach().float(), u
 
     def _dual_step_(self) -> None:
@@ -424,7 +434,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         reasons = []
         # per class; per group, all of a class's groups together (one line, not one per group)
         for j, cls in enumerate(self.classes):
-            parts = [self._split_scores(k) for k in range(p) if self._problem_class[k] == j]
+            parts = [
+                self._split_scores(k) for k in range(p) if self.layout.problem_class_list[k] == j
+            ]
             u = torch.cat([x for pair in parts for x in pair])
             above, at_or_below = self._any(u > 0), self._any(u <= 0)
             if above != at_or_below:  # some scored sample, all on one side
@@ -478,8 +490,8 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         return "Remedies: " + "; ".join(out)
 
     def _class_mean(self, tau: Tensor) -> Tensor:
-        sums = torch.zeros_like(self.mu).index_add_(0, self._groups, tau.float())
-        return self._comm.sum(sums) / self.n_pos
+        sums = torch.zeros_like(self.mu).index_add_(0, self.layout.groups, tau.float())
+        return self._comm.sum(sums) / self.layout.n_pos
 
     # --- reporting ------------------------------------------------------------------------------
 
@@ -505,7 +517,9 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
         out: dict[str, float | int | list | bool | None] = {
             "eps": float(eps.mean()),
             "mu": float(self.mu.mean()),
-            "violation_tau_gt_eps_max": float(self._max((tau - self._per_row(eps)).clamp_min(0))),
+            "violation_tau_gt_eps_max": float(
+                self._max((tau - self.layout.per_row(eps)).clamp_min(0))
+            ),
             "violation_mean_tau_max": float((self._class_mean(tau) - 1).abs().max()),
             "certified_fbeta": _mean_or_none(bounds),
             "train_fbeta": _mean_or_none(fbetas),
@@ -536,16 +550,16 @@ class FBetaRegularizer(TrackedActiveSet, ReparamRegularizer):
             f"n={self.n_samples}, "
             + (
                 f"groups={self.n_groups}, problems={self.n_problems}, "
-                f"positives={int(self.n_pos.sum())}, "
+                f"positives={int(self.layout.n_pos.sum())}, "
                 if self.grouped
-                else f"positives={self.n_pos.long().tolist()}, "
+                else f"positives={self.layout.n_pos.long().tolist()}, "
             )
             + f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
             f"cap_scores={self.cap_scores}"
             + (f", preset={self.preset!r}" if self.preset else "")
             + (
                 f", tau_update={self.tau_update!r}, tau_lr={self.tau_lr:g}"
-                if self.tau_update != "dense"
+                if self.sparse_tau is not None
                 else ""
             )
         )

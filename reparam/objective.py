@@ -30,24 +30,11 @@ from torch import Tensor, nn
 
 from . import _checks
 from ._monitor import MisuseMonitor
+from .layout import ProblemLayout, smallest_int
 from .sharding import Shard, ShardedRows
 
 # the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
 _MASKED_SCORE = -1e6
-
-
-def _smallest_int(hi: int) -> torch.dtype:
-    """The smallest signed integer dtype that holds ``-1 .. hi`` (labels, class numbers)."""
-    for dtype in (torch.int8, torch.int16, torch.int32):
-        if hi <= torch.iinfo(dtype).max:
-            return dtype
-    return torch.int64
-
-
-def _index_dtype(n: int) -> torch.dtype:
-    """The dtype of indices into ``n`` rows: int32 (what torch's index ops take besides int64)
-    when ``n <= 2**31``, else int64."""
-    return torch.int32 if n - 1 <= torch.iinfo(torch.int32).max else torch.int64
 
 
 class ShapeObjective(ShardedRows, nn.Module):
@@ -57,7 +44,9 @@ class ShapeObjective(ShardedRows, nn.Module):
     # The layout of the state_dict (torch's idiom: saved in its metadata, checked on load). Raise it
     # when a buffer or parameter is renamed, added or changes meaning; a state of another version
     # is refused with a message (there are no migrations before 1.0).
-    _version = 2  # 2: compact index dtypes, seen_ever derived from score_epoch, no class_of
+    # 2: compact index dtypes, seen_ever derived from score_epoch, no class_of; 3: the layout in
+    # its own module (layout.slot, .pos_index, .tau_group, .n_pos, .sample_group)
+    _version = 3
 
     def __init__(
         self,
@@ -73,73 +62,11 @@ class ShapeObjective(ShardedRows, nn.Module):
         n_total = labels.numel()
         self._init_shard(shard, n_total, groups)
         group_of = None if groups is None else _checks.groups(groups, n_total)
-        index = _index_dtype(n_total)  # rows of tau and dataset indices: int32 below 2**31
-        slot = torch.full((n_total,), -1, dtype=index)
-        # the problems: one per (positive class, group) with a positive; their rows of tau are
-        # contiguous, class by class, group by group (one group: the classes themselves)
-        rows, row_problem, counts, problem_class, problem_group = [], [], [], [], []
-        n_groups = 1 if group_of is None else int(group_of.max()) + 1
-        for j, c in enumerate(classes):
-            pos = labels == c
-            if group_of is None:
-                idx, g = pos.nonzero()[:, 0], torch.zeros(int(pos.sum()), dtype=torch.int64)
-                n_pos_c = self._comm.total(idx.numel())  # a shard: of all the processes
-                n_neg = self._n_total - n_pos_c
-                if n_pos_c == 0 or n_neg == 0:
-                    raise ValueError(
-                        f"shape_labels must contain positives and negatives for every positive "
-                        f"class: class {c} has {n_pos_c} positive and {n_neg} negative "
-                        f"samples (labels present: {sorted(set(labels.tolist()))})"
-                    )
-            else:  # the class's positives in a group, ordered by group (stable: by index within)
-                idx = (pos & (group_of >= 0)).nonzero()[:, 0]
-                if idx.numel() == 0:
-                    raise ValueError(
-                        f"shape_labels must contain a positive of every positive class in some "
-                        f"group: class {c} has none (groups >= 0 hold labels "
-                        f"{sorted(set(labels[group_of >= 0].tolist()))})"
-                    )
-                g, order = torch.sort(group_of[idx], stable=True)
-                idx = idx[order]
-            per_group = torch.bincount(g, minlength=n_groups)
-            # groups with a positive of class c (no groups: the class's one problem, which a
-            # shard holding none of its positives has too)
-            present = per_group.nonzero()[:, 0] if group_of is not None else torch.zeros(1).long()
-            problem = torch.full((n_groups,), -1, dtype=torch.int64)
-            problem[present] = len(counts) + torch.arange(present.numel())
-            slot[idx] = (sum(counts) + torch.arange(idx.numel())).to(index)
-            rows.append(idx.to(index))
-            row_problem.append(problem[g])
-            counts += per_group[present].tolist()
-            problem_class += [j] * present.numel()
-            problem_group.append(present)
-        k = len(counts)
         self.classes = classes
+        # the problems and the rows of the per-positive variables (reparam/layout.py)
+        self.layout = ProblemLayout(labels, classes, group_of, self._comm, self._n_total)
         # State per training sample (docs/method.md sec. 11): the smallest exact dtypes
-        self.register_buffer("shape_labels", labels.to(_smallest_int(int(labels.max())), copy=True))
-        self.register_buffer("slot", slot)  # dataset index -> row of tau, or -1
-        self.register_buffer("pos_index", torch.cat(rows))  # row of tau -> dataset index
-        # row of tau -> its problem (one group: its class j; int8 while there are < 128)
-        self.register_buffer("tau_group", torch.cat(row_problem).to(_smallest_int(k - 1)))
-        # the first row of each problem: bucketize(slot, class_start, right=True) is k + 1 for a
-        # positive of problem k and 0 for a negative (a sample's problem without a per-sample buffer)
-        starts = torch.tensor([0, *counts[:-1]], dtype=torch.int64).cumsum(0).to(index)
-        self.register_buffer("class_start", starts, persistent=False)
-        # the positives of all the processes (one process: its own)
-        counts_all = self._comm.sum(torch.tensor(counts, dtype=torch.int64)).tolist()
-        self.register_buffer("n_pos", torch.tensor(counts_all, dtype=torch.float32))
-        self._n_pos_list = [float(c) for c in counts_all]  # fixed by shape_labels: no host sync
-        self._problem_class = problem_class  # problem k -> its class's column j
-        self._problem_group = torch.cat(problem_group).tolist()  # problem k -> its group g
-        self.n_groups = n_groups
-        if group_of is None:
-            self._n_neg_list = [float(self._n_total - c) for c in counts_all]
-        else:
-            self._init_groups(group_of, labels, classes, problem_class)
-        self._one_problem = group_of is None and k == 1  # the per-step hot path: scalars
-        self.register_buffer(
-            "problem_class", torch.tensor(problem_class, dtype=torch.int64), persistent=False
-        )
+        self.register_buffer("shape_labels", labels.to(smallest_int(int(labels.max())), copy=True))
         self.register_buffer("scores", torch.zeros(n_total, len(classes)))  # u, one column/class
         # epoch (value of ``epoch`` then) in which each score was recorded; -1: never (seen_ever)
         self.register_buffer("score_epoch", torch.full((n_total,), -1, dtype=torch.int32))
@@ -160,73 +87,19 @@ class ShapeObjective(ShardedRows, nn.Module):
         faults = torch.tensor([0, 0, -1], dtype=torch.int64)
         self.register_buffer("input_faults", faults, persistent=False)
 
-    def _init_groups(
-        self, group_of: Tensor, labels: Tensor, classes: tuple[int, ...], problem_class: list[int]
-    ) -> None:
-        """The per-group layout (``groups`` given): ``sample_group`` (``-1``: a sample of no
-        group, never counted), the group sizes ``m_g``, each problem's negatives
-        ``m_g - n_k``, the table ``problem_of[j, g + 1]`` (the problem of class ``j`` in group
-        ``g``, ``-1`` if it has no positive; column 0: no group) and each group's samples as
-        one range of ``group_order`` (the epoch end's per-problem splits in O(N) in all)."""
-        g = group_of
-        self.register_buffer("sample_group", g.to(_smallest_int(self.n_groups - 1)))
-        valid = g >= 0
-        sizes = torch.bincount(g[valid], minlength=self.n_groups)
-        problem_size = sizes[torch.tensor(self._problem_group, dtype=torch.int64)].float()
-        self.register_buffer("problem_size", problem_size, persistent=False)  # m_k: its group's
-        self._n_valid = int(valid.sum())
-        table = torch.full((len(classes), self.n_groups + 1), -1, dtype=torch.int64)
-        groups_of_problems = torch.tensor(self._problem_group, dtype=torch.int64)
-        table[torch.tensor(problem_class, dtype=torch.int64), groups_of_problems + 1] = (
-            torch.arange(len(problem_class))
-        )
-        self.register_buffer("problem_of", table, persistent=False)
-        self._n_neg_list = [
-            float(sizes[gk]) - n
-            for gk, n in zip(self._problem_group, self._n_pos_list, strict=True)
-        ]
-        order = torch.sort(g, stable=True).indices[g.numel() - self._n_valid :]  # -1s first
-        self.register_buffer("group_order", order.to(_index_dtype(g.numel())), persistent=False)
-        self._group_start = [0, *torch.cumsum(sizes, 0).tolist()]
-
     @property
     def grouped(self) -> bool:
         """Whether the objective is per group (``groups`` given): one problem per (class, group)."""
-        return hasattr(self, "sample_group")
+        return self.layout.grouped
 
     @property
     def n_problems(self) -> int:
         """``K``: the problems, one per (positive class, group with a positive of it)."""
-        return len(self._n_pos_list)
+        return self.layout.n_problems
 
-    def _entry_problems(self, idx: Tensor) -> Tensor:
-        """``(B, P)`` int64: the problem of each (batch sample, class column) pair, ``-1`` where
-        the sample's group has no positive of the class or the sample is in no group."""
-        g = self.sample_group.index_select(0, idx).long() + 1
-        return self.problem_of.index_select(1, g).t()
-
-    def _batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        r"""``(problem (B, P), scale (K,), eps_weight (K,))`` of a batch, for the mean over the
-        ``K`` problems of each problem's Lagrangian (docs/method.md sec. 12):
-
-        .. math:: L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}
-                  \frac{b_k}{m_k} + \frac{N}{B n_k} \sum_{e \in B_k} \ell_e\Big]
-
-        with ``b_k`` of problem ``k``'s ``m_k`` samples (its group's; all ``N`` with no groups)
-        in the batch, so ``E[b_k N / (B m_k)] = 1``: ``eps_k`` is pulled down only while its group
-        is in the batch (with no groups, ``b_k = B``, ``m_k = N``: ``beta^2 eps_k`` at every step).
-        ``N``, ``B``: the samples in a group (all, with no groups), overall and in the batch."""
-        k = self.n_problems
-        if not self.grouped:
-            problem = torch.arange(k, device=idx.device).expand(idx.numel(), k)
-            f = self.n_samples / (idx.numel() * k)
-            return problem, self.n_pos.reciprocal() * f, torch.full_like(self.n_pos, 1 / k)
-        problem = self._entry_problems(idx)
-        in_group = (self.sample_group.index_select(0, idx) >= 0).sum()
-        f = self._n_valid / (in_group.clamp_min(1) * k)
-        kept = (problem >= 0).to(self.n_pos.dtype).reshape(-1)
-        present = torch.zeros_like(self.n_pos).index_add_(0, problem.clamp_min(0).reshape(-1), kept)
-        return problem, f / self.n_pos, f * present / self.problem_size
+    @property
+    def n_groups(self) -> int:
+        return self.layout.n_groups
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -265,9 +138,9 @@ class ShapeObjective(ShardedRows, nn.Module):
         ):  # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
         if ok is None:  # eager on the CPU: idx checked by the gather's own bounds check
-            rows = _checks.rows(self.slot, idx)
+            rows = _checks.rows(self.layout.slot, idx)
         else:
-            u, rows = self._mask_faults_(u, self.slot.index_select(0, idx), *ok)
+            u, rows = self._mask_faults_(u, self.layout.slot.index_select(0, idx), *ok)
         self._remember_(u, idx, ok)
         return self._loss(u, idx, rows)
 
@@ -292,8 +165,9 @@ class ShapeObjective(ShardedRows, nn.Module):
     def _duties(self) -> tuple[bool, str | None, str]:
         """For the misuse warnings (``MisuseMonitor.on_forward``): whether ``end_epoch_()`` is
         needed, what is lost without ``after_step_()``, and what the epoch end does."""
-        projection = getattr(self, "projection", None)
-        work = "dual step" + (" and no projection" if projection == "epoch" else "")
+        schedule = getattr(self, "schedule", None)
+        projects = schedule is not None and schedule.projects_at_epoch_end
+        work = "dual step" + (" and no projection" if projects else "")
         return self._needs_end_epoch, self._needs_after_step, work
 
     @torch.no_grad()
@@ -320,18 +194,7 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     def _seen_positives(self) -> Tensor:
         """bool ``(n,)``: ``seen_ever`` of the rows of ``tau`` (O(n), not O(N))."""
-        return self.score_epoch.index_select(0, self.pos_index) >= 0
-
-    @property
-    def _groups(self) -> Tensor:
-        """``tau_group`` as int64 (an index; what the projections take): O(n), off the per-step
-        path except the grouped projection of several classes."""
-        return self.tau_group.long()
-
-    def _per_row(self, x: Tensor) -> Tensor:
-        """``x[tau_group]``: the per-class ``x`` (P,) for every row of ``tau``; with one class a
-        broadcast view (no O(n) index)."""
-        return x.expand(self.tau_group.shape[0]) if x.shape[0] == 1 else x[self._groups]
+        return self.score_epoch.index_select(0, self.layout.pos_index) >= 0
 
     @property
     def n_samples(self) -> int:
@@ -552,35 +415,31 @@ class ShapeObjective(ShardedRows, nn.Module):
         return self._memo(("split", k), lambda: self._split_now(k))
 
     def _split_now(self, k: int) -> tuple[Tensor, Tensor]:
-        j = self._problem_class[k]
-        if not self.grouped:
-            pos = self.shape_labels == self.classes[j]
-            seen = self._memo(("seen",), lambda: self.seen_ever)
-            return self.scores[pos & seen, j], self.scores[~pos & seen, j]
-        g = self._problem_group[k]
-        members = self.group_order[self._group_start[g] : self._group_start[g + 1]]
-        seen = self.score_epoch.index_select(0, members) >= 0
-        pos = self.shape_labels.index_select(0, members) == self.classes[j]
-        u = self.scores[:, j].index_select(0, members)
-        return u[pos & seen], u[~pos & seen]
+        seen = None if self.grouped else self._memo(("seen",), lambda: self.seen_ever)
+        return self.layout.split(k, self.shape_labels, self.scores, self.score_epoch, seen)
 
     _float64_buffers: tuple[str, ...] = ()  # accumulators kept in float64 (moved, never cast)
 
     def _apply(self, fn, recurse=True):  # keep the objective's floating state in float32
-        kept = {name: self._buffers[name] for name in self._float64_buffers}
+        modules = list(self.modules()) if recurse else [self]  # with its schedule, sparse tau
+        kept = {
+            (module, name): module._buffers[name]
+            for module in modules
+            for name in getattr(module, "_float64_buffers", ())
+        }
         super()._apply(fn, recurse)
-        for name, b in kept.items():  # follow the device only: a cast would lose their bits
-            self._buffers[name] = b.to(self._buffers[name].device)
-        for module in self.modules() if recurse else (self,):  # with a peer's submodules
+        for (module, name), b in kept.items():  # the device only: a cast would lose their bits
+            module._buffers[name] = b.to(module._buffers[name].device)
+        for module in modules:
             for p in module._parameters.values():
                 if p is not None and p.is_floating_point() and p.dtype != torch.float32:
                     p.data = p.data.float()
             for name, b in module._buffers.items():
-                if module is self and name in kept:
+                if (module, name) in kept or b is None:
                     continue
-                if b is not None and b.is_floating_point() and b.dtype != torch.float32:
+                if b.is_floating_point() and b.dtype != torch.float32:
                     module._buffers[name] = b.float()
-                elif b is not None and b.requires_grad and b.grad_fn is not None:
+                elif b.requires_grad and b.grad_fn is not None:
                     # a leaf that collects gradients (reparam.sparse's probe) stays a leaf
                     module._buffers[name] = b.detach().requires_grad_()
         return self

@@ -66,6 +66,7 @@ class RateObjective(ReparamRegularizer):
 
     _constrained_names = ("tau_param",)
     _default_dual_every = "step"
+    _version = 4  # 4: no per-sample tau or lambda with dual_every="step", the layout's module
 
     def __init__(
         self,
@@ -117,25 +118,62 @@ class RateObjective(ReparamRegularizer):
         self.dual_lr_nu_step = _checks.number("dual_lr_nu_step", dual_lr_nu_step, 0)
 
     def _init_rows(self, columns: int, stationary_lambda: float) -> None:
-        """``tau`` (parameter, 1), ``lambda`` (``lambda_init``, else ``stationary_lambda``) per
-        positive, ``(n,)`` or ``(n, columns)``; ``nu`` per constraint. Called by the subclass."""
-        n_pos = self.pos_index.numel()
+        """``nu`` per constraint; with ``dual_every="epoch"`` also ``tau`` (parameter, 1) and
+        ``lambda`` (``lambda_init``, else ``stationary_lambda``) per positive, ``(n,)`` or
+        ``(n, columns)``. With ``"step"`` a positive's block is at its saddle whenever the loss
+        reads it, so there is no per-sample state (:meth:`_saddle_rows`). Called by the subclass."""
+        self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
+        if self._saddle:
+            if self._lambda_init is not None:
+                raise ValueError(
+                    f"lambda_init={self._lambda_init!r} is the start of per-sample multipliers, "
+                    "which dual_every='step' does not keep (each positive takes lambda_i = c(nu) "
+                    "when touched): pass dual_every='epoch' with it"
+                )
+            self._constrained_names = ()
+            return
+        n_pos = self.layout.pos_index.numel()
         shape = (n_pos,) if columns == 0 else (n_pos, columns)
         lam = stationary_lambda if self._lambda_init is None else self._lambda_init
         self.tau_param = nn.Parameter(torch.ones(shape))
         if self.sharded:  # this process's rows: a share 1/K of the mean over the processes
             self.tau_param.register_hook(lambda g: g / self._comm.world)
         self.register_buffer("lam", torch.full(shape, lam))
-        self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
+
+    @property
+    def _saddle(self) -> bool:
+        """Whether the per-sample blocks are at their saddle (``dual_every="step"``: no state)."""
+        return self.dual_every == "step"
 
     @property
     def tau(self) -> Tensor:
-        """The ``tau`` the loss uses (in mode ``"inline"``, ``min(tau_param, 1)``)."""
-        return self._effective(0)
+        """The ``tau`` the loss uses: in mode ``"inline"``, ``min(tau_param, 1)``; with
+        ``dual_every="step"``, each positive's saddle ``min(z_i, 1)`` at its remembered score
+        (1 before its first touch)."""
+        if not self._saddle:
+            return self._effective(0)
+        target = self._capped_targets()
+        seen = self._seen_positives().view(-1, *([1] * (target.dim() - 1)))
+        return torch.where(seen, target, 1.0)
+
+    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
+        return self.tau.detach().float(), self._capped_targets()
+
+    @property
+    def _stores_lambda(self) -> bool:
+        return not self._saddle
+
+    def _lambda_values(self) -> Tensor:
+        """``dual_every="step"``: ``c(nu)``, the ``lambda`` every positive takes when touched."""
+        return self._stationary_lambda() if self._saddle else self.lam
+
+    def _capped_targets(self) -> Tensor:
+        """``min(z_i, 1)`` of every positive's remembered score ``z_i``, shaped like ``tau``."""
+        raise NotImplementedError
 
     @property
     def n_negatives(self) -> float:
-        return self._n_neg_list[0]
+        return self.layout.n_neg_list[0]
 
     def _project(self, tau: Tensor, strength: float = 0.0) -> tuple[Tensor]:
         """``min(tau, 1)``; with ``strength s > 0`` the smooth ``tau - s softplus((tau - 1)/s)``
@@ -144,56 +182,42 @@ class RateObjective(ReparamRegularizer):
             return (tau - strength * torch.nn.functional.softplus((tau - 1) / strength),)
         return (torch.clamp(tau, max=1),)
 
-    def _gather(self, idx: Tensor, slots: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch (``slots``:
-        its rows of ``tau``, ``-1`` for a negative). The box's projection is separable, so mode
-        ``"inline"`` projects the batch's rows only (O(B); the same values and
-        gradients as projecting all of ``tau``), and the graph keeps no reference to ``tau``
-        itself: the per-step dual step may write its rows before an earlier batch's backward
-        (gradient accumulation)."""
+    def _batch_rows(self, z: Tensor, idx: Tensor, slots: Tensor) -> tuple[Tensor, ...]:
+        """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch with scores
+        ``z`` (``u``, or ``u + b_k``; ``slots``: its rows of ``tau``, ``-1`` for a negative).
+
+        ``dual_every="step"`` (:meth:`_saddle_rows`): ``nu`` steps, and each positive's rows are
+        its block's saddle. ``"epoch"``: the stored rows; the box's projection is separable, so
+        mode ``"inline"`` projects the batch's rows only (O(B); the same values and gradients as
+        projecting all of ``tau``)."""
         is_pos = slots >= 0
-        slots = slots.clamp_min(0)
         scale = self._scale_pos(self._batch_of(idx))
-        rows = self.tau_param.index_select(0, slots)
-        if self.dual_every == "step":
-            # the batch's rows sit at their block's saddle, where L is flat in tau: their gradient
-            # is zero (up to rounding, which Adam would amplify into steps of ~lr), so none flows
-            rows = rows.detach()
-        if self.projection == "inline":
-            (rows,) = self._project(rows, strength=self.inline_strength)
+        if self._saddle:
+            tau, lam = self._saddle_rows(z, is_pos)
+            return is_pos, tau, lam, scale
+        slots = slots.clamp_min(0)
+        (rows,) = self.schedule.view((self.tau_param.index_select(0, slots),), self._project)
         return is_pos, rows, self.lam.index_select(0, slots), scale
 
     @torch.no_grad()
-    def _step_duals_(self, z: Tensor, slots: Tensor) -> None:
+    def _saddle_rows(self, z: Tensor, is_pos: Tensor) -> tuple[Tensor, Tensor]:
         r"""``dual_every="step"``, before the batch's loss: ``nu`` steps on the batch's estimate
-        of the violation, then each positive of the batch takes the saddle point of its own block
-        given its fresh score ``z_i`` (``u_i``, or ``u_i + b_k``) and the new ``nu``. ``L`` is
-        linear in ``tau_i`` with the coefficient ``lambda_i - c(nu)`` (``c = nu`` for P@R,
-        ``1 + nu (1 - a)`` for R@P, 1 for ROC-AUC), so the block's saddle is
-        ``lambda_i = c(nu)``, ``tau_i = min(z_i, 1)`` (docs/method.md sec. 8): the slack sits
-        on its score and the score is pulled up with weight ``c(nu)``. O(B)."""
-        if self.dual_every != "step":
-            return
+        of the violation; then each positive's block takes its saddle point given its fresh
+        score ``z_i`` (``u_i``, or ``u_i + b_k``) and the new ``nu``. ``L`` is linear in
+        ``tau_i`` with the coefficient ``lambda_i - c(nu)`` (``c = nu`` for P@R,
+        ``1 + nu (1 - a)`` for R@P, 1 for ROC-AUC), so the saddle is ``lambda_i = c(nu)``,
+        ``tau_i = min(z_i, 1)`` (docs/method.md sec. 8): the slack sits on its score and the
+        score is pulled up with weight ``c(nu)``. Returns the batch's ``(tau, lambda)`` rows
+        (detached: ``L`` is flat in ``tau`` there, so no gradient flows to it), O(B)."""
         z = z.detach().float()
-        is_pos = slots >= 0
         violation = self._batch_violation(z, is_pos)
         if self.sharded:  # the estimate of the global batch: the mean over the processes
             violation = self._comm.sum(violation) / self._comm.world
         # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
         # keeps the nu it saw (gradient accumulation)
         self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
-        # fixed shapes (no host read, one graph under torch.compile): every entry writes. A
-        # negative writes the row of the batch's first positive with that positive's new value
-        # (with no positive: row 0 with its own value), so each row gets one value
-        rows = slots.clamp_min(0).long()
-        first = is_pos.to(torch.uint8).argmax().view(1)
-        target = torch.where(is_pos, rows, rows.index_select(0, first))
-        pos = is_pos.view(-1, *([1] * (self.lam.dim() - 1)))
-        stationary = self._stationary_lambda().to(self.lam.dtype)
-        for state, new in ((self.tau_param, R.capped(z)), (self.lam, stationary)):
-            values = torch.where(pos, new.to(state.dtype), state.index_select(0, rows))
-            values = torch.where(pos, values, values.index_select(0, first))
-            state.index_copy_(0, target, values)
+        # lambda a copy: the next batch's in-place nu step leaves this batch's graph alone
+        return R.capped(z), self._stationary_lambda().clone().expand_as(z)
 
     def _nu_now(self) -> Tensor:
         """``nu`` as the loss reads it: a copy, which the per-step dual step's in-place write of
@@ -209,7 +233,7 @@ class RateObjective(ReparamRegularizer):
         raise NotImplementedError
 
     def _scale_pos(self, batch: int) -> float:
-        return self.n_samples / (self._n_pos_list[0] * batch)
+        return self.n_samples / (self.layout.n_pos_list[0] * batch)
 
     def _dual_step_(self) -> None:
         """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""
@@ -227,7 +251,7 @@ class RateObjective(ReparamRegularizer):
 
     def extra_repr(self) -> str:
         return (
-            f"n={self.n_samples}, positives={int(self._n_pos_list[0])}, {self._target_repr()}, "
+            f"n={self.n_samples}, positives={int(self.layout.n_pos_list[0])}, {self._target_repr()}, "
             f"projection={self.projection!r}, nu_max={self.nu_max}"
         )
 
@@ -247,7 +271,9 @@ class PointRateObjective(RateObjective):
     above it; the threshold makes the training decision tight.
     """
 
-    _version = 3  # 3: the learned decision threshold (buffers decision_threshold, threshold_met)
+    # 3: the learned decision threshold (buffers decision_threshold, threshold_met); 4: no
+    # per-sample tau or lambda with dual_every="step", the layout in its own module
+    _version = 4
 
     def __init__(self, shape_labels: object, **options: Any) -> None:
         super().__init__(shape_labels, **options)

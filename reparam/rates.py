@@ -73,8 +73,7 @@ class PrecisionAtRecall(PointRateObjective):
         self._init_rows(columns=0, stationary_lambda=self._nu_init)
 
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
-        self._step_duals_(u, rows)
-        is_pos, t, lam, scale = self._gather(idx, rows)
+        is_pos, t, lam, scale = self._batch_rows(u, idx, rows)
         return R.precision_at_recall_minibatch(
             t, lam, self._nu_now()[0], u, is_pos, scale, self.recall
         )
@@ -90,8 +89,8 @@ class PrecisionAtRecall(PointRateObjective):
     def _select_threshold(self, u_pos: Tensor, u_neg: Tensor) -> R.RateThreshold:
         return R.threshold_at_recall(u_pos, u_neg, self.recall, self._comm)
 
-    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
-        return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
+    def _capped_targets(self) -> Tensor:
+        return R.capped(self.scores[self.layout.pos_index, 0])
 
     def _violation(self) -> Tensor:
         return (self.recall - self._mean(self.tau.detach().float())).reshape(1)
@@ -142,8 +141,7 @@ class RecallAtPrecision(PointRateObjective):
         self.register_buffer("certifiable_margin", torch.full((), float("-inf")))
 
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
-        self._step_duals_(u, rows)
-        is_pos, t, lam, scale = self._gather(idx, rows)
+        is_pos, t, lam, scale = self._batch_rows(u, idx, rows)
         return R.recall_at_precision_minibatch(
             t, lam, self._nu_now()[0], u, is_pos, scale, self.precision
         )
@@ -161,14 +159,14 @@ class RecallAtPrecision(PointRateObjective):
     def _select_threshold(self, u_pos: Tensor, u_neg: Tensor) -> R.RateThreshold:
         return R.threshold_at_precision(u_pos, u_neg, self.precision)
 
-    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
-        return self.tau.detach().float(), R.capped(self.scores[self.pos_index, 0])
+    def _capped_targets(self) -> Tensor:
+        return R.capped(self.scores[self.layout.pos_index, 0])
 
     def _violation(self) -> Tensor:
         """``a fp+/n - (1 - a) mean tau``, ``fp+`` from the scored negatives (scaled to all)."""
         _, u_neg = self._split_scores()
         fp = R.hinge_fp(u_neg).mean() * self.n_negatives if u_neg.numel() else torch.zeros(())
-        a, n = self.precision, self._n_pos_list[0]
+        a, n = self.precision, self.layout.n_pos_list[0]
         return (a * fp / n - (1 - a) * self.tau.detach().float().mean()).reshape(1)
 
     def _dual_step_(self) -> None:
@@ -186,7 +184,7 @@ class RecallAtPrecision(PointRateObjective):
             u_pos,
             u_neg,
             self.precision,
-            n_pos=int(self._n_pos_list[0]),
+            n_pos=int(self.layout.n_pos_list[0]),
             n_neg=int(self.n_negatives),
         )
         self.certifiable_margin.fill_(float("-inf") if margin is None else margin)
@@ -273,8 +271,8 @@ class ROCAUC(RateObjective):
     _default_dual_every = "epoch"
 
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
-        self._step_duals_(u[:, None] + self.offsets.detach()[None, :], rows)
-        is_pos, t, lam, s_pos = self._gather(idx, rows)
+        z_now = u[:, None] + self.offsets.detach()[None, :]  # the saddle's scores (no grad)
+        is_pos, t, lam, s_pos = self._batch_rows(z_now, idx, rows)
         z = u[:, None] + self.offsets[None, :]  # (B, K): the score at every grid threshold
         s_neg = self.n_samples / (self.n_negatives * idx.numel())
         return R.roc_auc_minibatch(
@@ -289,11 +287,9 @@ class ROCAUC(RateObjective):
     def _stationary_lambda(self) -> Tensor:
         return torch.ones_like(self.nu)
 
-    def _lambda_targets(self) -> tuple[Tensor, Tensor]:
-        u_pos = self.scores[self.pos_index, 0]
-        return self.tau.detach().float(), R.capped(
-            u_pos[:, None] + self.offsets.detach().float()[None, :]
-        )
+    def _capped_targets(self) -> Tensor:
+        u_pos = self.scores[self.layout.pos_index, 0]
+        return R.capped(u_pos[:, None] + self.offsets.detach().float()[None, :])
 
     def _fpr_bounds(self) -> Tensor:
         """``fp+(u + b_k) / m`` per grid point, from the scored negatives."""

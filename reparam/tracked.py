@@ -1,4 +1,4 @@
-r"""Projection mode ``"tracked"`` (docs/method.md sec. 3b): the inline projection's threshold over an
+r"""The projection's schedule ``"tracked"`` (docs/method.md sec. 3b): the inline projection's threshold over an
 active set kept up to date in ``O(B)`` per step.
 
 The exact projection onto ``C`` has the threshold ``e* = max(0, r)``,
@@ -24,21 +24,30 @@ import torch
 from torch import Tensor
 
 from projections import projection_root
+from projections.collective import LocalComm
+
+from .schedules import Project, Schedule
 
 
-class TrackedActiveSet:
-    """The state and steps of mode ``"tracked"`` for ``FBetaRegularizer`` (a mixin: it reads the
-    regularizer's ``eps_param``, ``tau_param``, ``tau_group``, ``lam`` and class layout)."""
+class TrackedThreshold(Schedule):
+    """Schedule ``"tracked"`` of ``FBetaRegularizer`` (``reg.schedule``): the active set ``A``
+    (``tau_active``, bool per row) and its sums (``active_sums``, ``[sum of A's offsets, |A|]`` per
+    problem, float64: O(B) increments between epoch ends), its ``state_dict`` keys
+    ``schedule.tau_active`` / ``schedule.active_sums``. The rows ``tau`` and ``eps`` are the
+    objective's, passed in; ``groups``: each row's problem (the objective's ``tau_group``, any
+    integer dtype), ``None`` with one problem; ``comm``: the processes the rows are spread over."""
 
-    def _init_tracked(self, n_pos: int, classes: int) -> None:
-        """``tau_active`` (bool per positive: ``A``) and ``active_sums`` (per class), kept in
-        float64 by ``ShapeObjective._apply`` (O(B) increments between epoch ends)."""
+    name = "tracked"
+    _float64_buffers = ("active_sums",)  # kept in float64 when the objective is cast
+
+    def __init__(self, n_pos: int, problems: int, comm: LocalComm) -> None:
+        super().__init__()
+        self._comm = comm
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
-        self.register_buffer("active_sums", torch.zeros(classes, 2, dtype=torch.float64))
-        self._float64_buffers = ("active_sums",)
+        self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
 
-    def _tracked_threshold(self, eps: Tensor) -> tuple[Tensor, Tensor]:
-        r"""``(e*, share)`` per class from the tracked active set ``A_j`` (O(P)):
+    def threshold(self, eps: Tensor) -> tuple[Tensor, Tensor]:
+        r"""``(e*, share)`` per problem from the tracked active set ``A_j`` (O(P)):
 
         .. math:: r_j = \frac{\epsilon_j + \sum_{A_j} \tau_i}{1 + |A_j|}
                   = \epsilon_j + \frac{\sum_{A_j} o_i}{1 + |A_j|},\quad e^*_j = \max(0, r_j),
@@ -55,74 +64,84 @@ class TrackedActiveSet:
         r = eps * share + (eps * (1 - share) + sums[:, 0] / denom).detach()
         return r.clamp_min(0), (r.detach() > 0).to(r.dtype) * share
 
-    def _tracked_root(self) -> Tensor:
-        """The threshold ``r`` per class, not clamped (``A = {tau_i > r}``), detached."""
-        sums = self.active_sums.to(self.eps_param.dtype)
-        return self.eps_param.detach() + sums[:, 0] / (1 + sums[:, 1])
+    def root(self, eps: Tensor) -> Tensor:
+        """The threshold ``r`` per problem, not clamped (``A = {tau_i > r}``), detached."""
+        sums = self.active_sums.to(eps.dtype)
+        return eps.detach() + sums[:, 0] / (1 + sums[:, 1])
 
-    def _tracked_shift(self, rows: Tensor) -> Tensor:
+    def seen(
+        self, raw: tuple[Tensor, ...], project: Project, groups: Tensor | None = None
+    ) -> tuple[Tensor, ...]:
+        """``(e*, min(tau_i, e*))``: the exact projection's formula at the tracked threshold."""
+        eps, tau = (x.detach() for x in raw)
+        e = self.threshold(eps)[0]
+        return e, self.values(tau, eps, groups).minimum(_per_row(e, groups, tau.shape[0]))
+
+    def shift(self, rows: Tensor, eps: Tensor, groups: Tensor | None) -> Tensor:
         """``eps`` (detached) for the rows of ``A`` (stored as offsets above it), 0 elsewhere:
         what turns the stored rows into their values (O(B))."""
-        return torch.where(self.tau_active.index_select(0, rows), self._eps_of_rows(rows), 0.0)
+        eps_rows = _of_rows(eps.detach(), rows, groups)
+        return torch.where(self.tau_active.index_select(0, rows), eps_rows, 0.0)
 
-    def _eps_of_rows(self, rows: Tensor) -> Tensor:
-        """``eps_param`` (detached) of each row's class (one class: a broadcast)."""
-        eps = self.eps_param.detach()
-        if eps.shape[0] == 1:
-            return eps.expand(rows.shape[0])
-        return eps.index_select(0, self.tau_group.index_select(0, rows).long())
-
-    def _tracked_values(self) -> Tensor:
+    def values(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> Tensor:
         """Every row's value: its offset + ``eps`` on ``A`` (O(n))."""
-        tau, eps = self.tau_param.detach(), self._per_row(self.eps_param.detach())
+        tau, eps = tau.detach(), _per_row(eps.detach(), groups, tau.shape[0])
         return torch.where(self.tau_active, tau + eps, tau)
 
     @torch.no_grad()
-    def _set_active_(self, now: Tensor, values: Tensor) -> None:
+    def set_active_(
+        self, tau: Tensor, eps: Tensor, groups: Tensor | None, now: Tensor, values: Tensor
+    ) -> None:
         """``A <- now`` (every row, O(n)): a row that joins stores its offset, one that leaves its
-        value (``values``: every row's); then ``A``'s sums."""
-        was, tau = self.tau_active, self.tau_param
-        eps = self._per_row(self.eps_param.detach())
-        tau.copy_(torch.where(now == was, tau, values.sub_(eps * now)))  # values: ours to reuse
+        value (``values``: every row's, ours to reuse); then ``A``'s sums."""
+        was = self.tau_active
+        eps = _per_row(eps.detach(), groups, tau.shape[0])
+        tau.copy_(torch.where(now == was, tau, values.sub_(eps * now)))
         was.copy_(now)
-        self._resum_active_()
-        self._forget_("constrained")
+        self.resum_(tau, groups)
 
     @torch.no_grad()
-    def _resum_active_(self) -> None:
-        """``[sum of A's offsets, |A|]`` recomputed from ``A`` (O(n))."""
-        tau, active = self.tau_param.detach(), self.tau_active
-        if self.n_problems == 1:  # no O(n) float64 temporaries: sums accumulate in float64
+    def resum_(self, tau: Tensor, groups: Tensor | None) -> None:
+        """``[sum of A's offsets, |A|]`` recomputed from ``A`` (O(n)), over every process's rows."""
+        tau, active = tau.detach(), self.tau_active
+        if groups is None:  # no O(n) float64 temporaries: sums accumulate in float64
             offsets = torch.where(active, tau, 0).sum(dtype=torch.float64)
             self.active_sums.copy_(
                 torch.stack([offsets, active.sum(dtype=torch.float64)]).view(1, 2)
             )
         else:
             parts = torch.stack([torch.where(active, tau, 0).double(), active.double()], 1)
-            self.active_sums.zero_().index_add_(0, self._groups, parts)
-        self.active_sums.copy_(self._comm.sum(self.active_sums))  # over every process's rows
+            self.active_sums.zero_().index_add_(0, groups.long(), parts)
+        self.active_sums.copy_(self._comm.sum(self.active_sums))
 
     @torch.no_grad()
-    def _retest_all_(self) -> None:
+    def retest_all_(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> None:
         """Every row re-tested against the current root ``r`` (O(n); a dense ``tau``, which the
         optimizer moves everywhere): ``A``'s sums, then ``A = {tau_i > r}``."""
-        self._resum_active_()
-        values = self._tracked_values()
-        self._set_active_(values > self._per_row(self._tracked_root()), values)
+        self.resum_(tau, groups)
+        values = self.values(tau, eps, groups)
+        now = values > _per_row(self.root(eps), groups, tau.shape[0])
+        self.set_active_(tau, eps, groups, now, values)
 
     @torch.no_grad()
-    def _refresh_active_(self) -> None:
+    def refresh_(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> None:
         """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
-        eps, values = self.eps_param.detach(), self._tracked_values()
-        if self.n_problems == 1:  # (over every process's rows: the communicator's)
+        eps, values = eps.detach(), self.values(tau, eps, groups)
+        if groups is None:  # (over every process's rows: the communicator's)
             r = projection_root(eps[0], values, comm=self._comm).view(1)
         else:
-            r = projection_root(eps, values, groups=self._groups)
-        self._set_active_(values > self._per_row(r), values)
+            r = projection_root(eps, values, groups=groups.long())
+        self.set_active_(tau, eps, groups, values > _per_row(r, groups, tau.shape[0]), values)
 
     @torch.no_grad()
-    def _track_step_(
-        self, rows: Tensor, touched: Tensor, step: Callable[..., Tensor | None]
+    def step_(
+        self,
+        tau: Tensor,
+        eps: Tensor,
+        groups: Tensor | None,
+        rows: Tensor,
+        touched: Tensor,
+        step: Callable[..., Tensor | None],
     ) -> None:
         """Run the sparse ``step`` on ``rows`` (int, may repeat; ``touched``: the entries that
         are positives) and keep ``A`` in step in O(B): each touched row counted once (sorted);
@@ -132,27 +151,39 @@ class TrackedActiveSet:
         (``slots.clamp_min(0)``) untouched: only the touched rows are re-tested, so the rows a
         step re-tests do not depend on how the batch is split (between processes, or into
         accumulated micro-batches)."""
-        tau, active = self.tau_param, self.tau_active
+        active = self.tau_active
         before = tau.index_select(0, rows)
         change = step(write=False)  # each entry's row change: tau written once, below
         rows, first, before, change, kept = _rows_once(rows.long(), touched, before, change)
-        # one class: no gather from the (n,) class index (at 1e8 rows each is a DRAM miss)
-        one = self.n_problems == 1
-        group = torch.zeros_like(rows) if one else self.tau_group.index_select(0, rows).long()
+        # one problem: no gather from the (n,) problem index (at 1e8 rows each is a DRAM miss)
+        group = torch.zeros_like(rows) if groups is None else groups.index_select(0, rows).long()
         t = before + change
         was = active.index_select(0, rows)
         moved = (t.double() - before.double()) * (was & first)
         # A's sums are over every process's rows: their moves summed over the processes
+        one = groups is None
         _add_per_problem(self.active_sums[:, 0], group, moved, one, self._comm)
-        eps = self._eps_of_rows(rows)
-        values = torch.where(was, t + eps, t)
-        now = (values > self._tracked_root().index_select(0, group)) & kept | (was & ~kept)
-        offset = torch.where(was, t, values - eps)  # the row's offset as a member of A
+        eps_rows = _of_rows(eps.detach(), rows, groups)
+        values = torch.where(was, t + eps_rows, t)
+        now = (values > self.root(eps).index_select(0, group)) & kept | (was & ~kept)
+        offset = torch.where(was, t, values - eps_rows)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
         _add_per_problem(self.active_sums, group, delta, one, self._comm)
         tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
         active.index_copy_(0, rows, now)
+
+
+def _per_row(x: Tensor, groups: Tensor | None, n: int) -> Tensor:
+    """The per-problem ``x`` for every one of ``n`` rows (one problem: a broadcast view)."""
+    return x.expand(n) if groups is None else x[groups.long()]
+
+
+def _of_rows(x: Tensor, rows: Tensor, groups: Tensor | None) -> Tensor:
+    """The per-problem ``x`` of each of ``rows`` (O(B); one problem: a broadcast)."""
+    if groups is None:
+        return x.expand(rows.shape[0])
+    return x.index_select(0, groups.index_select(0, rows).long())
 
 
 def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool, comm) -> None:

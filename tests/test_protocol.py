@@ -74,11 +74,15 @@ def test_state_dict_round_trip_into_a_fresh_instance_continues_identically(name)
 @pytest.mark.parametrize("name", NAMES)
 def test_floating_state_stays_float32_after_double(name):
     reg = make(name).double()
-    kept = getattr(reg, "_float64_buffers", ())  # float64 accumulators (tracked's sums) stay
+    kept = [  # float64 accumulators (the tracked schedule's sums) stay
+        f"{prefix}.{k}".lstrip(".")
+        for prefix, module in reg.named_modules()
+        for k in getattr(module, "_float64_buffers", ())
+    ]
     state = [*reg.parameters(), *(b for k, b in reg.named_buffers() if k not in kept)]
     floating = [t for t in state if t.is_floating_point()]
     assert floating and all(t.dtype == torch.float32 for t in floating)
-    assert all(getattr(reg, k).dtype == torch.float64 for k in kept)
+    assert all(reg.get_buffer(k).dtype == torch.float64 for k in kept)
     loss = reg(torch.randn(8, dtype=torch.float64), torch.arange(8))  # still takes float64 scores
     assert torch.isfinite(loss)
 

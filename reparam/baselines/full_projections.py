@@ -12,6 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..fbeta import FBetaRegularizer
+from ..schedules import Schedule
+
+
+class EveryStep(Schedule):
+    """The schedule of :class:`FullProjectionsFBeta`: the loss takes the raw parameters, which the
+    projection after every step keeps in ``C`` (nothing is left to project at the epoch end); the
+    exact projection reads values, so the step does not trace whole."""
+
+    name = "every_step"
+    traces_whole = False
 
 
 class FullProjectionsFBeta(FBetaRegularizer):
@@ -35,14 +45,7 @@ class FullProjectionsFBeta(FBetaRegularizer):
                 f"step), got {', '.join(f'{k}={options[k]!r}' for k in fixed)}"
             )
         super().__init__(shape_labels, projection="epoch", tau_update="dense", **options)
-
-    @property
-    def _projects_at_epoch_end(self) -> bool:
-        return False  # the last step's projection left (eps, tau) in C
-
-    @property
-    def _traces_whole(self) -> bool:
-        return False  # the exact projection after every step reads values: graph breaks
+        self.schedule = EveryStep()
 
     @property
     def _needs_after_step(self) -> str | None:

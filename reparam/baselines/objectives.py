@@ -276,7 +276,7 @@ class LibAUCMargin(ShapeObjective):
     ) -> None:
         losses = _require("libauc.losses")
         super().__init__(shape_labels, positive_classes=(positive_class,))
-        imratio = self._n_pos_list[0] / self.n_samples
+        imratio = self.layout.n_pos_list[0] / self.n_samples
         aucm = losses.AUCMLoss(
             margin=check_positive("margin", margin, allow_zero=True), imratio=imratio, device="cpu"
         )

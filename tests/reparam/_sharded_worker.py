@@ -111,7 +111,7 @@ def micro_batches(step: list[torch.Tensor], k: int, sampling: str) -> list[torch
     return [torch.cat([idx[(idx >= s.start) & (idx < s.stop)] for idx in step]) for s in shards]
 
 
-PER_ROW = ("tau_param", "lam", "sparse_tau.moments", "sparse_tau.last", "tau_active")
+PER_ROW = ("tau_param", "lam", "sparse_tau.moments", "sparse_tau.last", "schedule.tau_active")
 PER_SAMPLE = ("scores", "score_epoch")
 
 

@@ -66,17 +66,17 @@ def test_regularizer_left_out_of_the_optimizer_warns(kind):
 
 @pytest.mark.parametrize("kind", ["par", "rap"])
 def test_per_batch_schedule_needs_no_optimizer_for_tau(kind):
-    """With ``dual_every="step"`` each touched row of ``tau`` is set to its block's saddle and no
-    gradient reaches it: leaving ``reg.parameters()`` out of the optimizer loses nothing, and no
-    warning says otherwise."""
+    """With ``dual_every="step"`` each positive's block is at its saddle whenever the loss reads
+    it, so the objective has no parameter: there is nothing to give an optimizer, and no warning
+    says otherwise; ``reg.tau`` follows the remembered scores."""
     reg, head = MAKERS[kind](), ShapeHead(1)
     opt = torch.optim.Adam(head.parameters(), lr=1e-2, fused=True)
-    before = reg.tau_param.detach().clone()
+    before = reg.tau.clone()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         _loop(reg, head, opt, 3, end_epoch=True)
     assert not [w for w in record if issubclass(w.category, RuntimeWarning)], _messages(record)
-    assert not torch.equal(reg.tau_param.detach(), before) and reg.tau_param.grad is None
+    assert list(reg.parameters()) == [] and not torch.equal(reg.tau, before)
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))
@@ -176,7 +176,7 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
     fresh = MAKERS[kind]()
     fresh.load_state_dict(state)  # the same version: loads
     assert torch.equal(fresh.scores, reg.scores)
-    version = type(reg)._version  # 3 for F-beta (sparse_tau.*), P@R and R@P (the threshold)
+    version = type(reg)._version  # 5 for F-beta, 4 for P@R and R@P (module docstrings)
     state._metadata[""]["version"] = version + 1
     with pytest.raises(
         RuntimeError, match=rf"layout version {version + 1}, this library reads version {version}"
@@ -184,9 +184,10 @@ def test_state_layout_is_versioned_and_another_version_is_refused(kind):
         MAKERS[kind]().load_state_dict(state)
     # version 1 (int64 indices and labels, stored seen_ever and class_of): refused, not misread
     v1 = type(state)(
-        (k, v.long() if k in ("slot", "pos_index", "tau_group") else v) for k, v in state.items()
+        (k, v.long() if k in ("layout.slot", "layout.pos_index", "layout.tau_group") else v)
+        for k, v in state.items()
     )
-    v1["seen_ever"], v1["class_of"] = reg.seen_ever.clone(), reg.slot.long().clamp(-1, 0)
+    v1["seen_ever"], v1["class_of"] = reg.seen_ever.clone(), reg.layout.slot.long().clamp(-1, 0)
     v1._metadata = {k: dict(m) for k, m in state._metadata.items()}
     v1._metadata[""]["version"] = 1
     with pytest.raises(

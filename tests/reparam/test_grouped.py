@@ -60,7 +60,7 @@ def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, proje
     loss, (g_u, g_eps, g_tau) = _grads(grouped, u, idx)
     ref_loss, ref_u = 0.0, torch.zeros_like(u)
     for k in range(grouped.n_problems):
-        j, g = grouped._problem_class[k], grouped._problem_group[k]
+        j, g = grouped.layout.problem_class_list[k], grouped.layout.problem_group[k]
         members = (group == g).nonzero()[:, 0]
         own = FBetaRegularizer(
             (labels[members] == classes[j]).long(), **(kw | {"positive_classes": (1,)})
@@ -69,7 +69,7 @@ def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, proje
         ref_loss += part / grouped.n_problems
         ref_u[members, j] += p_u / grouped.n_problems
         torch.testing.assert_close(g_eps[k], p_eps[0] / grouped.n_problems)
-        rows = grouped.slot[members[labels[members] == classes[j]]].long()
+        rows = grouped.layout.slot[members[labels[members] == classes[j]]].long()
         torch.testing.assert_close(g_tau[rows], p_tau / grouped.n_problems)
     torch.testing.assert_close(loss, torch.as_tensor(ref_loss))
     torch.testing.assert_close(g_u, ref_u)
@@ -96,7 +96,7 @@ def test_groups_are_validated():
         FBetaRegularizer(labels, groups=torch.tensor([0, -1, 0, -1]))
     # a group with no positive has no problem; a group with no negative is allowed
     reg = FBetaRegularizer(torch.tensor([0, 0, 1, 1, 1]), groups=torch.tensor([0, 0, 0, 1, 1]))
-    assert reg.n_problems == 2 and reg._n_neg_list == [2.0, 0.0]
+    assert reg.n_problems == 2 and reg.layout.n_neg_list == [2.0, 0.0]
 
 
 def _grouped_toy(seed: int):

@@ -78,7 +78,7 @@ def test_gradients_match_closed_forms(kind):
     pos = labels[idx] == 1
     n = float((labels == 1).sum())
     scale = N / (n * idx.numel())
-    slots = reg.slot[idx[pos]]
+    slots = reg.layout.slot[idx[pos]]
     nu = float(reg.nu[0])
     with torch.no_grad():
         coef = (
@@ -91,7 +91,7 @@ def test_gradients_match_closed_forms(kind):
         below_cap = (u <= 1).float()  # the pull -lambda_i min(u_i, 1) stops at 1
         g_u = torch.where(
             pos,
-            -scale * reg.lam[reg.slot[idx].clamp_min(0)] * below_cap,
+            -scale * reg.lam[reg.layout.slot[idx].clamp_min(0)] * below_cap,
             scale * neg_w * (1 + u > 0).float(),
         )
         torch.testing.assert_close(u.grad, g_u)
@@ -106,7 +106,7 @@ def test_roc_auc_gradients_match_closed_forms():
     n, m, k = float((labels == 1).sum()), float((labels == 0).sum()), reg.grid
     s_pos, s_neg = N / (n * idx.numel()), N / (m * idx.numel())
     with torch.no_grad():
-        slots = reg.slot[idx[pos]]
+        slots = reg.layout.slot[idx[pos]]
         z = u[:, None] + reg.offsets[None, :]
         active = (1 + z[~pos] > 0).float()
         g_tau = torch.zeros_like(reg.tau_param)
@@ -160,8 +160,8 @@ def test_dual_step_uses_remembered_scores(kind):
     for idx in seen.split(9):
         reg(u[idx], idx)
     lam0, nu0, tau = reg.lam.clone(), reg.nu.clone(), reg.tau.detach().clone()
-    u_rows = u[reg.pos_index]
-    have = reg.seen_ever[reg.pos_index]
+    u_rows = u[reg.layout.pos_index]
+    have = reg.seen_ever[reg.layout.pos_index]
     reg.end_epoch_()
     pos, neg_seen = labels == 1, (labels == 0) & reg.seen_ever
     if kind == "auc":

@@ -91,13 +91,25 @@ def test_step_puts_the_batch_block_at_its_saddle_then_steps_nu(cls, target):
     reg(u, idx)
     nu = max(0.0, nu0 + 0.3 * violation)
     assert float(reg.nu) == pytest.approx(nu, rel=1e-5)
-    rows = reg.slot[idx[pos]].long()
-    assert torch.allclose(reg.tau_param.detach()[rows], u[pos].clamp(max=1))
-    stationary = nu if cls is PrecisionAtRecall else 1 + nu * (1 - target)
-    assert torch.allclose(reg.lam[rows], torch.full((rows.numel(),), stationary))
-    untouched = torch.ones(reg.lam.numel(), dtype=torch.bool)
+    # no per-sample tau or lambda is stored: each positive's block is at its saddle when read
+    per_sample = {k for k, v in reg.state_dict().items() if v.dim() and v.shape[0] >= 20}
+    layout = {"layout.slot", "layout.pos_index", "layout.tau_group"}
+    assert per_sample == {"shape_labels", "scores", "score_epoch", *layout}
+    rows = reg.layout.slot[idx[pos]].long()
+    tau = reg.tau
+    assert torch.allclose(tau[rows], u[pos].clamp(max=1))
+    untouched = torch.ones(tau.numel(), dtype=torch.bool)
     untouched[rows] = False
-    assert torch.all(reg.tau_param.detach()[untouched] == 1)
+    assert torch.all(tau[untouched] == 1)
+    stationary = nu if cls is PrecisionAtRecall else 1 + nu * (1 - target)
+    assert reg.stats()["lambda_mean"] == pytest.approx(stationary, rel=1e-5)
+
+
+def test_step_schedule_refuses_a_lambda_init_it_would_not_keep():
+    labels, _ = _labels()
+    with pytest.raises(ValueError, match=r"lambda_init=0\.5 .* dual_every='epoch'"):
+        PrecisionAtRecall(labels, recall=0.9, lambda_init=0.5)
+    assert PrecisionAtRecall(labels, recall=0.9, lambda_init=0.5, dual_every="epoch").lam[0] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -116,7 +128,7 @@ def test_batch_violations_average_to_the_full_violation(cls, key):
         u, torch.arange(60)
     )  # remember every score; with the box, tau = min(u, 1) sets the tau term
     with torch.no_grad():
-        reg.tau_param.copy_(u[reg.pos_index.long()].clamp(max=1))
+        reg.tau_param.copy_(u[reg.layout.pos_index.long()].clamp(max=1))
     assert float(torch.stack(estimates).mean()) == pytest.approx(float(reg._violation()), abs=1e-5)
 
 
@@ -305,15 +317,14 @@ def test_gradient_accumulation_over_per_step_dual_steps(cls, target, projection)
     "cls, target", [(PrecisionAtRecall, {"recall": 0.9}), (RecallAtPrecision, {"precision": 0.9})]
 )
 def test_per_step_schedule_sends_tau_no_gradient_and_no_false_warning(digits, cls, target):
-    """At the block's saddle ``L`` is flat in ``tau``: no gradient reaches ``tau_param`` (R@P's
-    coefficient ``lambda - 1 - nu (1 - a)`` is zero only up to rounding, which Adam turns into
-    steps of ~lr), and the misuse monitor does not take the unmoved ``tau`` for a missing
-    optimizer."""
+    """At the block's saddle ``L`` is flat in ``tau``: ``tau`` is no parameter at all (R@P's
+    coefficient ``lambda - 1 - nu (1 - a)`` is zero only up to rounding, which Adam would turn
+    into steps of ~lr), and the misuse monitor raises no false warning."""
     x, y = digits
     reg = cls(y, **target)
     model = _model("linear", 64, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         _train(x, y, model, reg, 3, 64, 1e-2)
-    assert reg.tau_param.grad is None
+    assert list(reg.parameters()) == []
     assert reg.stats()["violation_tau_gt_u_max"] == 0.0

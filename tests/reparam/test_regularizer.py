@@ -63,12 +63,12 @@ def test_gradients_match_closed_forms():
     idx = torch.arange(0, 60, 3)  # a batch of 20 with positives and negatives
     loss = reg(head(x[idx]), idx)
     loss.backward()
-    n, big_n, b = float(reg.n_pos[0]), 60, idx.numel()
+    n, big_n, b = float(reg.layout.n_pos[0]), 60, idx.numel()
     scale = big_n / (n * b)
     with torch.no_grad():
         u = head(x[idx])
         pos = labels[idx] == 1
-        slots = reg.slot[idx[pos]]
+        slots = reg.layout.slot[idx[pos]]
         # d/dtau_i = scale (mu + lambda_i) on the batch's positives, 0 elsewhere
         g_tau = torch.zeros_like(reg.tau)
         g_tau[slots] = scale * (reg.mu[0] + reg.lam[slots])
@@ -88,7 +88,7 @@ def test_dual_step_uses_remembered_scores_and_keeps_lambda_nonnegative():
     for idx in torch.arange(60).split(7):
         reg(u[idx], idx)  # the forward pass records the scores: no extra pass needed
     lam0, mu0, tau = reg.lam.clone(), reg.mu.clone(), reg.tau.detach().clone()
-    u_pos = u[reg.pos_index]
+    u_pos = u[reg.layout.pos_index]
     reg.end_epoch_()
     torch.testing.assert_close(reg.lam, (lam0 + 0.5 * (tau - u_pos)).clamp_min(0))
     assert bool((reg.lam >= 0).all()) and bool((reg.lam == 0).any())  # some were clipped at 0
@@ -158,9 +158,9 @@ def test_multiclass_is_the_mean_of_one_vs_rest_terms():
     tau0, eps0 = multi.tau.detach().clone(), multi.eps.detach().clone()
     multi.project_()
     for j in range(2):
-        e, t = project_onto_c(eps0[j], tau0[multi.tau_group == j])
+        e, t = project_onto_c(eps0[j], tau0[multi.layout.tau_group == j])
         torch.testing.assert_close(multi.eps[j].detach(), e)
-        torch.testing.assert_close(multi.tau.detach()[multi.tau_group == j], t)
+        torch.testing.assert_close(multi.tau.detach()[multi.layout.tau_group == j], t)
     assert len(multi.stats()["eps_per_class"]) == 2
 
 
@@ -336,7 +336,9 @@ def test_tracked_mode_is_the_inline_projection_when_its_active_set_is_exact():
     torch.testing.assert_close(tracked.tau, t)
     torch.testing.assert_close(tracked.eps, inline.eps)
     active = inline.tau_param.detach() > e
-    assert torch.equal(tracked.tau_active, active) and 0 < int(active.sum()) < active.numel()
+    assert (
+        torch.equal(tracked.schedule.tau_active, active) and 0 < int(active.sum()) < active.numel()
+    )
     offsets = inline.tau_param.detach() - inline.eps_param.detach()
     torch.testing.assert_close(tracked.tau_param[active], offsets[active])
     idx = torch.arange(0, 16)  # positives 0, 2, ..., 14: rows 0-7, the low end of tau
@@ -347,9 +349,9 @@ def test_tracked_mode_is_the_inline_projection_when_its_active_set_is_exact():
     for loss in losses:
         loss.backward()
     torch.testing.assert_close(tracked.eps_param.grad, inline.eps_param.grad)
-    rows = tracked.slot[idx][tracked.slot[idx] >= 0].long()
+    rows = tracked.layout.slot[idx][tracked.layout.slot[idx] >= 0].long()
     torch.testing.assert_close(tracked.tau_param.grad[rows], inline.tau_param.grad[rows])
-    clipped = tracked.tau_active.clone()
+    clipped = tracked.schedule.tau_active.clone()
     clipped[rows] = False
     assert bool(clipped.any()) and bool((inline.tau_param.grad[clipped] != 0).all())
     assert bool((tracked.tau_param.grad[clipped] == 0).all())
@@ -374,7 +376,7 @@ def test_tracked_mode_follows_its_active_set_in_O_B(classes):
         reg.tau_param.uniform_(0.5, 1.5, generator=gen)
     reg.end_epoch_()
     opt = torch.optim.Adam(reg.parameters(), lr=0.05)
-    groups = reg.tau_group.long()
+    groups = reg.layout.tau_group.long()
     retested = 0
     for _epoch in range(3):
         for _ in range(3):  # 72 of the 90 samples per epoch
@@ -385,21 +387,21 @@ def test_tracked_mode_follows_its_active_set_in_O_B(classes):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            was = reg.tau_active.clone()
+            was = reg.schedule.tau_active.clone()
             reg.after_step_()
-            tau, active, eps = reg.tau_param, reg.tau_active, reg.eps_param.detach()
+            tau, active, eps = reg.tau_param, reg.schedule.tau_active, reg.eps_param.detach()
             values = torch.where(active, tau + eps[groups], tau)  # A's rows: offsets above eps
             sums = torch.zeros(len(classes), 2, dtype=torch.float64)
             parts = torch.stack([torch.where(active, tau, 0), active], 1).double()
             torch.testing.assert_close(
-                reg.active_sums, sums.index_add_(0, groups, parts), rtol=0, atol=1e-9
+                reg.schedule.active_sums, sums.index_add_(0, groups, parts), rtol=0, atol=1e-9
             )
             # the touched rows were re-tested against the root of the old A at the stepped values
             mid = torch.zeros(len(classes), 2, dtype=torch.float64)
             offsets = torch.where(was, values - eps[groups], 0)
             mid.index_add_(0, groups, torch.stack([offsets, was], 1).double())
             r = eps + (mid[:, 0] / (1 + mid[:, 1])).float()
-            rows = reg.slot[idx][reg.slot[idx] >= 0].long()
+            rows = reg.layout.slot[idx][reg.layout.slot[idx] >= 0].long()
             assert torch.equal(active[rows], values[rows] > r[groups[rows]])
             retested += int(rows.numel())
         reg.end_epoch_()  # A from the exact root of the values
@@ -408,7 +410,7 @@ def test_tracked_mode_follows_its_active_set_in_O_B(classes):
             root = projection_root(eps[0], values).view(1)
         else:
             root = projection_root(eps, values, groups=groups)
-        assert torch.equal(reg.tau_active, values > root[groups])
+        assert torch.equal(reg.schedule.tau_active, values > root[groups])
         torch.testing.assert_close(reg.tau, torch.minimum(values, root.clamp_min(0)[groups]))
     assert retested > 0
 

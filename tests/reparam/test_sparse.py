@@ -151,7 +151,7 @@ def test_rows_outside_the_batch_are_left_bit_for_bit():
     idx = torch.tensor([1, 3, 6, 0])  # positives 1, 3, 6 (class 1) and a negative
     reg(torch.randn(4, requires_grad=True), idx).backward()
     reg.after_step_()
-    rows = reg.slot[idx[:3]]
+    rows = reg.layout.slot[idx[:3]]
     others = torch.ones(reg.tau_param.numel(), dtype=torch.bool)
     others[rows] = False
     for name in ("tau_param", "sparse_tau.moments", "sparse_tau.last"):

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall
-from reparam.objective import _index_dtype, _smallest_int
+from reparam.layout import index_dtype as _index_dtype
+from reparam.layout import smallest_int as _smallest_int
 
 # bytes per sample + bytes per positive (docs/method.md sec. 11); scalars add a few bytes in all
 PER_SAMPLE = 1 + 4 + 4 + 4  # shape_labels int8, slot int32, scores float32, score_epoch int32
@@ -55,12 +56,13 @@ def test_smallest_exact_dtypes():
     assert _index_dtype(2**31) == torch.int32 and _index_dtype(2**31 + 1) == torch.int64
     reg = FBetaRegularizer(_half_positive(100))
     dtypes = {name: b.dtype for name, b in reg.named_buffers()}
-    assert dtypes["shape_labels"] == torch.int8 and dtypes["tau_group"] == torch.int8
-    assert dtypes["slot"] == dtypes["pos_index"] == dtypes["score_epoch"] == torch.int32
+    assert dtypes["shape_labels"] == torch.int8 and dtypes["layout.tau_group"] == torch.int8
+    assert dtypes["layout.slot"] == dtypes["layout.pos_index"] == torch.int32
+    assert dtypes["score_epoch"] == torch.int32
     state = reg.state_dict()
     assert "seen_ever" not in state and "class_of" not in state and "class_start" not in state
     # casting the module with the network leaves the integer state alone
-    assert reg.half().slot.dtype == torch.int32 and reg.scores.dtype == torch.float32
+    assert reg.half().layout.slot.dtype == torch.int32 and reg.scores.dtype == torch.float32
     labels = torch.tensor([0, 1, 2, 40000])
     assert PrecisionAtRecall(labels, recall=0.5).shape_labels.dtype == torch.int32
     assert ROCAUC(labels.numpy(), grid=2).shape_labels.tolist() == labels.tolist()
@@ -91,8 +93,8 @@ def test_a_label_range_needing_int16_trains_end_to_end(classes):
     stats = reg.stats()
     assert stats["scored_fraction"] == 1.0 and stats["train_fbeta"] is not None
     for j, c in enumerate(classes):  # tau's rows of class j belong to the samples labelled c
-        rows = reg.tau_group == j
-        assert bool((labels[reg.pos_index[rows].long()] == c).all())
+        rows = reg.layout.tau_group == j
+        assert bool((labels[reg.layout.pos_index[rows].long()] == c).all())
 
 
 @pytest.mark.parametrize("tau_update", ["dense", "sparse_adam_ahead"])

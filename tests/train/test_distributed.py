@@ -352,7 +352,7 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
         found[world] = _records(folder, world)
     one, (rank0, rank1) = found[1][0]["regularizer"], found[2]
     keys = [*REG_STATE, "sparse_tau.moments", "sparse_tau.step", "sparse_tau.last"]
-    keys += ["tau_active", "active_sums"] if projection == "tracked" else []
+    keys += ["schedule.tau_active", "schedule.active_sums"] if projection == "tracked" else []
     kink = projection == "tracked"
     for k in keys:
         assert torch.equal(rank0["regularizer"][k], rank1["regularizer"][k]), k  # replicated
@@ -369,7 +369,7 @@ def test_sparse_tau_two_processes_train_like_one(rule, projection, digits_smnist
     assert float(one["tau_param"].max() - one["tau_param"].min()) > 1e-3
     assert int(one["sparse_tau.step"]) == 2 * N // 20
     if projection == "tracked":  # the threshold's active set is neither empty nor everything
-        assert 0 < float(one["active_sums"][0, 1]) < one["tau_param"].numel()
+        assert 0 < float(one["schedule.active_sums"][0, 1]) < one["tau_param"].numel()
 
 
 def test_the_per_image_fbeta_on_two_processes_keeps_one_state(coco_cache_sky, tmp_path):

@@ -307,7 +307,7 @@ def test_auto_tau_update_is_resolved_and_pinned(digits_smnist, tmp_path):
     assert int(ckpt["regularizer"]["sparse_tau.step"]) == steps
     last = ckpt["regularizer"]["sparse_tau.last"]
     assert 0 < int(last.max()) <= steps
-    assert 0 < float(ckpt["regularizer"]["active_sums"][0, 1])  # rows at the threshold
+    assert 0 < float(ckpt["regularizer"]["schedule.active_sums"][0, 1])  # rows at the threshold
 
 
 def test_ahead_tau_step_follows_the_lr_schedule(digits_smnist, tmp_path, monkeypatch):

@@ -1,0 +1,202 @@
+r"""The problems of an objective and the rows of its per-positive variables (docs/method.md sec. 11,
+12): ``ProblemLayout``, a child module ``reg.layout`` of every objective on the shape node's scores.
+
+An objective solves one problem per (positive class, group with a positive of it); with no groups,
+one per positive class. Each problem's positives own contiguous rows of the per-positive variables
+(``tau``, ``lambda``), class by class, group by group. The layout maps a dataset index to its row
+(``slot``; ``-1``: a negative) and back (``pos_index``), a row to its problem (``tau_group``), and
+holds each problem's counts of positives and negatives (over every process's samples when the state
+is sharded), in the smallest exact dtypes. It is fixed by the labels and groups: nothing in it moves
+during training.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from projections.collective import LocalComm
+
+
+def smallest_int(hi: int) -> torch.dtype:
+    """The smallest signed integer dtype that holds ``-1 .. hi`` (labels, class numbers)."""
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if hi <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
+def index_dtype(n: int) -> torch.dtype:
+    """The dtype of indices into ``n`` rows: int32 (what torch's index ops take besides int64)
+    when ``n <= 2**31``, else int64."""
+    return torch.int32 if n - 1 <= torch.iinfo(torch.int32).max else torch.int64
+
+
+class ProblemLayout(nn.Module):
+    """The rows and problems of an objective (module docstring).
+
+    Args:
+        labels: ``(N,)`` int64 shape labels of this process's samples.
+        classes: the positive classes.
+        group_of: ``(N,)`` int64 group of every sample (``-1``: none), or ``None``.
+        comm: the processes the samples are spread over (``projections.collective``).
+        n_total: ``N`` over every process.
+    """
+
+    def __init__(
+        self,
+        labels: Tensor,
+        classes: tuple[int, ...],
+        group_of: Tensor | None,
+        comm: LocalComm,
+        n_total: int,
+    ) -> None:
+        super().__init__()
+        n_here = labels.numel()
+        index = index_dtype(n_here)  # rows of tau and dataset indices: int32 below 2**31
+        slot = torch.full((n_here,), -1, dtype=index)
+        rows, row_problem, counts, problem_class, problem_group = [], [], [], [], []
+        n_groups = 1 if group_of is None else int(group_of.max()) + 1
+        for j, c in enumerate(classes):
+            pos = labels == c
+            if group_of is None:
+                idx, g = pos.nonzero()[:, 0], torch.zeros(int(pos.sum()), dtype=torch.int64)
+                n_pos_c = comm.total(idx.numel())  # a shard: of all the processes
+                if n_pos_c == 0 or n_pos_c == n_total:
+                    raise ValueError(
+                        f"shape_labels must contain positives and negatives for every positive "
+                        f"class: class {c} has {n_pos_c} positive and {n_total - n_pos_c} "
+                        f"negative samples (labels present: {sorted(set(labels.tolist()))})"
+                    )
+            else:  # the class's positives in a group, ordered by group (stable: by index within)
+                idx = (pos & (group_of >= 0)).nonzero()[:, 0]
+                if idx.numel() == 0:
+                    raise ValueError(
+                        f"shape_labels must contain a positive of every positive class in some "
+                        f"group: class {c} has none (groups >= 0 hold labels "
+                        f"{sorted(set(labels[group_of >= 0].tolist()))})"
+                    )
+                g, order = torch.sort(group_of[idx], stable=True)
+                idx = idx[order]
+            per_group = torch.bincount(g, minlength=n_groups)
+            # groups with a positive of class c (no groups: the class's one problem, which a
+            # shard holding none of its positives has too)
+            present = per_group.nonzero()[:, 0] if group_of is not None else torch.zeros(1).long()
+            problem = torch.full((n_groups,), -1, dtype=torch.int64)
+            problem[present] = len(counts) + torch.arange(present.numel())
+            slot[idx] = (sum(counts) + torch.arange(idx.numel())).to(index)
+            rows.append(idx.to(index))
+            row_problem.append(problem[g])
+            counts += per_group[present].tolist()
+            problem_class += [j] * present.numel()
+            problem_group.append(present)
+        k = len(counts)
+        self.classes, self.n_total, self.n_groups = classes, n_total, n_groups
+        self.register_buffer("slot", slot)  # dataset index -> row of tau, or -1
+        self.register_buffer("pos_index", torch.cat(rows))  # row of tau -> dataset index
+        # row of tau -> its problem (one group: its class j; int8 while there are < 128)
+        self.register_buffer("tau_group", torch.cat(row_problem).to(smallest_int(k - 1)))
+        counts_all = comm.sum(torch.tensor(counts, dtype=torch.int64)).tolist()
+        self.register_buffer("n_pos", torch.tensor(counts_all, dtype=torch.float32))
+        self.n_pos_list = [float(c) for c in counts_all]  # fixed by the labels: no host sync
+        self.problem_class_list = problem_class  # problem k -> its class's column j
+        self.problem_group = torch.cat(problem_group).tolist()  # problem k -> its group g
+        self.register_buffer(
+            "problem_class", torch.tensor(problem_class, dtype=torch.int64), persistent=False
+        )
+        self.one_problem = group_of is None and k == 1  # the per-step hot path: scalars
+        if group_of is None:
+            self.n_neg_list = [float(n_total - c) for c in counts_all]
+        else:
+            self._init_groups(group_of, classes, problem_class)
+
+    def _init_groups(self, g: Tensor, classes: tuple[int, ...], problem_class: list[int]) -> None:
+        """The per-group layout: ``sample_group`` (``-1``: a sample of no group, never counted),
+        the group sizes ``m_g``, each problem's negatives ``m_g - n_k``, the table
+        ``problem_of[j, g + 1]`` (the problem of class ``j`` in group ``g``, ``-1`` if it has no
+        positive; column 0: no group) and each group's samples as one range of ``group_order``
+        (the epoch end's per-problem splits in O(N) in all)."""
+        self.register_buffer("sample_group", g.to(smallest_int(self.n_groups - 1)))
+        valid = g >= 0
+        sizes = torch.bincount(g[valid], minlength=self.n_groups)
+        groups_of_problems = torch.tensor(self.problem_group, dtype=torch.int64)
+        self.register_buffer(
+            "problem_size", sizes[groups_of_problems].float(), persistent=False
+        )  # m_k: its group's
+        self.n_valid = int(valid.sum())
+        table = torch.full((len(classes), self.n_groups + 1), -1, dtype=torch.int64)
+        table[torch.tensor(problem_class, dtype=torch.int64), groups_of_problems + 1] = (
+            torch.arange(len(problem_class))
+        )
+        self.register_buffer("problem_of", table, persistent=False)
+        self.n_neg_list = [
+            float(sizes[gk]) - n for gk, n in zip(self.problem_group, self.n_pos_list, strict=True)
+        ]
+        order = torch.sort(g, stable=True).indices[g.numel() - self.n_valid :]  # -1s first
+        self.register_buffer("group_order", order.to(index_dtype(g.numel())), persistent=False)
+        self.group_start = [0, *torch.cumsum(sizes, 0).tolist()]
+
+    @property
+    def grouped(self) -> bool:
+        """Whether there are groups: one problem per (class, group)."""
+        return hasattr(self, "sample_group")
+
+    @property
+    def n_problems(self) -> int:
+        """``K``: the problems, one per (positive class, group with a positive of it)."""
+        return len(self.n_pos_list)
+
+    @property
+    def row_groups(self) -> Tensor | None:
+        """Each row's problem (``tau_group``), ``None`` with one problem (what a schedule takes)."""
+        return None if self.n_problems == 1 else self.tau_group
+
+    @property
+    def groups(self) -> Tensor:
+        """``tau_group`` as int64 (an index; what the projections take): O(n)."""
+        return self.tau_group.long()
+
+    def per_row(self, x: Tensor) -> Tensor:
+        """``x[tau_group]``: the per-problem ``x`` (P,) for every row; with one problem a
+        broadcast view (no O(n) index)."""
+        return x.expand(self.tau_group.shape[0]) if x.shape[0] == 1 else x[self.groups]
+
+    def batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r"""``(problem (B, P), scale (K,), eps_weight (K,))`` of a batch, for the mean over the
+        ``K`` problems of each problem's Lagrangian (docs/method.md sec. 12):
+
+        .. math:: L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}
+                  \frac{b_k}{m_k} + \frac{N}{B n_k} \sum_{e \in B_k} \ell_e\Big]
+
+        with ``b_k`` of problem ``k``'s ``m_k`` samples (its group's; all ``N`` with no groups)
+        in the batch, so ``E[b_k N / (B m_k)] = 1``: ``eps_k`` is pulled down only while its group
+        is in the batch (with no groups, ``b_k = B``, ``m_k = N``: ``beta^2 eps_k`` at every step).
+        ``problem``: the problem of each (sample, class column), ``-1`` where the sample's group
+        has no positive of the class or the sample is in no group."""
+        k, n_pos = self.n_problems, self.n_pos
+        if not self.grouped:
+            problem = torch.arange(k, device=idx.device).expand(idx.numel(), k)
+            f = self.n_total / (idx.numel() * k)
+            return problem, n_pos.reciprocal() * f, torch.full_like(n_pos, 1 / k)
+        g = self.sample_group.index_select(0, idx).long() + 1
+        problem = self.problem_of.index_select(1, g).t()
+        f = self.n_valid / ((g > 0).sum().clamp_min(1) * k)
+        kept = (problem >= 0).to(n_pos.dtype).reshape(-1)
+        present = torch.zeros_like(n_pos).index_add_(0, problem.clamp_min(0).reshape(-1), kept)
+        return problem, f / n_pos, f * present / self.problem_size
+
+    def split(
+        self, k: int, labels: Tensor, scores: Tensor, score_epoch: Tensor, seen: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """Remembered scores of problem ``k``'s scored positives and scored negatives (``seen``:
+        ``score_epoch >= 0``, computed once by the caller when there are no groups)."""
+        j = self.problem_class_list[k]
+        if not self.grouped:
+            pos = labels == self.classes[j]
+            return scores[pos & seen, j], scores[~pos & seen, j]
+        g = self.problem_group[k]
+        members = self.group_order[self.group_start[g] : self.group_start[g + 1]]
+        seen = score_epoch.index_select(0, members) >= 0
+        pos = labels.index_select(0, members) == self.classes[j]
+        u = scores[:, j].index_select(0, members)
+        return u[pos & seen], u[~pos & seen]

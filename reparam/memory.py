@@ -1,0 +1,100 @@
+r"""The score memory (docs/method.md sec. 3b): each sample's last score ``u_i`` and the epoch it was
+recorded in, written by the forward pass, read by the epoch end's dual step and by ``stats()``, so no
+extra pass over the data is needed.
+
+The buffers are the objective's (``scores`` ``(N, P)``, ``score_epoch`` ``(N,)``, ``-1``: never
+scored); these functions write them: :func:`remember_` per forward call, :func:`merge_` across
+data-parallel processes. :class:`Memo` keeps what the epoch end computes from them once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor
+
+
+@torch.no_grad()
+def remember_(
+    scores: Tensor,
+    score_epoch: Tensor,
+    epoch: Tensor,
+    u: Tensor,
+    idx: Tensor,
+    ok: tuple[Tensor, Tensor] | None,
+) -> None:
+    """Record a batch's scores ``u`` (``(B,)`` or ``(B, P)``) at the dataset indices ``idx``, with
+    the current ``epoch`` (explicit index ops: ~3x cheaper than Python indexing per call). A masked
+    entry (``ok = (finite, in_range)``, ``False`` in either) writes back the row's own values."""
+    u = u.unsqueeze(1) if u.dim() == 1 else u
+    at = epoch.expand(idx.numel())  # index_fill_ with a tensor value would read it on the host
+    if ok is not None:
+        keep = ok[0] & ok[1]
+        u = torch.where(keep.unsqueeze(1), u, scores.index_select(0, idx))
+        at = torch.where(keep, at, score_epoch.index_select(0, idx))
+    scores.index_copy_(0, idx, u)
+    score_epoch.index_copy_(0, idx, at)
+
+
+@torch.no_grad()
+def merge_(
+    scores: Tensor, score_epoch: Tensor, written: Tensor, all_reduce: Callable[[Tensor], object]
+) -> None:
+    """Make the remembered scores equal across data-parallel processes (``ShapeObjective.
+    merge_scores_``): every sample takes the mean of the scores written for it since the last
+    merge (``written``: bool ``(N,)``, this process's), samples no process wrote keep their value,
+    ``score_epoch`` takes the writers' value, or for a sample no process wrote the value of the
+    processes that have a score for it. One ``all_reduce`` (an in-place sum) of ``(N, P + 4)``."""
+    w = written.to(scores.device, scores.dtype).unsqueeze(1)
+    # score_epoch + 1: 0 for a sample never scored; the writers agree on it (one epoch), and so
+    # do the processes that have a score, so a sum over them / their count is exact
+    dated = (score_epoch + 1).to(w.dtype).unsqueeze(1)
+    buf = torch.cat([scores * w, w, dated * w, dated, (dated > 0).to(w.dtype)], 1)
+    all_reduce(buf)
+    total, count = buf[:, :-4], buf[:, -4:-3]
+    epoch_sum, seen_sum, seen_count = buf[:, -3], buf[:, -2], buf[:, -1]
+    scores.copy_(torch.where(count > 0, total / count.clamp_min(1), scores))
+    written_epoch = epoch_sum / count[:, 0].clamp_min(1)
+    seen_epoch = seen_sum / seen_count.clamp_min(1)  # 0 (-> -1) where no process has a score
+    merged = torch.where(count[:, 0] > 0, written_epoch, seen_epoch).round() - 1
+    score_epoch.copy_(merged)
+
+
+class Memo:
+    """Values computed once inside a window (the epoch end, ``stats()``), keyed by tuples whose
+    first entry is their kind. ``end_epoch_`` and ``stats()`` read each problem's split of the
+    scores and the constrained variables several times, ``O(N)`` / ``O(n)`` each: the scores are
+    fixed while they run, the constrained variables until a projection writes them (which
+    :meth:`forget` their kind). ``values`` is ``None`` outside a window: an attribute from the
+    start, so a compiled step that reads it is guarded on a value, not on its presence."""
+
+    def __init__(self) -> None:
+        self.values: dict | None = None
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        """Memoize inside the block (nested blocks share the outer one)."""
+        if self.values is not None:
+            yield
+            return
+        self.values = {}
+        try:
+            yield
+        finally:
+            self.values = None
+
+    def get(self, key: tuple, compute: Callable[[], object]) -> object:
+        """``compute()``, computed once per ``key`` inside a window."""
+        if self.values is None:
+            return compute()
+        if key not in self.values:
+            self.values[key] = compute()
+        return self.values[key]
+
+    def forget(self, kind: str) -> None:
+        """Drop the values of ``kind`` (their inputs were written)."""
+        if self.values is not None:
+            for key in [k for k in self.values if k[0] == kind]:
+                del self.values[key]
