@@ -39,6 +39,10 @@ class LocalComm:
     def cat(self, t: Tensor) -> Tensor:
         return t
 
+    def mean(self, t: Tensor) -> Tensor:
+        """The elementwise mean of ``t`` over the processes (one process: ``t`` itself)."""
+        return t
+
     # reductions of all the values of a tensor (one process: the plain ones)
 
     def mean_of(self, x: Tensor) -> Tensor:
@@ -87,6 +91,9 @@ class ProcessComm(LocalComm):
 
     def max(self, t: Tensor) -> Tensor:
         return self._reduce(t, dist.ReduceOp.MAX)
+
+    def mean(self, t: Tensor) -> Tensor:
+        return self.sum(t) / self.world
 
     def mean_of(self, x: Tensor) -> Tensor:
         total = self.sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))

@@ -9,7 +9,11 @@ Three mistakes leave an objective silently doing nothing, and each gets one ``Ru
   (mode ``step`` projects there, sparse ``tau`` is stepped there);
 * the objective's parameters get gradients that no optimizer applies (they were left out of it).
 
-The first two are counted in plain Python per forward call (no device read on the hot path). The
+The first two are counted in plain Python per forward call (no device read on the hot path);
+inside ``torch.compile``, where a Python counter would be guarded on step by step, on the device
+(``calls_since``), read at the epoch end and by ``stats()``. The monitor also masks what a forward
+call inside ``torch.compile`` or on an accelerator cannot refuse without a host read (a non-finite
+score, an index out of range) and counts it in ``input_faults``, for the epoch end to raise. The
 third is checked at each epoch end, where the objective reads device values anyway: a fingerprint
 of the parameters (float64 sum and sum of squares of each) taken after the previous epoch end is
 compared with one taken after the optimizer's first step of this epoch (at the first
@@ -25,13 +29,21 @@ import warnings
 from collections.abc import Callable, Iterable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+
+from . import _checks
+
+Duties = Callable[[], tuple[bool, str | None, str]]
+# the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
+MASKED_SCORE = -1e6
 
 
-class MisuseMonitor:
-    """The counters and fingerprints behind the warnings of the module docstring."""
+class MisuseMonitor(nn.Module):
+    """The counters and fingerprints behind the warnings of the module docstring (a child module
+    of the objective, ``reg._monitor``; its buffers are not saved)."""
 
     def __init__(self, owner: str) -> None:
+        super().__init__()
         self.owner = owner  # the objective's class name, for the messages
         self.samples_since_end = 0
         self.samples_since_after = 0
@@ -39,6 +51,72 @@ class MisuseMonitor:
         # ... at the first after_step_() since then, with whether their gradient was non-zero
         self.stepped: tuple[Tensor, Tensor] | None = None
         self.warned: set[str] = set()
+        # inside torch.compile the counters are on the device: [samples since the last
+        # end_epoch_(), since the last after_step_()], read at the epoch end
+        self.register_buffer("calls_since", torch.zeros(2, dtype=torch.int64), persistent=False)
+        self.device_counted = False  # whether a compiled forward has counted there
+        # masked entries (mask_faults_): [non-finite scores, indices out of range, first call]
+        faults = torch.tensor([0, 0, -1], dtype=torch.int64)
+        self.register_buffer("input_faults", faults, persistent=False)
+
+    def count_forward(self, batch: int, n: int, duties: Duties) -> None:
+        """A forward call of ``batch`` samples (``n``: samples per epoch): :meth:`on_forward`, or
+        inside ``torch.compile`` a count on the device."""
+        if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
+            self.calls_since.add_(batch)
+            self.device_counted = True
+        else:
+            self.on_forward(batch, n, duties)
+
+    def count_after_step(self, parameters: Callable[[], Iterable[Tensor]]) -> None:
+        """An ``after_step_()`` call: the counters since the last one restart; the first one of
+        an epoch fingerprints the parameters (:meth:`on_after_step`; not inside
+        ``torch.compile``, which the fingerprint's tensors would enter)."""
+        self.samples_since_after = 0  # a plain store: also inside torch.compile
+        if torch.compiler.is_compiling() or self.device_counted:
+            self.calls_since[1].zero_()
+        if not torch.compiler.is_compiling():
+            self.on_after_step(parameters)
+
+    def mask_faults_(
+        self, u: Tensor, rows: Tensor, finite: Tensor, in_range: Tensor, batches: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Inside ``torch.compile`` or on an accelerator (``_checks.batch``): an entry with a
+        non-finite score or an index out of range becomes a negative with a score of ``-1e6``
+        (its loss term and every gradient of it are 0; the state takes nothing from it), and is
+        counted in ``input_faults`` (with ``batches``, the forward call of the first) for
+        :meth:`check_device_` to report. O(B), no host read."""
+        ok = finite & in_range
+        with torch.no_grad():
+            counts = torch.stack([(~finite).sum(), (~in_range).sum()])
+            first = self.input_faults[2]
+            self.input_faults[2].copy_(
+                torch.where((first < 0) & (counts.sum() > 0), batches, first)
+            )
+            self.input_faults[:2].add_(counts)
+        keep = ok.view(-1, *([1] * (u.dim() - 1)))
+        return torch.where(keep, u, MASKED_SCORE), torch.where(ok, rows, -1)
+
+    def check_device_(self, n: int, duties: Duties) -> None:
+        """The device's side of the warnings and the input faults (one read; ``n``: samples per
+        epoch): a ``ValueError`` naming the masked entries since the last check."""
+        if not self.device_counted and self.input_faults.device.type == "cpu":
+            return  # eager on the CPU: counted and checked in Python
+        state = torch.cat([self.calls_since, self.input_faults]).tolist()
+        since_end, since_after = state[:2]
+        if since_end or since_after:
+            self.on_device_counts(since_end, since_after, n, duties)
+            self.calls_since[0].zero_()
+        message = _checks.fault_message(state[2:], n)
+        if message is not None:
+            self.input_faults.copy_(torch.tensor([0, 0, -1], device=self.input_faults.device))
+            raise ValueError(message)
+
+    def report_device_counts(self, n: int, duties: Duties) -> None:
+        """``stats()``: the warnings from the device's counters (a compiled forward's)."""
+        if self.device_counted:
+            since_end, since_after = self.calls_since.tolist()
+            self.on_device_counts(since_end, since_after, n, duties)
 
     def warn_once(self, kind: str, message: str, stacklevel: int = 4) -> None:
         """``warnings.warn(message)`` the first time ``kind`` is reported."""
@@ -46,9 +124,7 @@ class MisuseMonitor:
             self.warned.add(kind)
             warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
 
-    def on_forward(
-        self, batch: int, n: int, duties: Callable[[], tuple[bool, str | None, str]]
-    ) -> None:
+    def on_forward(self, batch: int, n: int, duties: Duties) -> None:
         """Count a forward call of ``batch`` samples (``n``: samples per epoch); past one epoch's
         worth since the last ``end_epoch_()`` or ``after_step_()``, ask ``duties()`` what the
         objective needs -- ``(needs_end_epoch, needs_after_step, epoch_work)``: whether it needs
@@ -61,13 +137,7 @@ class MisuseMonitor:
             return
         self._check(self.samples_since_end, self.samples_since_after, n, duties, stacklevel=7)
 
-    def on_device_counts(
-        self,
-        since_end: int,
-        since_after: int,
-        n: int,
-        duties: Callable[[], tuple[bool, str | None, str]],
-    ) -> None:
+    def on_device_counts(self, since_end: int, since_after: int, n: int, duties: Duties) -> None:
         """The same warnings from the counters a compiled forward keeps on the device, read at
         the epoch end and by ``stats()``: inside ``torch.compile`` a forgotten ``end_epoch_()``
         is reported at the next ``stats()`` or ``end_epoch_()``."""
@@ -79,7 +149,7 @@ class MisuseMonitor:
         since_end: int,
         since_after: int,
         n: int,
-        duties: Callable[[], tuple[bool, str | None, str]],
+        duties: Duties,
         stacklevel: int,
     ) -> None:
         needs_end_epoch, needs_after_step, epoch_work = duties()

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 import itertools
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from . import _checks
 from .objective import ShapeObjective
+from .options import DEFAULT_TAU_LR
 from .schedules import EpochEnd, Inline, Schedule
+from .sparse import SparseTau
 from .tracked import TrackedThreshold
 
 PROJECTION_MODES = ("tracked", "epoch", "inline")  # the schedules' names (reparam.schedules)
@@ -55,6 +57,7 @@ class ReparamRegularizer(ShapeObjective):
             shape_labels, positive_classes=positive_classes, groups=groups, shard=shard
         )
         self.schedule = self._schedule(projection, inline_strength)
+        self.sparse_tau: SparseTau | None = None  # rows stepped by the objective's own rule
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
         self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
 
@@ -114,6 +117,64 @@ class ReparamRegularizer(ShapeObjective):
         seen = lambda: self.schedule.seen(raw, self._project, self.layout.row_groups)  # noqa: E731
         return self._memo(("constrained",), seen)[position]
 
+    # --- rows stepped by the objective (reg.sparse_tau, reparam/sparse.py) -----------------------
+
+    _dense_tau_lr = DEFAULT_TAU_LR
+
+    @property
+    def tau_lr(self) -> float:
+        """The sparse update's step size (``reg.sparse_tau.lr``)."""
+        return self.sparse_tau.lr if self.sparse_tau is not None else self._dense_tau_lr
+
+    @tau_lr.setter
+    def tau_lr(self, value: float) -> None:
+        if self.sparse_tau is None:
+            raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
+        self.sparse_tau.lr = value
+
+    def reserve_(self, entries: int) -> None:
+        """Room for ``entries`` batch entries between two steps: call it before ``torch.compile``
+        traces a step with batches of more than 4096 entries (eagerly the room grows)."""
+        if self.sparse_tau is not None:
+            self.sparse_tau.reserve_(entries)
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
+        """``ShapeObjective.attach``; with a sparse ``tau`` and ``tau_lr`` not given, the sparse
+        step also takes the lr of the optimizer's group that steps the objective's first
+        parameter (F-beta's ``eps``), at every step (schedules included): the step a dense
+        ``tau`` in that group would take."""
+        handle = super().attach(optimizer)
+        group = self.tau_lr_source(optimizer)
+        if group is None:
+            return handle
+        handle.remove()
+
+        def hook(*_) -> None:
+            self.tau_lr = float(group["lr"])
+            self.after_step_()
+
+        return optimizer.register_step_post_hook(hook)
+
+    def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with a sparse
+        ``tau`` and ``tau_lr`` not given, the group that steps ``eps`` (set ``self.tau_lr`` from
+        its ``"lr"`` before each ``after_step_()``, as ``attach`` does); else ``None``."""
+        if self.sparse_tau is None:
+            return None
+        return self.sparse_tau.lr_source(optimizer, next(self.parameters()))
+
+    def share_sparse_grads_(
+        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
+    ) -> None:
+        """Data parallelism with a replicated sparse ``tau``: the pending gradient becomes the mean
+        over the processes (``reparam.sparse.SparseTau.share_``). Call it after the backward pass
+        and before ``after_step_()``, on every process."""
+        if self.sparse_tau is None:
+            raise RuntimeError(
+                "share_sparse_grads_() is for a sparse tau (tau_update='dense' here)"
+            )
+        self.sparse_tau.share_(all_gather, processes, size)
+
     # --- the schedule ---------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -150,7 +211,7 @@ class ReparamRegularizer(ShapeObjective):
     def stats(self) -> dict[str, float | int | list | bool | None]:
         """``ShapeObjective.stats`` plus ``lambda`` and the violation of the dualized ``tau_i <= u_i``
         (over the positives with a remembered score)."""
-        with self._memo_window():
+        with self._memos.window():
             return self._stats_now()
 
     def _stats_now(self) -> dict[str, float | int | list | bool | None]:

@@ -20,7 +20,7 @@ with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from projections import project_onto_c, soft_project_onto_c
 
-from . import _checks
+from . import _checks, fbeta_report
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
@@ -41,80 +41,48 @@ from .tracked import TrackedThreshold
 
 class FBetaRegularizer(ReparamRegularizer):
     """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
-    one-vs-rest per class.
+    one-vs-rest per class. ``FBetaRegularizer(labels)`` is the library's defaults; docs/regularizer.md
+    has every option with its evidence.
 
     Args:
         shape_labels: ``(N,)`` integer shape label ``s_i`` of every training sample (a tensor or
             numpy array of any integer dtype, or a sequence of ints).
         beta: the ``beta`` of F-beta (> 0).
-        positive_classes: the shape classes ``j`` with an F-beta term of their own (binary:
-            ``(1,)``); the regularizer is the mean of their terms. Each term's negatives are all
-            samples of the other classes.
-        projection: where ``Pi_C`` is applied: ``"inline"`` (inside the loss:
-            ``L(Pi_C(eps, tau))``, exact or soft), ``"epoch"`` (once per epoch, Algorithm 3),
-            ``"tracked"`` (the loss sees ``Pi_C``'s formula with
-            the threshold ``e* = (eps + sum_A tau) / (1 + |A|)`` of an active set ``A`` tracked
-            in O(B) per step: the touched rows re-tested after each step, all rows at the epoch
-            end; the batch's positives see ``min(tau_k, e*)``, a clipped row's gradient is
-            ``dL/de* / (1 + |A|)``, the exact projection's Jacobian; ``A`` moves with ``eps`` as a
-            block, its rows stored in ``tau_param`` as offsets above ``eps``: read ``reg.tau``;
-            also with a sparse ``tau``; the default with ``tau_update="auto"``).
-            ``None``: the preset's (``"inline"``; paper: ``"epoch"``);
-            with the library's preset and a sparse ``tau`` (also ``tau_update="auto"``),
-            ``"tracked"``.
-            The exact projection is ``projections.project_onto_c`` with its fastest method
-            (``method="auto"``).
-        inline_strength: with ``projection="inline"``, ``0`` uses the exact projection (autograd
-            a.e.), ``> 0`` the smooth ``soft_project_onto_c`` with that strength (docs/method.md
-            sec. 5).
-        dual_lr_lambda, dual_lr_mu: constant dual step sizes; ``None``: the preset's (0.1, 0.1;
-            paper: 1e-3, 1e-5). docs/comparison.md has the evidence and the guidance. Both are
-            plain attributes: a decaying schedule is ``reg.dual_lr_lambda = c / epoch`` in your
-            loop.
-        mu_init: initial ``mu``; default ``-beta^2`` (docs/method.md sec. 3b: the optimal ``mu`` on
-            separable data; ``0`` starts where the paper's code does, and is slower).
+        positive_classes: the shape classes with an F-beta term of their own (binary: ``(1,)``);
+            the loss is the mean of their terms, each against all other samples.
+        projection: the schedule of ``Pi_C`` (``reparam.schedules``, docs/method.md sec. 3b):
+            ``"tracked"`` (the loss sees the exact projection's threshold
+            ``e* = (eps + sum_A tau) / (1 + |A|)`` over an active set ``A`` kept in O(B) per step;
+            ``A``'s rows are stored as offsets above ``eps``: read ``reg.tau``), ``"epoch"``
+            (in place once per epoch, Algorithm 3) or ``"inline"`` (the loss takes
+            ``Pi_C(eps, tau)``, differentiated through). ``None``: the preset's.
+        inline_strength: with ``projection="inline"``, ``> 0`` uses the smooth
+            ``soft_project_onto_c`` of that strength (docs/method.md sec. 5); ``0``: the exact one.
+        dual_lr_lambda, dual_lr_mu: constant dual step sizes (``None``: the preset's); plain
+            attributes, so a decaying schedule is ``reg.dual_lr_lambda = c / epoch`` in your loop.
+        mu_init: initial ``mu``; default ``-beta^2`` (the optimal ``mu`` on separable data).
         lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init`` makes every ``tau_i``
-            stationary, ``dL/dtau_i = mu + lambda_i = 0``, so the positives are pulled up from the
-            first step instead of after the first dual step).
-        cap_scores: dualize ``tau_i <= min(u_i, eps)`` instead of ``tau_i <= u_i`` (the same
-            constraint, since ``tau_i <= eps`` in C): the positives' term ``-lambda_i min(u_i, eps)``
-            stops pulling a score up at ``eps`` (the cap is ``eps`` detached; docs/method.md
-            sec. 10). ``None``: the preset's (``True``; paper: ``False``).
-        preset: which values the four options above take when left at ``None``: the library's
-            (``None``, ``FBETA_DEFAULTS``, chosen on the evidence of docs/comparison.md) or the
-            paper's Algorithm 3 as published (``"paper"``, ``PAPER_PRESET``). An option passed
-            explicitly overrides the preset (``preset="paper", projection="inline"``: the paper's
-            steps with the projection inside the loss; the paper's full projections after every
-            step are ``reparam.baselines.FullProjectionsFBeta``).
-        tau_update: who steps ``tau`` (docs/method.md sec. 11). ``"dense"``: ``tau_param`` is an
-            ``nn.Parameter`` in ``reg.parameters()``, stepped by your optimizer with the network
-            (every row, every step: O(n)). ``"sparse_adam_ahead"``: the regularizer steps the rows
-            the batch touched in :meth:`after_step_`, on dense Adam's trajectory in O(B) per step
-            (each touched row stores where dense Adam's momentum carries it: docs/method.md sec.
-            11); ``tau_param`` is then a buffer and ``reg.parameters()`` is ``eps`` alone. Needs
-            ``after_step_()`` after every optimizer step (or :meth:`attach`) and a projection other
-            than ``"inline"`` (which differentiates through the projection of every ``tau``: O(n)
-            per step); with ``projection`` and ``preset`` left at ``None`` it takes
-            ``"tracked"``. ``"auto"`` (default): with the library's defaults (``projection`` and ``preset``
-            ``None``), ``"sparse_adam_ahead"`` and projection ``"tracked"`` at every size, else
-            ``"dense"``. ``reg.tau_update`` and ``reg.projection`` are the resolved values.
-        tau_lr: the sparse update's step size (``None``: 1e-2, the paper's primal step, and
-            :meth:`attach` makes it follow the lr of the optimizer's group that steps ``eps``: the
-            step a dense ``tau`` would take).
-        groups: ``(N,)`` integer group of every training sample (``-1``: in no group), or
-            ``None``. Given, the objective is the **grouped F-beta**, the mean over the groups of
-            each group's F-beta (a macro F-beta over images, queries or users; per image of a
-            segmentation set, the mean Dice): one problem (3') per (positive class, group with a
-            positive of it), with its own ``eps``, ``mu`` and threshold, whose negatives are the
-            group's other samples (docs/method.md sec. 12). A group with no positive of a class
-            has no F-beta for it and is skipped, as a Dice loss skips an absent class. ``stats()``
-            then reports the mean over the scored problems, ``certified_fbeta`` counting a
-            problem without a certificate as 0 (still a lower bound on the mean F-beta).
+            stationary, so the positives are pulled up from the first step).
+        cap_scores: dualize ``tau_i <= min(u_i, eps)`` (``eps`` detached) instead of
+            ``tau_i <= u_i``: the same constraint in C, whose term stops pulling a score up at
+            ``eps`` (docs/method.md sec. 10). ``None``: the preset's.
+        preset: the values of the options left at ``None``: the library's (``None``,
+            ``FBETA_DEFAULTS``) or the paper's Algorithm 3 (``"paper"``, ``PAPER_PRESET``).
+        tau_update: who steps ``tau`` (docs/method.md sec. 11): ``"dense"`` (a parameter your
+            optimizer steps, O(n) per step) or ``"sparse_adam_ahead"`` (``reg.sparse_tau`` steps
+            the batch's rows in :meth:`after_step_` on dense Adam's trajectory, O(B); not with
+            ``"inline"``). ``"auto"``: sparse with the library's defaults, else dense
+            (``reparam.resolve_options``).
+        tau_lr: the sparse step size (``None``: 1e-2, and :meth:`attach` makes it follow the lr of
+            the optimizer's group that steps ``eps``).
+        groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``. Given, the
+            objective is the mean over the groups of each group's F-beta (per image of a
+            segmentation set, the mean Dice; docs/method.md sec. 12): one problem per (class,
+            group with a positive of it).
+        shard: this process's block of a state spread over processes (``reparam.Shard``).
 
-    After every ``end_epoch_`` the regularizer also knows the exact F-beta-optimal threshold of its
-    remembered scores (value buckets, expected O(n)): ``reg.decision_threshold`` (per class), with
-    the F-beta of ``u > threshold`` in ``stats()`` (docs/method.md sec. 2: the certificate is for
-    ``u > 0``; the threshold is a cheap post-hoc decision rule on the same scores).
+    After every ``end_epoch_`` ``reg.decision_threshold`` holds the exact F-beta-optimal threshold
+    of the remembered scores per problem, and ``stats()`` the F-beta of ``u > threshold``.
     """
 
     _constrained_names = ("eps_param", "tau_param")
@@ -141,27 +109,21 @@ class FBetaRegularizer(ReparamRegularizer):
         groups: object = None,
         shard: Shard | None = None,
     ) -> None:
-        resolved = resolve_options(
-            preset,
-            tau_update=tau_update,
-            projection=projection,
-            dual_lr_lambda=dual_lr_lambda,
-            dual_lr_mu=dual_lr_mu,
-            cap_scores=cap_scores,
-        )
-        projection, tau_update = resolved["projection"], resolved["tau_update"]
-        dual_lr_lambda, dual_lr_mu = resolved["dual_lr_lambda"], resolved["dual_lr_mu"]
-        cap_scores = resolved["cap_scores"]
+        r = resolve_options(  # the preset's values of the options left at None, and "auto"'s
+            preset, tau_update=tau_update, projection=projection, dual_lr_lambda=dual_lr_lambda,
+            dual_lr_mu=dual_lr_mu, cap_scores=cap_scores,
+        )  # fmt: skip
+        tau_update, cap_scores = r["tau_update"], r["cap_scores"]
         super().__init__(
             shape_labels,
             positive_classes=positive_classes,
-            projection=projection,
+            projection=r["projection"],
             inline_strength=inline_strength,
-            dual_lr_lambda=dual_lr_lambda,
+            dual_lr_lambda=r["dual_lr_lambda"],
             groups=groups,
             shard=shard,
         )
-        self.dual_lr_mu = _checks.number("dual_lr_mu", dual_lr_mu, 0)
+        self.dual_lr_mu = _checks.number("dual_lr_mu", r["dual_lr_mu"], 0)
         self.preset = preset
         self.beta = _checks.number("beta", beta, 0, strict=True)
         mu_init = _checks.number("mu_init", -(self.beta**2) if mu_init is None else mu_init)
@@ -177,7 +139,6 @@ class FBetaRegularizer(ReparamRegularizer):
                 "tau_update='sparse_adam_ahead'; the trainer: regularizer.fbeta.tau_update)"
             )
         lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)
-        self.sparse_tau: SparseTau | None = None  # the rows' own update (reparam.sparse)
         if dense:
             self._dense_tau_lr = lr  # (unused: the user's optimizer steps tau)
             self.tau_param = nn.Parameter(torch.ones(n_pos))
@@ -225,18 +186,9 @@ class FBetaRegularizer(ReparamRegularizer):
         tracked = self._tracked
         eps, tau = self.constrained_parameters()  # inline: Pi_C of them, with autograd
         lam, share = self.lam, None
-        problem = scale = eps_weight = None
-        if self.layout.one_problem:  # the hot path: one problem, scalars
-            is_pos = rows >= 0
-            touched = is_pos
-            scale = self.n_samples / (self.layout.n_pos_list[0] * self._batch_of(idx))
-        else:  # one entry per (sample, class column), each in its problem
-            problem, scale, eps_weight = self.layout.batch_problems(idx)
-            columns = len(self.classes)
-            row_problem = self.layout.tau_group.index_select(0, rows.clamp_min(0)).long()
-            is_pos = (rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)
-            touched = is_pos.any(1)  # a sample is a positive of one problem at most
-            u, problem, is_pos = u.reshape(-1), problem.reshape(-1), is_pos.reshape(-1)
+        u, problem, is_pos, touched, scale, eps_weight = self.layout.batch_entries(
+            u, idx, rows, self._batch_of(idx)
+        )
         if tracked is not None and self.sparse_tau is None:  # the optimizer moved every row:
             tracked.retest_all_(self.tau_param, self.eps_param, self.layout.row_groups)  # O(n)
             self._forget_("constrained")
@@ -245,7 +197,7 @@ class FBetaRegularizer(ReparamRegularizer):
             tau, lam = self._batch_rows(tau, rows, touched)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
         if problem is not None:  # a sample's row serves every column
-            slots = slots.unsqueeze(1).expand(-1, columns).reshape(-1)
+            slots = slots.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
         if tracked is not None:  # the loss sees e*
             eps, share = tracked.threshold(self.eps_param)
             if problem is None:
@@ -322,61 +274,6 @@ class FBetaRegularizer(ReparamRegularizer):
                 )
             self.sparse_tau.step_(self.tau_param, tracked)
 
-    # --- the sparse tau's conveniences ------------------------------------------------------------
-
-    @property
-    def tau_lr(self) -> float:
-        """The sparse update's step size (``reg.sparse_tau.lr``)."""
-        return self.sparse_tau.lr if self.sparse_tau is not None else self._dense_tau_lr
-
-    @tau_lr.setter
-    def tau_lr(self, value: float) -> None:
-        if self.sparse_tau is None:
-            raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
-        self.sparse_tau.lr = value
-
-    def reserve_(self, entries: int) -> None:
-        """Room for ``entries`` batch entries between two steps: call it before ``torch.compile``
-        traces a step with batches of more than 4096 entries (eagerly the room grows)."""
-        if self.sparse_tau is not None:
-            self.sparse_tau.reserve_(entries)
-
-    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
-        """``ShapeObjective.attach``; with a sparse ``tau`` and ``tau_lr`` not given, the sparse
-        step also takes the lr of the optimizer's group that steps ``eps``, at every step
-        (schedules included): the step a dense ``tau`` in that group would take."""
-        handle = super().attach(optimizer)
-        group = self.tau_lr_source(optimizer)
-        if group is None:
-            return handle
-        handle.remove()
-
-        def hook(*_) -> None:
-            self.tau_lr = float(group["lr"])
-            self.after_step_()
-
-        return optimizer.register_step_post_hook(hook)
-
-    def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with a sparse
-        ``tau`` and ``tau_lr`` not given, the group that steps ``eps`` (set ``self.tau_lr`` from
-        its ``"lr"`` before each ``after_step_()``, as ``attach`` does); else ``None``."""
-        if self.sparse_tau is None:
-            return None
-        return self.sparse_tau.lr_source(optimizer, self.eps_param)
-
-    def share_sparse_grads_(
-        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
-    ) -> None:
-        """Data parallelism with a replicated sparse ``tau``: the pending gradient becomes the mean
-        over the processes (``reparam.sparse.SparseTau.share_``). Call it after the backward pass
-        and before ``after_step_()``, on every process."""
-        if self.sparse_tau is None:
-            raise RuntimeError(
-                "share_sparse_grads_() is for a sparse tau (tau_update='dense' here)"
-            )
-        self.sparse_tau.share_(all_gather, processes, size)
-
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form
         if strength > 0:
@@ -411,163 +308,29 @@ class FBetaRegularizer(ReparamRegularizer):
             )[0]
         self._check_inert()
 
-    def _check_inert(self) -> None:
-        """After the epoch's dual step: why the regularizer may be doing nothing (``stats()["inert"]``,
-        ``None`` when nothing looks wrong; docs/segmentation.md has the CamVid measurements).
-
-        * the node decides one way for every scored training sample: the positives are not pulled
-          above 0 (``lambda`` ~0: the paper's ``lambda_init=0`` with its dual step 1e-3 per epoch);
-        * ``eps`` and ``tau`` moved by < 1e-3 in the epoch while ``tau_i <= u_i`` is violated: the
-          optimizer barely steps them (their gradients carry ``alpha``: with SGD the step is
-          ``lr * alpha``);
-        * ``mean tau`` is off 1 by > 0.01 and ``mu`` moved by < 1e-4: ``dual_lr_mu`` is too small
-          to enforce the equality (the paper's 1e-5);
-        * no certified bound: the positives' mean capped score is below 1."""
-        eps, tau = self.eps.detach().float(), self.tau.detach().float()
-        p = self.n_problems
-        one = torch.ones_like(eps[:1])
-        moments = torch.cat([self._mean(tau).view(1), self._mean(tau.square()).sqrt().view(1), one])
-        now = torch.cat([eps, self.mu.float(), moments.nan_to_num()])  # no positive: mean NaN
-        prev = self.inert_ref.clone() if float(self.inert_ref[-1]) == 1 else None
-        self.inert_ref.copy_(now)
-        stats = self._objective_stats()
-        reasons = []
-        # per class; per group, all of a class's groups together (one line, not one per group)
-        for j, cls in enumerate(self.classes):
-            parts = [
-                self._split_scores(k) for k in range(p) if self.layout.problem_class_list[k] == j
-            ]
-            u = torch.cat([x for pair in parts for x in pair])
-            above, at_or_below = self._any(u > 0), self._any(u <= 0)
-            if above != at_or_below:  # some scored sample, all on one side
-                side = "above" if above else "at or below"
-                reasons.append(
-                    f"the scores of every scored training sample are {side} 0 (class "
-                    f"{cls}: u in [{float(self._min(u)):.3g}, {float(self._max(u)):.3g}], lambda "
-                    f"mean {float(self._mean(self.lam)):.3g}): the positives are not pulled above "
-                    f"the margin. {self._inert_remedies()}"
-                )
-        if prev is not None:
-            delta = (now - prev).abs()
-            moved = max(float(delta[:p].max()), float(delta[2 * p :].max()))  # eps, tau moments
-            target_tau, target_u = self._lambda_targets()
-            seen = self._seen_positives()
-            over = (target_tau - target_u).clamp_min(0)[seen]
-            violated = float(self._mean(over)) if self._any(seen) else 0
-            if moved < 1e-3 and violated > 1e-3:
-                reasons.append(
-                    f"eps and tau moved by < 1e-3 in the last epoch ({moved:.2g}) although tau_i <= "
-                    f"u_i is violated by {violated:.3g} on average: their gradients are scaled by "
-                    f"alpha, so with SGD their step is lr * alpha; train them with Adam (as the "
-                    f"paper) or raise their lr (optim.regularizer_lr)"
-                )
-            off = float((self._class_mean(tau) - 1).abs().max())
-            if off > 0.01 and float(delta[p : 2 * p].max()) < 1e-4:
-                reasons.append(
-                    f"mean tau is {off:.3g} away from 1 and mu moved by < 1e-4: dual_lr_mu="
-                    f"{self.dual_lr_mu:g} is too small to enforce mean tau = 1 (the defaults: 0.1)"
-                )
-        if self._any(self.seen_ever) and stats["certified_fbeta"] is None:
-            reasons.append(
-                "no certified F-beta bound (the positives' mean score capped at eps is below 1): "
-                "the positives are not above the margin yet"
-            )
-        self.inert = "; ".join(reasons) or None
-
-    def _inert_remedies(self) -> str:
-        """What to change when the scores sit on one side of 0: only the remedies not already in
-        effect (a run on the library defaults is not told to use them)."""
-        out = []
-        if self.cap_scores and float(self._min(self.lam)) >= self.beta**2 - 1e-6:
-            out.append("raise dual_lr_lambda (lambda grows by it per epoch)")
-        else:
-            out.append(
-                f"start lambda at beta^2 with capped scores (lambda_init={self.beta**2:g}, "
-                f"cap_scores=True) or raise dual_lr_lambda"
-            )
-        if self.preset is not None:
-            out.append("use the library defaults (preset=None)")
-        return "Remedies: " + "; ".join(out)
-
     def _class_mean(self, tau: Tensor) -> Tensor:
         sums = torch.zeros_like(self.mu).index_add_(0, self.layout.groups, tau.float())
         return self._comm.sum(sums) / self.layout.n_pos
 
-    # --- reporting ------------------------------------------------------------------------------
+    # --- reporting: reparam/fbeta_report.py ---------------------------------------------------
+
+    def _check_inert(self) -> None:
+        self.inert = fbeta_report.inert_reasons(self)
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
-        """``eps``, ``mu``; ``certified_fbeta``: the bound of docs/method.md sec. 2 on the F-beta
-        of ``u > 0`` over the scored samples (``None`` when ``mean u_pos < 1``: no certificate);
-        ``train_fbeta``: their true F-beta; violations of C (``tau_i > eps``) and of
-        ``|mean tau - 1|`` (dualized). Per-class lists when there are several classes."""
-        eps, tau = self.eps.detach().float(), self.tau.detach().float()
-        bounds, fbetas, at_threshold = [], [], []
-        for k in range(self.n_problems):
-            u_pos, u_neg = self._split_scores(k)
-            scored = self._comm.total(u_pos.numel()) > 0
-            comm = self._comm
-            bounds.append(
-                Fn.certified_fbeta_bound(u_pos, u_neg, self.beta, comm) if scored else None
-            )
-            fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, self.beta, comm) if scored else None)
-            t = float(self.decision_threshold[k])
-            at_threshold.append(
-                Fn.fbeta_of_decisions(u_pos - t, u_neg - t, self.beta, comm) if scored else None
-            )
-        out: dict[str, float | int | list | bool | None] = {
-            "eps": float(eps.mean()),
-            "mu": float(self.mu.mean()),
-            "violation_tau_gt_eps_max": float(
-                self._max((tau - self.layout.per_row(eps)).clamp_min(0))
-            ),
-            "violation_mean_tau_max": float((self._class_mean(tau) - 1).abs().max()),
-            "certified_fbeta": _mean_or_none(bounds),
-            "train_fbeta": _mean_or_none(fbetas),
-            "decision_threshold": float(self.decision_threshold.mean()),
-            "train_fbeta_at_threshold": _mean_or_none(at_threshold),
-            "inert": getattr(self, "inert", None),
-        }
-        if self.grouped:  # the mean over the scored problems; one without a certificate counts 0
-            scored = [k for k, f in enumerate(fbetas) if f is not None]
-            out |= {
-                "certified_fbeta": _mean_of([bounds[k] or 0.0 for k in scored]),
-                "train_fbeta": _mean_of([fbetas[k] for k in scored]),
-                "train_fbeta_at_threshold": _mean_of([at_threshold[k] for k in scored]),
-                "certified_fraction": _mean_of([float(bounds[k] is not None) for k in scored]),
-                "problems_scored": len(scored),
-            }
-        elif len(self.classes) > 1:
-            out |= {
-                "eps_per_class": eps.tolist(),
-                "mu_per_class": self.mu.tolist(),
-                "certified_fbeta_per_class": bounds,
-                "train_fbeta_per_class": fbetas,
-            }
-        return out
+        return fbeta_report.figures(self)
 
     def extra_repr(self) -> str:
+        lay = self.layout
+        problems = f"groups={lay.n_groups}, problems={lay.n_problems}, " if self.grouped else ""
+        positives = int(lay.n_pos.sum()) if self.grouped else lay.n_pos.long().tolist()
+        sparse = (
+            f", tau_update={self.tau_update!r}, tau_lr={self.tau_lr:g}" if self.sparse_tau else ""
+        )
         return (
-            f"n={self.n_samples}, "
-            + (
-                f"groups={self.n_groups}, problems={self.n_problems}, "
-                f"positives={int(self.layout.n_pos.sum())}, "
-                if self.grouped
-                else f"positives={self.layout.n_pos.long().tolist()}, "
-            )
-            + f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
+            f"n={self.n_samples}, {problems}positives={positives}, "
+            f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
             f"cap_scores={self.cap_scores}"
             + (f", preset={self.preset!r}" if self.preset else "")
-            + (
-                f", tau_update={self.tau_update!r}, tau_lr={self.tau_lr:g}"
-                if self.sparse_tau is not None
-                else ""
-            )
+            + sparse
         )
-
-
-def _mean_of(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
-def _mean_or_none(xs: list) -> float | None:
-    return None if any(x is None for x in xs) else sum(xs) / len(xs)

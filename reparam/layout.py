@@ -185,6 +185,24 @@ class ProblemLayout(nn.Module):
         present = torch.zeros_like(n_pos).index_add_(0, problem.clamp_min(0).reshape(-1), kept)
         return problem, f / n_pos, f * present / self.problem_size
 
+    def batch_entries(
+        self, u: Tensor, idx: Tensor, rows: Tensor, batch: int
+    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | float, Tensor | None]:
+        """``(u, problem, is_pos, touched, scale, eps_weight)``: the batch's entries for
+        ``lagrangian.batch_lagrangian``. One problem (the hot path): the samples themselves,
+        scalars (``scale = N / (n B)``, ``problem`` and ``eps_weight`` ``None``). Else one entry
+        per (sample, class column), each in its problem (:meth:`batch_problems`), flattened;
+        ``touched``: the samples that are a positive (of one problem at most). ``rows``: the
+        samples' rows (``-1``: a negative); ``batch``: ``B`` of the scale."""
+        if self.one_problem:
+            is_pos = rows >= 0
+            return u, None, is_pos, is_pos, self.n_total / (self.n_pos_list[0] * batch), None
+        problem, scale, eps_weight = self.batch_problems(idx)
+        row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
+        is_pos = (rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)
+        touched = is_pos.any(1)
+        return u.reshape(-1), problem.reshape(-1), is_pos.reshape(-1), touched, scale, eps_weight
+
     def split(
         self, k: int, labels: Tensor, scores: Tensor, score_epoch: Tensor, seen: Tensor | None
     ) -> tuple[Tensor, Tensor]:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
+from . import _checks
+
 
 @torch.no_grad()
 def remember_(
@@ -47,6 +49,15 @@ def merge_(
     merge (``written``: bool ``(N,)``, this process's), samples no process wrote keep their value,
     ``score_epoch`` takes the writers' value, or for a sample no process wrote the value of the
     processes that have a score for it. One ``all_reduce`` (an in-place sum) of ``(N, P + 4)``."""
+    if (
+        not isinstance(written, Tensor)
+        or written.shape != score_epoch.shape
+        or not (written.dtype == torch.bool)
+    ):
+        raise ValueError(
+            f"written must be a bool tensor of shape {tuple(score_epoch.shape)}, "
+            f"got {_checks.describe(written)}"
+        )
     w = written.to(scores.device, scores.dtype).unsqueeze(1)
     # score_epoch + 1: 0 for a sample never scored; the writers agree on it (one epoch), and so
     # do the processes that have a score, so a sum over them / their count is exact

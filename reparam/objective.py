@@ -22,7 +22,6 @@ A subclass provides the loss of a batch (``_loss``), what its epoch end does (``
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -31,21 +30,16 @@ from torch import Tensor, nn
 from . import _checks
 from ._monitor import MisuseMonitor
 from .layout import ProblemLayout, smallest_int
+from .memory import Memo, merge_, remember_
 from .sharding import Shard, ShardedRows
-
-# the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
-_MASKED_SCORE = -1e6
 
 
 class ShapeObjective(ShardedRows, nn.Module):
     """Base of every objective on the shape node's scores; see the module docstring."""
 
     _needs_end_epoch = True  # warn when end_epoch_() is forgotten (False: it only counts epochs)
-    # The layout of the state_dict (torch's idiom: saved in its metadata, checked on load). Raise it
-    # when a buffer or parameter is renamed, added or changes meaning; a state of another version
-    # is refused with a message (there are no migrations before 1.0).
-    # 2: compact index dtypes, seen_ever derived from score_epoch, no class_of; 3: the layout in
-    # its own module (layout.slot, .pos_index, .tau_group, .n_pos, .sample_group)
+    # The layout of the state_dict (torch's idiom: saved in its metadata, checked on load; another
+    # version is refused with a message). 3: the problems' layout in reg.layout
     _version = 3
 
     def __init__(
@@ -76,16 +70,7 @@ class ShapeObjective(ShardedRows, nn.Module):
         self.register_buffer("projections_epoch", torch.zeros((), dtype=torch.int64))
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
         self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
-        # the epoch end's memo (_memo_window), None outside it: an instance attribute from the
-        # start, so a compiled step that reads it is guarded on a value, not on its presence
-        self._epoch_end_memo: dict | None = None
-        # inside torch.compile the monitor's counters are on the device: [samples since the last
-        # end_epoch_(), since the last after_step_()], read at the epoch end
-        self.register_buffer("_calls_since", torch.zeros(2, dtype=torch.int64), persistent=False)
-        self._device_counted = False  # whether a compiled forward has counted there
-        # masked entries (_mask_faults_): [non-finite scores, indices out of range, first call]
-        faults = torch.tensor([0, 0, -1], dtype=torch.int64)
-        self.register_buffer("input_faults", faults, persistent=False)
+        self._memos = Memo()  # what the epoch end computes once (reparam/memory.py)
 
     @property
     def grouped(self) -> bool:
@@ -97,9 +82,7 @@ class ShapeObjective(ShardedRows, nn.Module):
         """``K``: the problems, one per (positive class, group with a positive of it)."""
         return self.layout.n_problems
 
-    @property
-    def n_groups(self) -> int:
-        return self.layout.n_groups
+    n_groups = property(lambda self: self.layout.n_groups)
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -120,47 +103,22 @@ class ShapeObjective(ShardedRows, nn.Module):
         return self._forward(scores, idx)
 
     def _forward(self, scores: Tensor, idx: Tensor) -> Tensor:
-        if self.sharded:
-            scores, idx = self._to_owner(scores, idx)
+        scores, idx = self._to_owner(scores, idx)  # sharded: the entries this process owns
         u, idx, ok = _checks.batch(
             scores, idx, self.classes, self.shape_labels.numel(), self.shape_labels.device
         )
         batch = idx.numel()
-        if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
-            self._calls_since.add_(batch)
-            self._device_counted = True
-        else:
-            # an epoch's worth here: this process's samples (sharded: + the samplers' padding)
-            here = self.shape_labels.numel() + (self._comm.world if self.sharded else 0)
-            self._monitor.on_forward(batch, here, self._duties)
-        if (
-            batch == 0 and not self.sharded
-        ):  # nothing to estimate; keep a graph so backward() still works
+        self._monitor.count_forward(batch, self._samples_per_epoch, self._duties)
+        if batch == 0 and self._comm.world == 1:  # (with several processes, every one steps)
+            # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
         if ok is None:  # eager on the CPU: idx checked by the gather's own bounds check
             rows = _checks.rows(self.layout.slot, idx)
         else:
-            u, rows = self._mask_faults_(u, self.layout.slot.index_select(0, idx), *ok)
+            rows = self.layout.slot.index_select(0, idx)
+            u, rows = self._monitor.mask_faults_(u, rows, *ok, self.batches)
         self._remember_(u, idx, ok)
         return self._loss(u, idx, rows)
-
-    def _mask_faults_(
-        self, u: Tensor, rows: Tensor, finite: Tensor, in_range: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Inside ``torch.compile`` or on an accelerator (``_checks.batch``): an entry with a
-        non-finite score or an index out of range becomes a negative with a score of ``-1e6``
-        (its loss term and every gradient of it are 0; the state takes nothing from it), and is
-        counted in ``input_faults`` for :meth:`end_epoch_` to report. O(B), no host read."""
-        ok = finite & in_range
-        with torch.no_grad():
-            counts = torch.stack([(~finite).sum(), (~in_range).sum()])
-            first = self.input_faults[2]
-            self.input_faults[2].copy_(
-                torch.where((first < 0) & (counts.sum() > 0), self.batches, first)
-            )
-            self.input_faults[:2].add_(counts)
-        keep = ok.view(-1, *([1] * (u.dim() - 1)))
-        return torch.where(keep, u, _MASKED_SCORE), torch.where(ok, rows, -1)
 
     def _duties(self) -> tuple[bool, str | None, str]:
         """For the misuse warnings (``MisuseMonitor.on_forward``): whether ``end_epoch_()`` is
@@ -170,20 +128,9 @@ class ShapeObjective(ShardedRows, nn.Module):
         work = "dual step" + (" and no projection" if projects else "")
         return self._needs_end_epoch, self._needs_after_step, work
 
-    @torch.no_grad()
     def _remember_(self, u: Tensor, idx: Tensor, ok: tuple[Tensor, Tensor] | None) -> None:
-        """Record the batch's scores and their epoch, and count the batch (explicit index ops:
-        ~3x cheaper than Python indexing per call; no autograd under ``no_grad``). A masked
-        entry (``ok``, :meth:`_mask_faults_`) writes back the row's own values."""
-        scores = u.unsqueeze(1) if u.dim() == 1 else u
-        # index_fill_ with a tensor value would read it on the host
-        epoch = self.epoch.expand(idx.numel())
-        if ok is not None:
-            keep = ok[0] & ok[1]
-            scores = torch.where(keep.unsqueeze(1), scores, self.scores.index_select(0, idx))
-            epoch = torch.where(keep, epoch, self.score_epoch.index_select(0, idx))
-        self.scores.index_copy_(0, idx, scores)
-        self.score_epoch.index_copy_(0, idx, epoch)
+        """Record the batch's scores and their epoch (``reparam.memory.remember_``), count it."""
+        remember_(self.scores, self.score_epoch, self.epoch, u, idx, ok)
         self.batches.add_(1)
 
     @property
@@ -214,11 +161,7 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     @torch.no_grad()
     def _after_step(self) -> None:
-        self._monitor.samples_since_after = 0  # a plain store: also inside torch.compile
-        if torch.compiler.is_compiling() or self._device_counted:
-            self._calls_since[1].zero_()
-        if not torch.compiler.is_compiling():  # the optimizer's first step of the epoch
-            self._monitor.on_after_step(self.parameters)
+        self._monitor.count_after_step(self.parameters)
         self._after_step_body_()
 
     @torch.no_grad()
@@ -228,30 +171,15 @@ class ShapeObjective(ShardedRows, nn.Module):
 
         Raises ``ValueError`` first if a forward call inside ``torch.compile`` or on an
         accelerator got a non-finite score or an index out of range since the last epoch end
-        (those entries were masked: :meth:`_mask_faults_`)."""
-        self._check_device_counters()
+        (those entries were masked: ``MisuseMonitor.mask_faults_``)."""
+        self._monitor.check_device_(self.shape_labels.numel(), self._duties)
         self._monitor.before_epoch_end(self.named_parameters)
-        with self._memo_window():
+        with self._memos.window():
             self._end_epoch_body_()
         self.epoch += 1
         self.projections_last_epoch.copy_(self.projections_epoch)
         self.projections_epoch.zero_()
         self._monitor.after_epoch_end(self.parameters())
-
-    def _check_device_counters(self) -> None:
-        """The device's side of the misuse warnings and the input faults (one read)."""
-        if not self._device_counted and self.shape_labels.device.type == "cpu":
-            return  # eager on the CPU: counted and checked in Python
-        state = torch.cat([self._calls_since, self.input_faults]).tolist()
-        since_end, since_after = state[:2]
-        if since_end or since_after:
-            here = self.shape_labels.numel()
-            self._monitor.on_device_counts(since_end, since_after, here, self._duties)
-            self._calls_since[0].zero_()
-        message = _checks.fault_message(state[2:], self.shape_labels.numel())
-        if message is not None:
-            self.input_faults.copy_(torch.tensor([0, 0, -1], device=self.input_faults.device))
-            raise ValueError(message)
 
     def _after_step_body_(self) -> None:
         pass
@@ -312,40 +240,14 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     @torch.no_grad()
     def merge_scores_(self, written: Tensor, all_reduce: Callable[[Tensor], object]) -> None:
-        """Make the remembered scores equal across data-parallel processes, before ``end_epoch_``.
-
-        Each process remembers the scores of the samples it saw. ``written``: bool ``(N,)``, the
-        samples this process scored since the last merge; ``all_reduce``: an in-place sum over the
-        processes (``torch.distributed.all_reduce``; the identity in one process). Every sample
-        takes the mean of the scores written for it (a sample seen by two processes in one epoch,
-        as ``DistributedSampler``'s padding does, gets the mean of both); samples no process wrote
-        keep their value (equal everywhere already); ``score_epoch`` takes the writers' value, and
-        for a sample no process wrote, the value of the processes that have a score for it (the
-        same everywhere after earlier merges), so ``seen_ever`` is the OR over processes. One
-        collective call on an ``(N, P + 4)`` buffer.
-        """
-        if (
-            not isinstance(written, Tensor)
-            or written.shape != self.score_epoch.shape
-            or (written.dtype != torch.bool)
-        ):
-            raise ValueError(
-                f"written must be a bool tensor of shape {tuple(self.score_epoch.shape)}, "
-                f"got {_checks.describe(written)}"
-            )
-        w = written.to(self.scores.device, self.scores.dtype).unsqueeze(1)
-        # score_epoch + 1: 0 for a sample never scored; the writers agree on it (one epoch), and so
-        # do the processes that have a score, so a sum over them / their count is exact
-        dated = (self.score_epoch + 1).to(w.dtype).unsqueeze(1)
-        buf = torch.cat([self.scores * w, w, dated * w, dated, (dated > 0).to(w.dtype)], 1)
-        all_reduce(buf)
-        total, count = buf[:, :-4], buf[:, -4:-3]
-        epoch_sum, seen_sum, seen_count = buf[:, -3], buf[:, -2], buf[:, -1]
-        self.scores.copy_(torch.where(count > 0, total / count.clamp_min(1), self.scores))
-        written_epoch = epoch_sum / count[:, 0].clamp_min(1)
-        seen_epoch = seen_sum / seen_count.clamp_min(1)  # 0 (-> -1) where no process has a score
-        merged = torch.where(count[:, 0] > 0, written_epoch, seen_epoch).round() - 1
-        self.score_epoch.copy_(merged)
+        """Make the remembered scores equal across data-parallel processes, before ``end_epoch_``
+        (``reparam.memory.merge_``): ``written``, bool ``(N,)``, the samples this process scored
+        since the last merge; ``all_reduce``, an in-place sum over the processes
+        (``torch.distributed.all_reduce``; the identity in one process). Every sample takes the
+        mean of the scores written for it (a sample seen by two processes in one epoch, as
+        ``DistributedSampler``'s padding does, gets the mean of both); ``seen_ever`` becomes the
+        OR over the processes. One collective call on an ``(N, P + 4)`` buffer."""
+        merge_(self.scores, self.score_epoch, written, all_reduce)
 
     # --- reporting ------------------------------------------------------------------------------
 
@@ -359,10 +261,8 @@ class ShapeObjective(ShardedRows, nn.Module):
         were recorded (0: in the current epoch; right after ``end_epoch_()`` the epoch just finished
         has age 1). ``None`` means: not defined yet (no score, or no certificate).
         """
-        if self._device_counted:  # a compiled forward counts on the device: a forgotten end_epoch_
-            since_end, since_after = self._calls_since.tolist()
-            here = self.shape_labels.numel()
-            self._monitor.on_device_counts(since_end, since_after, here, self._duties)
+        # a compiled forward counts on the device: a forgotten end_epoch_ is reported here
+        self._monitor.report_device_counts(self.shape_labels.numel(), self._duties)
         seen = self.seen_ever
         age = (self.epoch - self.score_epoch)[seen].float()
         aged = self._comm.total(age.numel()) > 0  # sharded: over every process's samples
@@ -377,36 +277,13 @@ class ShapeObjective(ShardedRows, nn.Module):
         }
         return out
 
-    # end_epoch_ and stats() read each class's split of the scores and the constrained variables
-    # several times, O(N) / O(n) each: while they run, each is computed once (the scores are
-    # fixed; the constrained variables until a projection writes them, which calls _forget_)
-
-    @contextlib.contextmanager
-    def _memo_window(self):
-        """Memoize :meth:`_memo`'s values inside the block (nested blocks share the outer one)."""
-        if self._epoch_end_memo is not None:
-            yield
-            return
-        self._epoch_end_memo = {}
-        try:
-            yield
-        finally:
-            self._epoch_end_memo = None
-
     def _memo(self, key: tuple, compute):
-        """``compute()``, computed once per ``key`` inside :meth:`_memo_window`."""
-        memo = self._epoch_end_memo
-        if memo is None:
-            return compute()
-        if key not in memo:
-            memo[key] = compute()
-        return memo[key]
+        """``compute()``, computed once per ``key`` while the epoch end or ``stats()`` runs."""
+        return self._memos.get(key, compute)
 
     def _forget_(self, kind: str) -> None:
         """Drop the memoized values of ``kind`` (their inputs were written)."""
-        if self._epoch_end_memo is not None:
-            for key in [k for k in self._epoch_end_memo if k[0] == kind]:
-                del self._epoch_end_memo[key]
+        self._memos.forget(kind)
 
     def _split_scores(self, k: int = 0) -> tuple[Tensor, Tensor]:
         """Remembered scores of problem ``k``'s scored positives and scored negatives (one group:

@@ -210,9 +210,8 @@ class RateObjective(ReparamRegularizer):
         score is pulled up with weight ``c(nu)``. Returns the batch's ``(tau, lambda)`` rows
         (detached: ``L`` is flat in ``tau`` there, so no gradient flows to it), O(B)."""
         z = z.detach().float()
-        violation = self._batch_violation(z, is_pos)
-        if self.sharded:  # the estimate of the global batch: the mean over the processes
-            violation = self._comm.sum(violation) / self._comm.world
+        # the estimate of the global batch: the mean over the processes
+        violation = self._comm.mean(self._batch_violation(z, is_pos))
         # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
         # keeps the nu it saw (gradient accumulation)
         self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))

@@ -185,11 +185,19 @@ class ShardedRows:
         """``B`` of the scale ``N / (n B)``: the caller's batch (routed: not what reached here)."""
         return idx.shape[0] if self._routed_batch is None else self._routed_batch
 
+    @property
+    def _samples_per_epoch(self) -> int:
+        """An epoch's worth of samples here: this process's (sharded: + the samplers' padding)."""
+        return self.shape_labels.numel() + (0 if self.shard is None else self._comm.world)
+
     def _to_owner(self, scores: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
-        """Sharded: the batch's entries this process owns, with indices into its block. Sampling
-        ``"owner"``: all of them must be (a ``ValueError`` otherwise); ``"global"``: they are
-        routed to their owners (``reparam.sharding.route``), every process taking part."""
+        """Sharded: the batch's entries this process owns, with indices into its block (not
+        sharded: the batch as it is). Sampling ``"owner"``: all of them must be (a
+        ``ValueError`` otherwise); ``"global"``: they are routed to their owners
+        (``reparam.sharding.route``), every process taking part."""
         shard = self.shard
+        if shard is None:
+            return scores, idx
         if shard.sampling == "global":  # checked before they leave (the owner checks them again)
             _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
             if idx.numel():

@@ -142,6 +142,18 @@ def test_no_module_outgrows_one_responsibility():
     assert not big, big
 
 
+def test_no_class_of_the_libraries_outgrows_300_lines():
+    """A class of ``reparam`` or ``projections`` past 300 lines holds several concepts: split it
+    into child modules (``reg.layout``, ``reg.schedule``, ``reg.sparse_tau``, the monitor)."""
+    big = []
+    for f in _tracked():
+        if f.endswith(".py") and f.split("/")[0] in ("reparam", "projections"):
+            for node in ast.walk(ast.parse((ROOT / f).read_text())):
+                if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno >= 300:
+                    big.append(f"{f}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not big, big
+
+
 def test_the_training_loop_reads_top_to_bottom_in_80_lines():
     tree = ast.parse((ROOT / "train" / "loop.py").read_text())
     (loop,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_train"]
