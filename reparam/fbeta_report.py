@@ -2,22 +2,18 @@
 reports from the remembered scores (the certified bound, the true F-beta, the F-beta at the learned
 threshold, the violations) and, after each epoch's dual step, why the regularizer may be doing
 nothing (``stats()["inert"]``). Reports over the regularizer's state: they write none of it but the
-diagnosis's reference point (``inert_ref``).
+diagnosis's reference point (``inert_ref``). ``reg`` is an ``FBetaRegularizer``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from . import functional as Fn
-
-if TYPE_CHECKING:
-    from .fbeta import FBetaRegularizer
+from .base import ReparamRegularizer
 
 
-def figures(reg: FBetaRegularizer) -> dict[str, float | int | list | bool | None]:
+def figures(reg: ReparamRegularizer) -> dict[str, float | int | list | bool | None]:
     """``eps``, ``mu``; ``certified_fbeta``: the bound of docs/method.md sec. 2 on the F-beta
     of ``u > 0`` over the scored samples (``None`` when ``mean u_pos < 1``: no certificate);
     ``train_fbeta``: their true F-beta; violations of C (``tau_i > eps``) and of
@@ -64,7 +60,7 @@ def figures(reg: FBetaRegularizer) -> dict[str, float | int | list | bool | None
     return out
 
 
-def inert_reasons(reg: FBetaRegularizer) -> str | None:
+def inert_reasons(reg: ReparamRegularizer) -> str | None:
     """After the epoch's dual step: why the regularizer may be doing nothing (``stats()["inert"]``,
     ``None`` when nothing looks wrong; docs/segmentation.md has the CamVid measurements).
 
@@ -126,7 +122,7 @@ def inert_reasons(reg: FBetaRegularizer) -> str | None:
     return "; ".join(reasons) or None
 
 
-def _remedies(reg: FBetaRegularizer) -> str:
+def _remedies(reg: ReparamRegularizer) -> str:
     """What to change when the scores sit on one side of 0: only the remedies not already in
     effect (a run on the library defaults is not told to use them)."""
     out = []

@@ -1,8 +1,9 @@
 """The training loop, read top to bottom: ``run(cfg)`` = setup, then epochs of steps.
 
-Per step (docs/method.md sec. 3b): ``loss = CE(logits, y) + alpha * L_B(u, idx)``; one optimizer
-steps the network and the regularizer's ``(eps, tau)``; ``reg.after_step_()`` projects in mode
-``step``. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
+The loop trains with what ``train.setup.setup`` builds. Per step (docs/method.md sec. 3b):
+``loss = CE(logits, y) + alpha * L_B(u, idx)``; one optimizer steps the network and the
+regularizer's parameters; ``reg.after_step_()`` steps a sparse ``tau`` and keeps the tracked
+active set. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
 remembered scores), evaluation on the test split, logging (console, TensorBoard, ``metrics.json``)
 and an atomic checkpoint of the ``TrainState``. Whether a step was finite is read on the host every
 step under ``train.nonfinite=skip``; under ``stop`` (the default) it stays on the device and is read
@@ -19,7 +20,6 @@ import copy
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,31 +28,21 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from reparam import ReparamRegularizer
 from reparam.functional import best_fbeta_threshold
 
 from . import checkpoint, distributed, reporting, run_info, sharded_state
-from . import config as config_mod
 from .build import (
     autocast_dtype,
-    build_optimizer,
-    build_regularizer,
-    build_scheduler,
     labelled_pixel_scores,
-    resolve_device,
-    run_folder,
-    seed_everything,
-    shape_score_columns,
 )
 from .config import Config
-from .data import IGNORE_INDEX, DataBundle, load_data, make_loader
+from .data import IGNORE_INDEX
 from .evaluation import evaluate, shape_at_threshold
 from .files import atomic_path, write_npz, write_text_atomic
-from .groups import GroupWeighting
-from .losses import TaskLoss, build_task_loss, task_loss
-from .models import build_model
+from .losses import task_loss
 from .nonfinite import NonFiniteGuard
-from .state import TrainState, check_format
+from .setup import Setup, num_groups, setup
+from .state import TrainState
 
 
 def run(
@@ -72,197 +62,6 @@ def run(
     finally:
         if not already:
             distributed.shutdown(finished)
-
-
-@dataclass
-class Setup:
-    """What the loop trains with: built by :func:`setup` from the config (and a checkpoint)."""
-
-    out: Path
-    device: torch.device
-    data: DataBundle
-    model: nn.Module  # the network; ``net`` is what the steps call (DDP-wrapped under torchrun)
-    net: nn.Module
-    reg: nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler | None
-    scaler: torch.amp.GradScaler | None
-    train_loader: DataLoader
-    test_loader: DataLoader
-    val_loader: DataLoader | None  # the selection split, when it is not the reported one
-    groups: GroupWeighting | None  # train.group_weighting
-    state: TrainState
-    written: Tensor | None  # bool (N,): samples whose score this process wrote since the last merge
-    pixel_classes: list[int] | None  # target pixels: the classes whose margins the objective scores
-    last_checkpoint: str
-    reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
-    criterion: TaskLoss | None = None  # train.loss / class_weights; None: task_loss's cross-entropy
-    # F-beta's sparse_adam_ahead with tau_lr null: the optimizer group whose lr (schedule included)
-    # the sparse tau step takes, as a dense tau in that group would
-    tau_lr_group: dict | None = None
-
-
-def setup(
-    cfg: Config, ctx: distributed.Context, resume: str | Path | None, log: Callable[..., object]
-) -> Setup:
-    """Run folder, seeds, data, model, regularizer, optimizer, loaders and the train state
-    (restored from the newest readable checkpoint of ``resume``)."""
-    if cfg.data.batch_size % ctx.world:
-        raise ValueError(
-            f"data.batch_size {cfg.data.batch_size} (the global batch) must be "
-            f"divisible by the number of processes {ctx.world}"
-        )
-    found = None
-    if resume is not None:
-        out = Path(resume)
-        found = checkpoint.latest(out)
-        if found is None:
-            raise ValueError(
-                f"--resume {str(out)!r}: no readable checkpoint in {out / 'checkpoints'}"
-            )
-        check_format(found[1], found[0])
-        log(f"resuming from {found[0]}")
-    else:
-        out = distributed.broadcast_path(run_folder(cfg) if ctx.is_main else None)
-        if ctx.is_main:
-            config_mod.save(cfg, out / "config.yaml")
-    if cfg.train.num_threads is not None:
-        torch.set_num_threads(cfg.train.num_threads)
-    seed_everything(cfg.train.seed)
-    device = resolve_device(cfg.train.device, ctx.local_rank if ctx.enabled else None)
-    pixels = cfg.regularizer.target == "pixels" and cfg.regularizer.name != "none"
-    data = load_data(cfg.data, cfg.train.seed, pixel_index=pixels)
-    criterion = build_task_loss(cfg, data)
-    shape_columns = shape_score_columns(cfg.regularizer.positive_classes())
-    model = build_model(cfg.model, data.image_shape, data.num_classes, shape_columns).to(device)
-    # target pixels: the samples are the training pixels, each image a group (grouped F-beta)
-    labels, groups = data.train.pixel_problem() if pixels else (data.train_shape_labels, None)
-    # regularizer.shard: this process holds the state of its block of the samples only
-    shard = sharded_state.regularizer_shard(cfg, ctx, len(labels))
-    labels = labels if shard is None else shard.local_labels(labels)
-    reg = build_regularizer(cfg.regularizer, labels, groups, shard)
-    del labels, groups
-    reg = reg.to(device) if reg is not None else None
-    optimizer = build_optimizer(cfg, model, reg)
-    train_loader = make_loader(
-        data.train,
-        cfg.data.batch_size // ctx.world,
-        shuffle=True,
-        seed=cfg.train.seed,
-        num_workers=cfg.data.num_workers,
-        rank=ctx.rank,
-        world=ctx.world,
-        distributed=ctx.enabled,
-        block=shard.bounds() if shard is not None and shard.sampling == "owner" else None,
-    )
-    test_loader, val_loader = (
-        None
-        if ds is None
-        else make_loader(
-            ds,
-            cfg.data.eval_batch_size,
-            shuffle=False,
-            num_workers=cfg.data.num_workers,
-            rank=ctx.rank,
-            world=ctx.world,
-            distributed=ctx.enabled,
-        )
-        for ds in (data.test, data.val)
-    )
-    if cfg.train.shape_threshold == "val":
-        if data.val is None:
-            raise ValueError(
-                "train.shape_threshold=val needs a val split: set data.val_fraction (S-MNIST), or "
-                "use a segmentation cache with a test split (CamVid), whose val split selects"
-            )
-        positive = cfg.regularizer.positive_classes()[0]
-        if not bool((data.val.shape_labels == positive).any()):
-            raise ValueError(
-                f"train.shape_threshold=val: the val split ({len(data.val)} samples) has no "
-                f"sample of shape class {positive}, so no threshold can meet the target there"
-            )
-    groups = None
-    if cfg.train.group_weighting != "none":
-        groups = GroupWeighting(
-            cfg.train.group_weighting,
-            data.train_shape_labels,
-            _num_groups(data),
-            cfg.train.dro_step,
-            distributed.all_reduce_ if ctx.enabled else None,
-            ctx.world,
-        ).to(device)
-    scheduler = build_scheduler(cfg, optimizer, len(train_loader))
-    scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
-    if cfg.train.compile:
-        compile_(model, reg)
-    net = model
-    if ctx.enabled:  # gradients of the network averaged by DDP; of (eps, tau) after backward
-        net = nn.parallel.DistributedDataParallel(
-            model,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            # the shape head is unused by the baseline and by an objective on the pixels
-            find_unused_parameters=reg is None or pixels,
-        )
-    sampler = train_loader.sampler.sampler  # batch_size=None: .sampler is the batch sampler
-    state = TrainState(
-        cfg.to_dict(),
-        model,
-        optimizer,
-        scheduler,
-        scaler,
-        reg,
-        getattr(sampler, "generator", None),
-        groups=groups,
-    )
-    if found is not None:
-        sharded_state.restore(found[0], found[1], ctx, shard)  # this rank's block
-        state.load_state_dict(found[1])
-        if state.totals is not None and not ctx.is_main:
-            state.totals[:3] = 0  # the saved sums are over all processes already: count them once
-    # each process remembers the scores of its own samples; they are merged before a dual step
-    # (sharded: each process holds and writes its own samples' scores; nothing to merge)
-    merged = ctx.enabled and reg is not None and shard is None
-    written = torch.zeros(reg.n_samples, dtype=torch.bool, device=device) if merged else None
-    return Setup(
-        out,
-        device,
-        data,
-        model,
-        net,
-        reg,
-        optimizer,
-        scheduler,
-        scaler,
-        train_loader,
-        test_loader,
-        val_loader,
-        groups,
-        state,
-        written,
-        cfg.regularizer.positive_classes() if pixels else None,
-        "none yet" if found is None else str(found[0]),
-        list(reg.parameters()) if reg is not None and shard is None else [],
-        criterion=criterion.to(device) if criterion is not None else None,
-        tau_lr_group=reg.tau_lr_source(optimizer) if hasattr(reg, "tau_lr_source") else None,
-    )
-
-
-def _num_groups(data: DataBundle) -> int:
-    """Shape groups: at least small / big, more with p > 2 shape bins."""
-    return max(2, int(data.train_shape_labels.max()) + 1)
-
-
-def compile_(model: nn.Module, reg: nn.Module | None) -> None:
-    """``train.compile``: ``torch.compile`` the network in place (``nn.Module.compile``: the
-    ``state_dict`` keys stay the eager ones, no ``_orig_mod.``; called before DDP wraps it, the order
-    the torch.compile docs recommend), and a reparameterized objective with its ``compile()``: its
-    whole per-step path, forward (with its backward) and ``after_step_``, one graph each
-    (docs/method.md sec. 11b). The minibatch baselines stay eager (``nn.Module.compile`` would trace
-    their solvers). The optimizer stays eager: torch's optimizers break the graph around their step,
-    and the lr schedule changes the lr every step."""
-    model.compile()
-    if isinstance(reg, ReparamRegularizer):
-        reg.compile()
 
 
 def _train(
@@ -542,7 +341,7 @@ def evaluate_splits(s: Setup, cfg: Config) -> tuple[dict[str, Any], tuple | None
         num_classes=s.data.num_classes,
         beta=cfg.regularizer.fbeta.beta,
         positive_class=cfg.regularizer.positive_classes()[0],
-        num_groups=_num_groups(s.data),
+        num_groups=num_groups(s.data),
         segmentation=cfg.data.segmentation,
         precision=cfg.train.precision,
         threshold=_learned_threshold(s.reg) if s.pixel_classes is None else None,

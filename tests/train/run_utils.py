@@ -121,9 +121,9 @@ def _run_independent(cfg: dict[str, Any]) -> dict[str, Any]:
 def poison_training_forwards(monkeypatch, calls: Iterable[int], target: str = "logits") -> None:
     """Make the trainer's model return NaN logits (``target="logits"``) or an infinite shape
     score (``"u"``) on the given training forward passes (1-based, counted per built model)."""
-    import train.loop as loop
+    import train.setup as train_setup
 
-    calls, build = set(calls), loop.build_model
+    calls, build = set(calls), train_setup.build_model
 
     def build_poisoned(*args, **kwargs):
         model = build(*args, **kwargs)
@@ -142,14 +142,14 @@ def poison_training_forwards(monkeypatch, calls: Iterable[int], target: str = "l
         model.forward = poisoned
         return model
 
-    monkeypatch.setattr(loop, "build_model", build_poisoned)
+    monkeypatch.setattr(train_setup, "build_model", build_poisoned)
 
 
 def poison_training_samples(monkeypatch, indices: Iterable[int]) -> None:
     """Training images ``indices`` become NaN (S-MNIST: the images turn float in [0, 1])."""
-    import train.loop as loop
+    import train.setup as train_setup
 
-    load, indices = loop.load_data, list(indices)
+    load, indices = train_setup.load_data, list(indices)
 
     def load_poisoned(*args, **kwargs):
         data = load(*args, **kwargs)
@@ -158,7 +158,7 @@ def poison_training_samples(monkeypatch, indices: Iterable[int]) -> None:
         data.train.tensors["image"] = images
         return data
 
-    monkeypatch.setattr(loop, "load_data", load_poisoned)
+    monkeypatch.setattr(train_setup, "load_data", load_poisoned)
 
 
 def all_finite(state: dict[str, Any]) -> bool:

@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from reparam import FBetaRegularizer
 from train import checkpoint, distributed, evaluation, loop
 from train import config as C
+from train import setup as train_setup
 from train.data import load_data, make_loader
 from train.metrics import GroupedConfusion
 from train.models import build_model
@@ -96,8 +97,8 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
     built: dict[str, Any] = {}
     evaluated: list[list[int]] = []
     build_model_, build_regularizer_, evaluate_ = (
-        loop.build_model,
-        loop.build_regularizer,
+        train_setup.build_model,
+        train_setup.build_regularizer,
         loop.evaluate,
     )
 
@@ -119,8 +120,8 @@ def _train_worker(rank: int, world: int, port: int, overrides: list[str], folder
 
         return evaluate_(model, batches(), *args, **kwargs)
 
-    loop.build_model = keep("model", build_model_)
-    loop.build_regularizer = keep("regularizer", build_regularizer_)
+    train_setup.build_model = keep("model", build_model_)
+    train_setup.build_regularizer = keep("regularizer", build_regularizer_)
     loop.evaluate = evaluate
     summary = loop.run(C.load(ROOT / "configs" / "demo.yaml", overrides), log=lambda *_: None)
     _record(
@@ -139,13 +140,13 @@ def _pixel_worker(rank: int, world: int, port: int, overrides: list[str], folder
     """``loop.run`` of the tiny COCO-Stuff config as one rank; saves its regularizer's state."""
     _join_env(rank, world, port)
     built: dict[str, Any] = {}
-    build_regularizer_ = loop.build_regularizer
+    build_regularizer_ = train_setup.build_regularizer
 
     def build_regularizer(*args: Any, **kwargs: Any) -> Any:
         built["regularizer"] = build_regularizer_(*args, **kwargs)
         return built["regularizer"]
 
-    loop.build_regularizer = build_regularizer
+    train_setup.build_regularizer = build_regularizer
     loop.run(C.load(ROOT / "configs" / "cocostuff_tiny.yaml", overrides), log=lambda *_: None)
     _record(folder, rank, {"regularizer": built["regularizer"].state_dict()})
 
@@ -155,7 +156,7 @@ def _poisoned_worker(rank: int, world: int, port: int, overrides: list[str], fol
     rank 1 only; saves the final model, regularizer and summary."""
     _join_env(rank, world, port)
     built: dict[str, Any] = {}
-    build_model_ = loop.build_model
+    build_model_ = train_setup.build_model
 
     def build_model(*args: Any, **kwargs: Any) -> Any:
         model = built["model"] = build_model_(*args, **kwargs)
@@ -169,7 +170,7 @@ def _poisoned_worker(rank: int, world: int, port: int, overrides: list[str], fol
         model.forward = poisoned
         return model
 
-    loop.build_model = build_model
+    train_setup.build_model = build_model
     summary = loop.run(C.load(ROOT / "configs" / "demo.yaml", overrides), log=lambda *_: None)
     _record(folder, rank, {"model": built["model"].state_dict(), "summary": summary})
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from train import checkpoint, loop
 from train import config as C
+from train import setup as train_setup
 
 ROOT = Path(__file__).resolve().parents[2]
 REG_FLOAT_STATE = ("eps_param", "tau_param", "lam", "mu", "scores")
@@ -64,7 +65,7 @@ def test_network_runs_in_the_chosen_precision_and_the_regularizer_in_float32(
 ):
     linear_out: dict[str, set[torch.dtype]] = {}
     reg_in: set[torch.dtype] = set()
-    build_model, build_regularizer = loop.build_model, loop.build_regularizer
+    build_model, build_regularizer = train_setup.build_model, train_setup.build_regularizer
 
     def hooked_model(*args, **kwargs):
         model = build_model(*args, **kwargs)
@@ -81,8 +82,8 @@ def test_network_runs_in_the_chosen_precision_and_the_regularizer_in_float32(
         reg.register_forward_pre_hook(lambda mod, args: reg_in.add(args[0].dtype))
         return reg
 
-    monkeypatch.setattr(loop, "build_model", hooked_model)
-    monkeypatch.setattr(loop, "build_regularizer", hooked_regularizer)
+    monkeypatch.setattr(train_setup, "build_model", hooked_model)
+    monkeypatch.setattr(train_setup, "build_regularizer", hooked_regularizer)
     cfg = _cfg(digits_smnist, tmp_path / "run", precision, "train.checkpoint=false")
     loop.run(cfg, log=lambda *_: None)
     # every linear layer: body, the 10 class outputs and the shape node

@@ -1,0 +1,188 @@
+"""What each eager/compiled fork of the regularizer costs: the eager step with one module's compiled
+forms forced, against the eager forms (docs/method.md sec. 11b).
+
+    python -m benchmarks.forks --threads 1 --out docs/figures          # ~3 min on 2 cores
+
+The loop is ``benchmarks.reg_loop``'s (S-MNIST's paper model in a user's loop, the F-beta
+defaults, Adam), eager, at ``B`` = 100 (S-MNIST's batch) and 8192 entries (a batch of pixels, past
+the CPU's compaction of large batches at 4096). The library asks ``torch.compiler.is_compiling()``
+where its eager and compiled forms differ; an arm makes that question answer ``True`` inside one
+module of the library, so that module runs its compiled forms eagerly, and nothing else changes:
+
+* ``_monitor``: the misuse counters on the device instead of in Python;
+* ``_checks``: the scores' check masked on the device instead of one host read;
+* ``_constants``: fresh constant tensors instead of cached ones;
+* ``sparse``: ``index_add_`` for the row pairs, the fixed-shape last-touch write, the probe's rows
+  copied into buffers, no compaction of large batches;
+* ``tracked``: repeated rows found by comparing every pair (up to 1024 entries) instead of sorting.
+
+Each arm's step is timed in rotating order with the others (drift hits all alike); the table gives
+the median step, the regularizer's own time (the step minus the step without it) and what the
+compiled forms add to it, with the operations one regularized step dispatches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from benchmarks._report import markdown_table
+from benchmarks._timing import machine_line
+from benchmarks.reg_loop import Loop, _batches
+from benchmarks.reg_step import OpCount
+
+# arm -> the modules whose compiled forms run eagerly in it
+FORKS = {
+    "eager forms": (),
+    "_monitor": ("reparam._monitor",),
+    "_checks": ("reparam._checks",),
+    "_constants": ("reparam._constants",),
+    "sparse": ("reparam.sparse",),
+    "tracked": ("reparam.tracked",),
+}
+FORKS["all compiled forms"] = tuple(m for ms in FORKS.values() for m in ms)
+
+
+class _Compiling:
+    """``torch`` as one module sees it in an arm: ``torch.compiler.is_compiling()`` is ``True``."""
+
+    def __init__(self) -> None:
+        self.compiler = _CompilerAnswering()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(torch, name)
+
+
+class _CompilerAnswering:
+    def is_compiling(self) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(torch.compiler, name)
+
+
+@contextlib.contextmanager
+def compiled_forms(modules: tuple[str, ...]):
+    """Inside the block, ``modules`` take their compiled forms (their ``torch`` is swapped)."""
+    found: list[ModuleType] = [importlib.import_module(m) for m in modules]
+    for m in found:
+        m.torch = _Compiling()
+    try:
+        yield
+    finally:
+        for m in found:
+            m.torch = torch
+
+
+def time_forks(batch: int, steps: int) -> list[dict]:
+    """Median step seconds of every arm with the regularizer and of the loop without it."""
+    arms = {name: Loop("cpu", True, "eager") for name in FORKS}
+    for loop in arms.values():
+        loop.reg.reserve_(batch)  # the probe's room: growing it is a compiled form's refusal
+    arms["without reg"] = Loop("cpu", False, "eager")
+    batches = _batches("cpu", batch, 16)
+    times: dict = {a: [] for a in arms}
+    order = list(arms)
+    for k in range(steps + 10):
+        for a in order[k % len(order) :] + order[: k % len(order)]:
+            with compiled_forms(FORKS.get(a, ())):
+                t0 = time.perf_counter()
+                arms[a].step(*batches[k % len(batches)])
+                if k >= 10:
+                    times[a].append(time.perf_counter() - t0)
+    ops = {}
+    for a in FORKS:
+        with compiled_forms(FORKS[a]), OpCount() as count:
+            arms[a].step(*batches[0])
+        ops[a] = count.ops
+    with OpCount() as count:
+        arms["without reg"].step(*batches[0])
+    plain = statistics.median(times["without reg"])
+    base = statistics.median(times["eager forms"]) - plain
+    rows = []
+    for a in FORKS:
+        own = statistics.median(times[a]) - plain
+        rows.append(
+            {
+                "batch": batch,
+                "arm": a,
+                "step_ms": statistics.median(times[a]) * 1e3,
+                "own_ms": own * 1e3,
+                "added_us": (own - base) * 1e6,
+                "added_pct": 100 * (own - base) / base,
+                "ops": ops[a] - count.ops,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.forks", description=__doc__)
+    parser.add_argument("--batches", type=int, nargs="+", default=[100, 8192])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="folder for forks.md / forks.png")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [r for b in args.batches for r in time_forks(b, args.steps)]
+    table = markdown_table(
+        ["B", "forms", "step (ms)", "reg's own (ms)", "added by the compiled forms", "ops"],
+        [
+            [
+                str(r["batch"]),
+                r["arm"],
+                f"{r['step_ms']:.2f}",
+                f"{r['own_ms']:.3f}",
+                ""
+                if r["arm"] == "eager forms"
+                else f"{r['added_us']:+.0f} us ({r['added_pct']:+.0f} %)",
+                str(r["ops"]),
+            ]
+            for r in rows
+        ],
+    )
+    cmd = "python -m benchmarks.forks " + " ".join(argv if argv is not None else sys.argv[1:])
+    text = f"<!-- {cmd} -->\n{machine_line()}; median of {args.steps} steps\n\n{table}\n"
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "forks.md").write_text(text)
+        _plot(rows, args.out / "forks.png")
+    return 0
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    arms = [a for a in FORKS if a != "eager forms"]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    width = 0.8 / len(batches)
+    for i, b in enumerate(batches):
+        values = [
+            next(r["added_us"] for r in rows if r["batch"] == b and r["arm"] == a) for a in arms
+        ]
+        ax.bar([k + i * width for k in range(len(arms))], values, width, label=f"B = {b}")
+    ax.set_xticks([k + width * (len(batches) - 1) / 2 for k in range(len(arms))], arms)
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.set_ylabel("us added per step, eagerly")
+    ax.set_title("The compiled forms run eagerly, by module")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
