@@ -45,8 +45,9 @@ class MisuseMonitor(nn.Module):
     def __init__(self, owner: str) -> None:
         super().__init__()
         self.owner = owner  # the objective's class name, for the messages
-        self.samples_since_end = 0
-        self.samples_since_after = 0
+        # samples since the last end_epoch_(), since the last after_step_(): a list mutated in
+        # place (an nn.Module's attribute store is its slow path, and these change every call)
+        self.since = [0, 0]
         self.fingerprint: Tensor | None = None  # of the parameters after the last epoch end
         # ... at the first after_step_() since then, with whether their gradient was non-zero
         self.stepped: tuple[Tensor, Tensor] | None = None
@@ -72,7 +73,7 @@ class MisuseMonitor(nn.Module):
         """An ``after_step_()`` call: the counters since the last one restart; the first one of
         an epoch fingerprints the parameters (:meth:`on_after_step`; not inside
         ``torch.compile``, which the fingerprint's tensors would enter)."""
-        self.samples_since_after = 0  # a plain store: also inside torch.compile
+        self.since[1] = 0  # a plain store: also inside torch.compile
         if torch.compiler.is_compiling() or self.device_counted:
             self.calls_since[1].zero_()
         if not torch.compiler.is_compiling():
@@ -131,11 +132,12 @@ class MisuseMonitor(nn.Module):
         ``end_epoch_()``, what is lost without ``after_step_()`` (``None``: nothing) and what the
         epoch end does, for the message -- and warn once for what was forgotten. Plain Python
         counters: nothing else per call."""
-        self.samples_since_end += batch
-        self.samples_since_after += batch
-        if self.samples_since_end <= n and self.samples_since_after <= n:
+        since = self.since
+        since[0] += batch
+        since[1] += batch
+        if since[0] <= n and since[1] <= n:
             return
-        self._check(self.samples_since_end, self.samples_since_after, n, duties, stacklevel=7)
+        self._check(since[0], since[1], n, duties, stacklevel=7)
 
     def on_device_counts(self, since_end: int, since_after: int, n: int, duties: Duties) -> None:
         """The same warnings from the counters a compiled forward keeps on the device, read at
@@ -175,7 +177,7 @@ class MisuseMonitor(nn.Module):
         """At the start of ``after_step_()`` (before a mode-``step`` projection): the first one
         after an epoch end fingerprints the parameters as the optimizer left them (on the device,
         no read)."""
-        self.samples_since_after = 0
+        self.since[1] = 0
         if self.fingerprint is not None and self.stepped is None:
             params = list(parameters())
             self.stepped = (_fingerprint(params), _any_gradient(params))
@@ -187,7 +189,8 @@ class MisuseMonitor(nn.Module):
         """At the start of ``end_epoch_()``: warn if the parameters have gradients but did not
         change since the previous epoch end although the epoch had forward calls (no optimizer
         steps them)."""
-        trained, self.samples_since_end = self.samples_since_end > 0, 0
+        trained = self.since[0] > 0
+        self.since[0] = 0
         params = list(named_parameters())
         reference, stepped, self.stepped = self.fingerprint, self.stepped, None
         if reference is None or not params or not trained:

@@ -183,18 +183,18 @@ class FBetaRegularizer(ReparamRegularizer):
         (class, group) pairs, sec. 12) in one autograd node with no batch split
         (``reparam.lagrangian.batch_lagrangian``; ``rows``: the batch's rows of ``tau``, ``-1``
         for a negative)."""
-        tracked = self._tracked
+        tracked, sparse, lay = self._tracked, self.sparse_tau, self.layout
         eps, tau = self.constrained_parameters()  # inline: Pi_C of them, with autograd
         lam, share = self.lam, None
-        u, problem, is_pos, touched, scale, eps_weight = self.layout.batch_entries(
+        u, problem, is_pos, touched, scale, eps_weight = lay.batch_entries(
             u, idx, rows, self._batch_of(idx)
         )
-        if tracked is not None and self.sparse_tau is None:  # the optimizer moved every row:
-            tracked.retest_all_(self.tau_param, self.eps_param, self.layout.row_groups)  # O(n)
+        if tracked is not None and sparse is None:  # the optimizer moved every row:
+            tracked.retest_all_(self.tau_param, self.eps_param, lay.row_groups)  # O(n)
             self._forget_("constrained")
         slots = rows.clamp_min(0)
-        if tracked is not None or self.sparse_tau is not None:  # the batch's rows, O(B)
-            tau, lam = self._batch_rows(tau, rows, touched)
+        if tracked is not None or sparse is not None:  # the batch's rows, O(B)
+            tau, lam = self._batch_rows(tau, rows, touched, tracked, sparse)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
         if problem is not None:  # a sample's row serves every column
             slots = slots.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
@@ -218,22 +218,21 @@ class FBetaRegularizer(ReparamRegularizer):
             eps_weight=eps_weight,
         )
 
-    def _batch_rows(self, tau: Tensor, slots: Tensor, touched: Tensor) -> tuple[Tensor, ...]:
-        """The batch's view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values
-        (``(B,)``; mode ``"tracked"``: the offset plus ``eps`` for a row of ``A``; a sparse
-        ``tau``: plus the probe that collects their gradient, ``reparam.sparse``), their
-        ``lambda``. ``touched``: the samples that are positives."""
+    def _batch_rows(self, tau: Tensor, slots: Tensor, touched: Tensor, tracked, sparse) -> tuple:
+        """The batch's view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values (the
+        ``tracked`` schedule: plus ``eps`` for a row of ``A``; a ``sparse`` tau: plus the probe that
+        collects their gradient) and ``lambda``. ``touched``: the samples that are positives."""
         rows = slots.clamp_min(0)
         if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
             tau, lam = tau.new_zeros(1), self.lam.new_zeros(1)
-            probe = self.sparse_tau.probe(rows, touched)
+            probe = sparse.probe(rows, touched)
             values = tau.expand(rows.shape[0]) + (0 if probe is None else probe)
             return values, lam.expand(rows.shape[0])
         values = tau.index_select(0, rows)
-        if self._tracked is not None:
-            values = values + self._tracked.shift(rows, self.eps_param, self.layout.row_groups)
-        if self.sparse_tau is not None:
-            probe = self.sparse_tau.probe(rows, touched)
+        if tracked is not None:
+            values = values + tracked.shift(rows, self.eps_param, self.layout.row_groups)
+        if sparse is not None:
+            probe = sparse.probe(rows, touched)
             if probe is not None:
                 values = values + probe
         return values, self.lam.index_select(0, rows)
@@ -266,13 +265,12 @@ class FBetaRegularizer(ReparamRegularizer):
     def _after_step_body_(self) -> None:
         """The sparse ``tau`` step on the rows the backward passes since the last call touched
         (``reparam.sparse``), with the tracked active set kept in step in mode ``"tracked"``."""
-        if self.sparse_tau is not None and self.sparse_tau.pending:
-            tracked = self._tracked
+        sparse = self.sparse_tau
+        if sparse is not None and sparse.pending:
+            tau, tracked = self.tau_param, self._tracked
             if tracked is not None:  # A kept in step with the rows' change
-                tracked = partial(
-                    tracked.step_, self.tau_param, self.eps_param, self.layout.row_groups
-                )
-            self.sparse_tau.step_(self.tau_param, tracked)
+                tracked = partial(tracked.step_, tau, self.eps_param, self.layout.row_groups)
+            sparse.step_(tau, tracked)
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form
