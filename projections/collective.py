@@ -60,6 +60,10 @@ class LocalComm:
     def any_of(self, x: Tensor) -> bool:
         return bool(x.any())
 
+    def all_of_flag(self, flag: Tensor) -> Tensor:
+        """A 0-d bool flag, ``True`` iff it is on every process (on the device, no host read)."""
+        return flag
+
 
 LOCAL = LocalComm()
 
@@ -94,6 +98,9 @@ class ProcessComm(LocalComm):
 
     def mean(self, t: Tensor) -> Tensor:
         return self.sum(t) / self.world
+
+    def all_of_flag(self, flag: Tensor) -> Tensor:
+        return self.min(flag)
 
     def mean_of(self, x: Tensor) -> Tensor:
         total = self.sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))

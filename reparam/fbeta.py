@@ -133,9 +133,10 @@ class FBetaRegularizer(ReparamRegularizer):
         dense = tau_update == "dense"
         if self.sharded and (dense or p != 1):
             raise ValueError(
-                f"shard: a sharded F-beta needs one positive class and a sparse tau update, got "
-                f"positive_classes={self.classes}, tau_update={tau_update!r} (tau_update='auto' "
-                "is dense once projection or preset is given: pass "
+                f"shard: a sharded F-beta needs one positive class (the root over the processes "
+                f"is for one problem) and a sparse tau update (a dense tau is O(n) per step), "
+                f"got positive_classes={self.classes}, tau_update={tau_update!r} "
+                "(tau_update='auto' is dense once projection or preset is given: pass "
                 "tau_update='sparse_adam_ahead'; the trainer: regularizer.fbeta.tau_update)"
             )
         lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)

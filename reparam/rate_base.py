@@ -103,7 +103,8 @@ class RateObjective(ReparamRegularizer):
         if self.sharded and type(self).__name__ != "PrecisionAtRecall":
             raise ValueError(
                 f"shard: a sharded state is supported by FBetaRegularizer and PrecisionAtRecall, "
-                f"not {type(self).__name__}"
+                f"not {type(self).__name__}: its epoch end reads all the remembered scores on "
+                "one process (docs/guide/sharded.md)"
             )
         self.positive_class = positive_class
         self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)

@@ -133,7 +133,10 @@ class ShardedRows:
         if not isinstance(shard, Shard):
             raise ValueError(f"shard must be a reparam.Shard or None, got {shard!r}")
         if groups is not None:
-            raise ValueError("shard: a sharded state supports groups=None only")
+            raise ValueError(
+                "shard: a sharded state supports groups=None only (the epoch end's projection "
+                "root over the processes is for one problem; docs/guide/sharded.md)"
+            )
         start, stop = shard.bounds()
         if n_here != stop - start:
             raise ValueError(

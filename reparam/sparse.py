@@ -44,7 +44,9 @@ the rows' sums, updates them and zeroes the accumulator there again. Several bac
 before one step (gradient accumulation) use consecutive slices of ``probe`` and sum, as dense
 gradients do. A row listed twice (a sample twice in one batch) receives one update: each
 occurrence applies ``1 / count`` of it. A step whose gradient holds NaN/inf changes nothing (as a
-fused optimizer skips such a step).
+fused optimizer skips such a step); with the rows spread over processes (``reparam.Shard``), a
+non-finite gradient on one process skips the step on all of them, so that their step counts and
+the replicated state stay equal.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from projections.collective import LocalComm
+from projections.collective import LOCAL, LocalComm
 
 from ._constants import constant
 
@@ -100,6 +102,7 @@ def sparse_step_(
     last: Tensor,
     ahead: Tensor | None = None,
     write: bool = True,
+    comm: LocalComm = LOCAL,
 ) -> Tensor | None:
     """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
     and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
@@ -115,7 +118,8 @@ def sparse_step_(
     rows = rows.long()  # one conversion for the scatters below (int64 rows pass through)
     g, count = acc.index_select(0, rows).unbind(1)
     # a non-finite gradient skips the whole step (on the device): g . 0 is NaN iff one is
-    ok = torch.dot(g, constant(0.0, g, g.shape)) == 0
+    # (several processes: skipped on all of them when one has one, so the step counts agree)
+    ok = comm.all_of_flag(torch.dot(g, constant(0.0, g, g.shape)) == 0)
     use, zero = ok & touched, constant(0.0, g)
     share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence: one update a row
     g = torch.where(ok, g, zero)
@@ -371,6 +375,7 @@ class SparseTau(nn.Module):
             step=self.step,
             last=self.last,
             ahead=self.ahead,
+            comm=self._comm,
         )
         if tracked is not None:
             tracked(rows, touched, step)

@@ -213,12 +213,62 @@ def errors(rank: int, k: int, out: str) -> None:
         torch.save(messages, out)
 
 
+def faults(rank: int, k: int, sampling: str, out: str) -> None:
+    """A non-finite gradient on one rank's rows at step 3 (rank 1's probe): every rank skips that
+    sparse step, so the step counts and the replicated state stay equal; the next steps go on."""
+    torch.manual_seed(0)
+    x, y = data()
+    head = torch.nn.Linear(D, 1)
+    shard = Shard.from_process_group(N, sampling=sampling)
+    reg = FBetaRegularizer(shard.local_labels(y), shard=shard)
+    opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=0.05)
+    for s, step in enumerate(batches(k, 1, sampling)):
+        idx = step[rank]
+        u = head(x[idx])[:, 0]
+        opt.zero_grad()
+        (F.binary_cross_entropy_with_logits(u, y[idx].float()) + 0.5 * reg(u, idx)).backward()
+        if s == 3 and rank == 1:
+            reg.sparse_tau.probe_values.grad[0] = float("nan")
+        for p in head.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= k
+        opt.step()
+        reg.after_step_()
+    replicated = {
+        name: value
+        for name, value in reg.state_dict().items()
+        if name not in PER_ROW
+        and name not in PER_SAMPLE
+        and not name.startswith("layout.")
+        and name not in ("shape_labels", "shard_layout")
+    }
+    every = [None] * k
+    dist.all_gather_object(
+        every,
+        {
+            "replicated": replicated,
+            "finite": bool(
+                all(
+                    torch.isfinite(v).all()
+                    for v in reg.state_dict().values()
+                    if v.is_floating_point()
+                )
+            ),
+        },
+    )
+    if rank == 0:
+        torch.save(every, out)
+
+
 def main(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     torch.set_num_threads(1)
-    if kind in ("statistics", "errors"):
-        (statistics if kind == "statistics" else errors)(rank, k, out)
+    if kind in ("statistics", "errors", "faults"):
+        if kind == "faults":
+            faults(rank, k, sampling, out)
+        else:
+            (statistics if kind == "statistics" else errors)(rank, k, out)
         dist.destroy_process_group()
         return
     head, reg, opt = train(kind, k, rank, sampling)

@@ -107,12 +107,26 @@ def test_epoch_end_selections_match_one_process(tmp_path):
                 assert sharded == whole, (case, name)
 
 
+@pytest.mark.parametrize("sampling", ["owner", "global"])
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(tmp_path, sampling):
+    """Rank 1's rows get a NaN gradient at step 3: both ranks skip that sparse step (6 of the 7
+    steps counted on each), and every replicated value (eps, the tracked sums, the step count) is
+    equal on the two ranks afterwards, all finite."""
+    every = run(tmp_path, 2, "faults", sampling)
+    first, second = (r["replicated"] for r in every)
+    assert int(first["sparse_tau.step"]) == int(second["sparse_tau.step"]) == 6
+    assert set(first) == set(second) and "schedule.active_sums" in first
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name
+    assert all(r["finite"] for r in every)
+
+
 def test_errors(tmp_path):
     messages = run(tmp_path, 2, "errors")
     assert "shape_labels must hold this process's 120 samples [0, 120)" in messages["labels"]
     assert "idx must hold the samples this process owns, [0, 120)" in messages["owner_idx"]
-    assert "sparse tau update" in messages["dense"]
-    assert "not RecallAtPrecision" in messages["rap"]
+    assert "sparse tau update (a dense tau is O(n) per step)" in messages["dense"]
+    assert "not RecallAtPrecision: its epoch end reads all the remembered scores" in messages["rap"]
     assert "shard 1 of 2" in messages["other_rank"]
     assert "resume with 2 processes" in messages["other_rank"]
     assert "unsharded objective's" in messages["unsharded"]
