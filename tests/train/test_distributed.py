@@ -280,13 +280,22 @@ def test_two_processes_stop_and_resume_like_uninterrupted(runs, digits_smnist, t
     assert resumed["history"][-1]["test_accuracy"] == reference["history"][-1]["test_accuracy"]
 
 
-def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_path):
+@pytest.mark.parametrize("shard", [None, "global", "owner"])
+def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_path, shard):
     """``train.nonfinite=skip`` (flag read every 100 steps): NaN logits on rank 1 only, at its
     step 3. The flag is or-reduced over the processes, so both drop the step (no rank waits in a
-    collective the other skipped) and end with the same state, one step skipped."""
+    collective the other skipped) and end with the same state, one step skipped; with a sharded
+    regularizer (``regularizer.shard``, the defaults' sparse tau) each rank's sparse step count
+    too."""
     out, folder = tmp_path / "run", tmp_path / "records"
     folder.mkdir()
     overrides = [*_overrides(digits_smnist, out), "train.epochs=1", "train.nonfinite=skip"]
+    if shard is not None:
+        overrides += [
+            f"regularizer.shard={shard}",
+            "regularizer.projection=tracked",
+            "regularizer.fbeta.tau_update=sparse_adam_ahead",
+        ]
     _spawn(_poisoned_worker, 2, overrides, str(folder))
     records = _records(folder, 2)
     for record in records:
@@ -296,6 +305,13 @@ def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_p
     final = checkpoint.latest(out)[1]
     assert final["global_step"] == N // 20 - 1 and final["skipped_steps"] == 1
     assert all(bool(torch.isfinite(v).all()) for v in final["model"].values())
+    if shard is not None:  # rank 1's block, beside rank 0's checkpoint of the same step
+        step = checkpoint.step_of(checkpoint.listing(out)[0])
+        other = checkpoint.load(out / "checkpoints" / "shards" / f"step-{step:09d}.rank-1-of-2.pt")
+        other = other.get("regularizer", other)
+        for r in (final["regularizer"], other):
+            assert int(r["sparse_tau.step"]) == N // 20 - 1
+        assert torch.equal(final["regularizer"]["eps_param"], other["eps_param"])
 
 
 def test_two_processes_train_like_one(runs):
