@@ -108,6 +108,9 @@ def setup(
     )
     if found is not None:
         sharded_state.restore(found[0], found[1], ctx, shard)  # this rank's block
+        for path in sharded_state.unfinished(found[0]) if shard is not None and ctx.is_main else ():
+            log(f"skipped {path.name}: a checkpoint whose write did not finish (removed)")
+            path.unlink(missing_ok=True)
         state.load_state_dict(found[1])
         if state.totals is not None and not ctx.is_main:
             state.totals[:3] = 0  # the saved sums are over all processes already: count them once

@@ -5,8 +5,9 @@ per-sample state of its own block of the training set, and writes it to its own 
   counters and rank 0's block of the regularizer; ``checkpoints/shards/step-<N>.rank-<r>-of-<K>.pt``
   holds rank ``r``'s block (``r >= 1``), written atomically by that rank. The shards are written
   before rank 0's file (a barrier between): a step's main file exists only once its shards do.
-* Resume: every rank reads the main file and rank ``r >= 1`` its own shard instead of rank 0's
-  block. A missing or unreadable shard, or a checkpoint of another number of processes, is a
+* Resume: every rank reads the newest main file and rank ``r >= 1`` its own shard instead of rank
+  0's block; shards of a later step (a write interrupted before rank 0's file) are skipped, and
+  named. A missing or unreadable shard, or a checkpoint of another number of processes, is a
   one-line ``ValueError`` that says how to resume; nothing is written before that check.
 """
 
@@ -57,6 +58,20 @@ def save_shards(reg: torch.nn.Module, run_dir: Path, step: int, ctx: Context, ke
         for _, old in mine[:-keep] if keep else []:
             old.unlink(missing_ok=True)
     dist.barrier()
+
+
+def unfinished(found: Path) -> list[Path]:
+    """The shards written after the checkpoint ``found`` (a checkpoint whose write was interrupted:
+    its shards are written before rank 0's file, so a process killed in between leaves shards of a
+    step with no main file). The resume names them and removes them (rank 0), so that no later
+    checkpoint mixes them with its own."""
+    step = checkpoint.step_of(found)
+    folder = found.parent / FOLDER
+    return sorted(
+        p
+        for p in folder.glob("step-*.rank-*.pt")
+        if (m := _NAME.match(p.name)) and int(m.group(1)) > step
+    )
 
 
 def restore(found: Path, state: dict[str, Any], ctx: Context, shard: Shard | None) -> None:

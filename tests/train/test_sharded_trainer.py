@@ -72,6 +72,30 @@ def test_sharded_stop_and_resume_is_exact(digits_smnist, tmp_path, mode):
         assert torch.equal(value, main_b["model"][name]), name
 
 
+def test_the_shards_of_an_unfinished_checkpoint_are_skipped_and_named(digits_smnist, tmp_path):
+    """A process killed while a checkpoint is written: its shards exist, rank 0's file of that step
+    does not (it is written last). The resume takes the newest complete checkpoint, says which
+    shards it skipped, and ends where the uninterrupted run does."""
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    ran = _train(["--config", "configs/demo.yaml", *_overrides(digits_smnist, whole, "global")])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    args = [*_overrides(digits_smnist, run, "global"), "train.stop_after_steps=20"]
+    stopped = _train(["--config", "configs/demo.yaml", *args])
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    written = next((run / "checkpoints" / "shards").glob("step-*.rank-1-of-2.pt"))
+    stray = written.with_name("step-000000025.rank-1-of-2.pt")  # rank 1 wrote it, then the kill
+    stray.write_bytes(written.read_bytes())
+    resumed = _train(["--resume", str(run)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "skipped step-000000025.rank-1-of-2.pt" in resumed.stdout + resumed.stderr
+    assert not stray.exists()
+    (main_a, shard_a), (main_b, shard_b) = _final(whole), _final(run)
+    for name, value in main_a["model"].items():
+        assert torch.equal(value, main_b["model"][name]), name
+    for name, value in shard_a["regularizer"].items():
+        assert torch.equal(value, shard_b["regularizer"][name]), name
+
+
 def test_missing_shard_and_other_process_counts_are_errors(digits_smnist, tmp_path):
     run = tmp_path / "run"
     args = [*_overrides(digits_smnist, run, "global"), "train.stop_after_steps=10"]
