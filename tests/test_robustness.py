@@ -243,7 +243,7 @@ def test_cli_cuda_device_without_cuda(tmp_path, capsys):
 
 def test_cli_batch_not_divisible_by_processes(tmp_path, capsys, monkeypatch):
     """As under ``torchrun --nproc_per_node=3``: the global batch must split evenly."""
-    monkeypatch.setattr(distributed, "init_from_env", lambda device: distributed.Context(0, 3, 0))
+    monkeypatch.setattr(distributed, "init_from_env", lambda *_: distributed.Context(0, 3, 0))
     code, stderr = _cli(_demo(tmp_path, "data.batch_size=50"), capsys)
     assert code == 2
     assert (

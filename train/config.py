@@ -273,6 +273,9 @@ class TrainConfig:
     # stop: steps between host reads of the device-side non-finite flag (also read before every
     # checkpoint and at the epoch end); 1: every step. skip reads it every step (docs/robustness.md)
     nonfinite_check_every: int = 100
+    # several processes (torchrun): how long a collective waits for a process that stopped
+    # answering before it fails (torch.distributed's process group timeout), in seconds
+    dist_timeout_s: float = 600.0
     # torch.compile the network (nn.Module.compile: checkpoints unchanged) and a reparameterized
     # objective's whole per-step path (reg.compile(): forward, backward, after_step_)
     compile: bool = False
@@ -497,6 +500,11 @@ def _validate(cfg: Config) -> None:
     ):
         if flat[key] is not None and flat[key] < 1:
             raise ValueError(f"{key} must be None or >= 1, got {flat[key]!r}")
+    if not cfg.train.dist_timeout_s > 0:
+        raise ValueError(
+            f"train.dist_timeout_s must be > 0 (seconds a collective waits for a silent process), "
+            f"got {cfg.train.dist_timeout_s!r}"
+        )
     every = cfg.train.nonfinite_check_every
     if every < 1:
         raise ValueError(

@@ -24,6 +24,7 @@ every function is the identity.
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 from dataclasses import dataclass
@@ -63,9 +64,11 @@ def torchrun_command(processes: int) -> list[str]:
     ]
 
 
-def init_from_env(device: str) -> Context:
+def init_from_env(device: str, timeout_s: float = 600.0) -> Context:
     """Join the process group that ``torchrun`` describes in the environment (NCCL on CUDA,
-    gloo on CPU); a plain ``python -m train`` returns the single-process context."""
+    gloo on CPU), whose collectives fail after ``timeout_s`` seconds without an answer from a
+    process (``train.dist_timeout_s``); a plain ``python -m train`` returns the single-process
+    context."""
     if "WORLD_SIZE" not in os.environ or dist.is_initialized():
         if dist.is_initialized():
             return Context(dist.get_rank(), dist.get_world_size(), _local_rank())
@@ -73,7 +76,8 @@ def init_from_env(device: str) -> Context:
     cuda = device != "cpu" and torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(_local_rank())
-    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timeout)
     return Context(dist.get_rank(), dist.get_world_size(), _local_rank())
 
 

@@ -53,7 +53,7 @@ def run(
     only rank 0 logs and writes files."""
     cfg = copy.deepcopy(cfg)  # the caller's config is left alone
     already = distributed.is_initialized()
-    ctx = distributed.init_from_env(cfg.train.device)
+    ctx = distributed.init_from_env(cfg.train.device, cfg.train.dist_timeout_s)
     finished = False
     try:
         result = _train(cfg, log if ctx.is_main else (lambda *_: None), resume, ctx)

@@ -60,6 +60,7 @@ def test_defaults_fill_missing_sections(tmp_path):
             r"train.nonfinite_check_every must be an integer >= 1 \(.*\), got 0",
         ),
         ("train.nonfinite_check_every=true", r"train.nonfinite_check_every must be int, got True"),
+        ("train.dist_timeout_s=0", r"train.dist_timeout_s must be > 0 \(seconds .*\), got 0"),
         ("train.compile=yes please", r"train.compile must be bool, got 'yes please'"),
         ("regularizer.projection=sometimes", r"regularizer.projection must be one of"),
         ("regularizer.alpha=-1", r"regularizer.alpha must be >= 0"),

@@ -531,7 +531,7 @@ def test_collectives_are_identities_in_one_process(monkeypatch):
 
 def test_global_batch_must_divide_among_processes(digits_smnist, tmp_path, monkeypatch):
     """Checked before anything is written: a corrected re-run may use the same folder."""
-    monkeypatch.setattr(distributed, "init_from_env", lambda device: distributed.Context(0, 2, 0))
+    monkeypatch.setattr(distributed, "init_from_env", lambda *_: distributed.Context(0, 2, 0))
     out = tmp_path / "run"
     cfg = C.load(
         ROOT / "configs" / "demo.yaml", [*_overrides(digits_smnist, out), "data.batch_size=25"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,46 @@ def test_missing_shard_and_other_process_counts_are_errors(digits_smnist, tmp_pa
     assert "the regularizer shard of rank 1" in missing.stderr and "is missing" in missing.stderr
     after = sorted(p.name for p in (run / "checkpoints").rglob("*.pt"))
     assert [p for p in after if "shards" not in p] == [p for p in before if "rank-1" not in p]
+
+
+KILLED = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())  # the repository: the trainer is not installed
+import train.loop as loop
+from train.__main__ import main
+
+step, calls = loop.train_step, [0]
+
+
+def dying(*args, **kwargs):
+    calls[0] += 1
+    if os.environ["RANK"] == "1" and calls[0] == 3:
+        os.kill(os.getpid(), signal.SIGKILL)  # the process dies in the middle of its step 3
+    return step(*args, **kwargs)
+
+
+loop.train_step = dying
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["none", "global"])
+def test_a_rank_killed_mid_step_stops_the_run_without_a_hang(digits_smnist, tmp_path, mode):
+    """Rank 1 killed (SIGKILL) at its step 3: the run ends within seconds, far inside
+    ``train.dist_timeout_s``, with an error naming rank 1; the surviving rank does not wait."""
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    command = [*distributed.torchrun_command(2)[:-2], str(script)]
+    args = [*_overrides(digits_smnist, tmp_path / "run", mode), "train.dist_timeout_s=60"]
+    t0 = time.perf_counter()
+    ran = subprocess.run(
+        [*command, "--config", "configs/demo.yaml", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    took = time.perf_counter() - t0
+    assert ran.returncode != 0 and took < 60, (took, ran.stderr[-2000:])
+    assert "rank      : 1" in ran.stderr or "rank: 1" in ran.stderr, ran.stderr[-2000:]
+    assert "Signal 9 (SIGKILL)" in ran.stderr or "exitcode  : -9" in ran.stderr, ran.stderr[-2000:]
