@@ -175,6 +175,19 @@ def _poisoned_worker(rank: int, world: int, port: int, overrides: list[str], fol
     _record(folder, rank, {"model": built["model"].state_dict(), "summary": summary})
 
 
+def _poisoned_stop_worker(
+    rank: int, world: int, port: int, overrides: list[str], folder: str
+) -> None:
+    """``_poisoned_worker`` under ``train.nonfinite=stop``: records the error this rank raised
+    (each rank returns: one left waiting in a collective would hang ``spawn``)."""
+    try:
+        _poisoned_worker(rank, world, port, overrides, folder)
+        error = None
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    _record(folder, rank, {"error": error})
+
+
 def _resume_worker(rank: int, world: int, port: int, run_dir: str) -> None:
     """``loop.run(..., resume=run_dir)`` as one rank of ``world`` (the saved config, no stop)."""
     _join_env(rank, world, port)
@@ -312,6 +325,26 @@ def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_p
         for r in (final["regularizer"], other):
             assert int(r["sparse_tau.step"]) == N // 20 - 1
         assert torch.equal(final["regularizer"]["eps_param"], other["eps_param"])
+
+
+@pytest.mark.parametrize("shard", [None, "global"])
+def test_a_step_non_finite_on_one_process_stops_every_process(digits_smnist, tmp_path, shard):
+    """``train.nonfinite=stop``: NaN logits on rank 1 only, at its step 3. The flag is or-reduced
+    at the read, so every rank raises the same error naming that step, and none is left waiting in
+    a collective; with a sharded regularizer too."""
+    out, folder = tmp_path / "run", tmp_path / "records"
+    folder.mkdir()
+    overrides = [*_overrides(digits_smnist, out), "train.epochs=1", "train.nonfinite=stop"]
+    if shard is not None:
+        overrides += [
+            f"regularizer.shard={shard}",
+            "regularizer.projection=tracked",
+            "regularizer.fbeta.tau_update=sparse_adam_ahead",
+        ]
+    _spawn(_poisoned_stop_worker, 2, overrides, str(folder))
+    errors = [r["error"] for r in _records(folder, 2)]  # (each names its own task loss)
+    for error in errors:
+        assert error is not None and "non-finite loss or shape score at epoch 1 step 3" in error
 
 
 def test_two_processes_train_like_one(runs):
