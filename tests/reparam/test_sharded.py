@@ -107,7 +107,7 @@ def test_epoch_end_selections_match_one_process(tmp_path):
                 assert sharded == whole, (case, name)
 
 
-@pytest.mark.parametrize("sampling", ["owner", "global"])
+@pytest.mark.parametrize("sampling", ["owner", pytest.param("global", marks=pytest.mark.slow)])
 def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(tmp_path, sampling):
     """Rank 1's rows get a NaN gradient at step 3: both ranks skip that sparse step (6 of the 7
     steps counted on each), and every replicated value (eps, the tracked sums, the step count) is

@@ -293,7 +293,14 @@ def test_two_processes_stop_and_resume_like_uninterrupted(runs, digits_smnist, t
     assert resumed["history"][-1]["test_accuracy"] == reference["history"][-1]["test_accuracy"]
 
 
-@pytest.mark.parametrize("shard", [None, "global", "owner"])
+@pytest.mark.parametrize(
+    "shard",
+    [
+        None,
+        pytest.param("global", marks=pytest.mark.slow),
+        pytest.param("owner", marks=pytest.mark.slow),
+    ],
+)
 def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_path, shard):
     """``train.nonfinite=skip`` (flag read every 100 steps): NaN logits on rank 1 only, at its
     step 3. The flag is or-reduced over the processes, so both drop the step (no rank waits in a
@@ -327,7 +334,7 @@ def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_p
         assert torch.equal(final["regularizer"]["eps_param"], other["eps_param"])
 
 
-@pytest.mark.parametrize("shard", [None, "global"])
+@pytest.mark.parametrize("shard", [None, pytest.param("global", marks=pytest.mark.slow)])
 def test_a_step_non_finite_on_one_process_stops_every_process(digits_smnist, tmp_path, shard):
     """``train.nonfinite=stop``: NaN logits on rank 1 only, at its step 3. The flag is or-reduced
     at the read, so every rank raises the same error naming that step, and none is left waiting in
