@@ -293,6 +293,19 @@ def test_two_processes_stop_and_resume_like_uninterrupted(runs, digits_smnist, t
     assert resumed["history"][-1]["test_accuracy"] == reference["history"][-1]["test_accuracy"]
 
 
+def _fault_overrides(data: Path, out: Path, nonfinite: str, shard: str | None) -> list[str]:
+    """One epoch under ``train.nonfinite``; with ``shard``, the regularizer sharded (the defaults'
+    tracked threshold and sparse tau, which sharding needs)."""
+    overrides = [*_overrides(data, out), "train.epochs=1", f"train.nonfinite={nonfinite}"]
+    if shard is not None:
+        overrides += [
+            f"regularizer.shard={shard}",
+            "regularizer.projection=tracked",
+            "regularizer.fbeta.tau_update=sparse_adam_ahead",
+        ]
+    return overrides
+
+
 @pytest.mark.parametrize(
     "shard",
     [
@@ -309,13 +322,7 @@ def test_a_step_non_finite_on_one_process_is_skipped_by_all(digits_smnist, tmp_p
     too."""
     out, folder = tmp_path / "run", tmp_path / "records"
     folder.mkdir()
-    overrides = [*_overrides(digits_smnist, out), "train.epochs=1", "train.nonfinite=skip"]
-    if shard is not None:
-        overrides += [
-            f"regularizer.shard={shard}",
-            "regularizer.projection=tracked",
-            "regularizer.fbeta.tau_update=sparse_adam_ahead",
-        ]
+    overrides = _fault_overrides(digits_smnist, out, "skip", shard)
     _spawn(_poisoned_worker, 2, overrides, str(folder))
     records = _records(folder, 2)
     for record in records:
@@ -341,13 +348,7 @@ def test_a_step_non_finite_on_one_process_stops_every_process(digits_smnist, tmp
     a collective; with a sharded regularizer too."""
     out, folder = tmp_path / "run", tmp_path / "records"
     folder.mkdir()
-    overrides = [*_overrides(digits_smnist, out), "train.epochs=1", "train.nonfinite=stop"]
-    if shard is not None:
-        overrides += [
-            f"regularizer.shard={shard}",
-            "regularizer.projection=tracked",
-            "regularizer.fbeta.tau_update=sparse_adam_ahead",
-        ]
+    overrides = _fault_overrides(digits_smnist, out, "stop", shard)
     _spawn(_poisoned_stop_worker, 2, overrides, str(folder))
     errors = [r["error"] for r in _records(folder, 2)]  # (each names its own task loss)
     for error in errors:
