@@ -11,10 +11,11 @@ module of the library, so that module runs its compiled forms eagerly, and nothi
 
 * ``_monitor``: the misuse counters on the device instead of in Python;
 * ``_checks``: the scores' check masked on the device instead of one host read;
-* ``_constants``: fresh constant tensors instead of cached ones;
-* ``sparse``: ``index_add_`` for the row pairs, the fixed-shape last-touch write, the probe's rows
-  copied into buffers, no compaction of large batches;
-* ``tracked``: repeated rows found by comparing every pair (up to 1024 entries) instead of sorting.
+* ``sparse``: no compaction of large batches to their touched entries (a size read from the
+  data), and a probe too small for the batch refused instead of grown.
+
+The objectives' entry points ask it once more (``ShapeObjective._dispatch``): not a second form
+of the step, but whether to call ``reg.compile()``'s compiled one.
 
 Each arm's step is timed in rotating order with the others (drift hits all alike); the table gives
 the median step, the regularizer's own time (the step minus the step without it) and what the
@@ -44,9 +45,7 @@ FORKS = {
     "eager forms": (),
     "_monitor": ("reparam._monitor",),
     "_checks": ("reparam._checks",),
-    "_constants": ("reparam._constants",),
     "sparse": ("reparam.sparse",),
-    "tracked": ("reparam.tracked",),
 }
 FORKS["all compiled forms"] = tuple(m for ms in FORKS.values() for m in ms)
 

@@ -4,9 +4,9 @@ Three mistakes leave an objective silently doing nothing, and each gets one ``Ru
 (once per kind and objective):
 
 * ``end_epoch_()`` not called for more than one epoch's worth of samples (no dual step, no
-  projection in mode ``epoch``);
+  projection in schedule ``epoch``);
 * ``after_step_()`` not called for more than one epoch's worth of samples while it has work to do
-  (mode ``step`` projects there, sparse ``tau`` is stepped there);
+  (a sparse ``tau`` is stepped there);
 * the objective's parameters get gradients that no optimizer applies (they were left out of it).
 
 The first two are counted in plain Python per forward call (no device read on the hot path);
@@ -14,12 +14,11 @@ inside ``torch.compile``, where a Python counter would be guarded on step by ste
 (``calls_since``), read at the epoch end and by ``stats()``. The monitor also masks what a forward
 call inside ``torch.compile`` or on an accelerator cannot refuse without a host read (a non-finite
 score, an index out of range) and counts it in ``input_faults``, for the epoch end to raise. The
-third is checked at each epoch end, where the objective reads device values anyway: a fingerprint
-of the parameters (float64 sum and sum of squares of each) taken after the previous epoch end is
-compared with one taken after the optimizer's first step of this epoch (at the first
-``after_step_()``, before a mode-``step`` projection, which can map a stepped point back onto
-itself at a fixed point; without ``after_step_()`` calls, the parameters at this epoch end); equal
-fingerprints while the gradient is non-zero mean that nothing stepped them. Nothing is registered with torch: no global optimizer hook, so building and
+third is checked at each epoch end (before its projection), where the objective reads device
+values anyway: equal fingerprints of the parameters (float64 sum and sum of squares of each) after
+the previous epoch end and now, while their gradient is non-zero, mean that nothing stepped them
+(parameters left out of the optimizer keep their gradients: its ``zero_grad`` never clears them).
+Nothing is registered with torch: no global optimizer hook, so building and
 dropping objectives leaves no trace in the process.
 """
 
@@ -49,8 +48,6 @@ class MisuseMonitor(nn.Module):
         # place (an nn.Module's attribute store is its slow path, and these change every call)
         self.since = [0, 0]
         self.fingerprint: Tensor | None = None  # of the parameters after the last epoch end
-        # ... at the first after_step_() since then, with whether their gradient was non-zero
-        self.stepped: tuple[Tensor, Tensor] | None = None
         self.warned: set[str] = set()
         # inside torch.compile the counters are on the device: [samples since the last
         # end_epoch_(), since the last after_step_()], read at the epoch end
@@ -69,15 +66,12 @@ class MisuseMonitor(nn.Module):
         else:
             self.on_forward(batch, n, duties)
 
-    def count_after_step(self, parameters: Callable[[], Iterable[Tensor]]) -> None:
-        """An ``after_step_()`` call: the counters since the last one restart; the first one of
-        an epoch fingerprints the parameters (:meth:`on_after_step`; not inside
-        ``torch.compile``, which the fingerprint's tensors would enter)."""
-        self.since[1] = 0  # a plain store: also inside torch.compile
-        if torch.compiler.is_compiling() or self.device_counted:
+    def count_after_step(self) -> None:
+        """An ``after_step_()`` call: the counters since the last one restart (plain stores, also
+        inside ``torch.compile``)."""
+        self.since[1] = 0
+        if self.device_counted:  # (a flag set once, by the first compiled forward)
             self.calls_since[1].zero_()
-        if not torch.compiler.is_compiling():
-            self.on_after_step(parameters)
 
     def mask_faults_(
         self, u: Tensor, rows: Tensor, finite: Tensor, in_range: Tensor, batches: Tensor
@@ -173,16 +167,6 @@ class MisuseMonitor(nn.Module):
             )
 
     @torch.no_grad()
-    def on_after_step(self, parameters: Callable[[], Iterable[Tensor]]) -> None:
-        """At the start of ``after_step_()`` (before a mode-``step`` projection): the first one
-        after an epoch end fingerprints the parameters as the optimizer left them (on the device,
-        no read)."""
-        self.since[1] = 0
-        if self.fingerprint is not None and self.stepped is None:
-            params = list(parameters())
-            self.stepped = (_fingerprint(params), _any_gradient(params))
-
-    @torch.no_grad()
     def before_epoch_end(
         self, named_parameters: Callable[[], Iterable[tuple[str, Tensor]]]
     ) -> None:
@@ -192,12 +176,11 @@ class MisuseMonitor(nn.Module):
         trained = self.since[0] > 0
         self.since[0] = 0
         params = list(named_parameters())
-        reference, stepped, self.stepped = self.fingerprint, self.stepped, None
+        reference = self.fingerprint
         if reference is None or not params or not trained:
             return
-        if stepped is None:  # no after_step_() this epoch: as they are now
-            stepped = (_fingerprint(p for _, p in params), _any_gradient(p for _, p in params))
-        fingerprint, gradient = stepped
+        fingerprint = _fingerprint(p for _, p in params)
+        gradient = _any_gradient(p for _, p in params)
         # an all-zero gradient may leave the parameters where they were (Adam with no momentum)
         if bool(gradient) and torch.equal(reference, fingerprint):
             self.warn_once(

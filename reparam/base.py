@@ -1,33 +1,24 @@
 r"""``ReparamRegularizer``: what every reparameterized objective shares (docs/method.md sec. 3, 3b, 8).
 
-An objective (F-beta, P@R, R@P, ROC-AUC) is a Lagrangian in per-positive-sample variables ``tau``
-(``nn.Parameter``, stepped by the user's optimizer), their multipliers ``lambda`` (buffer, dual
-ascent) and a few objective-level variables. On top of ``ShapeObjective`` (labels, score memory,
-epoch counters, misuse warnings, ``attach`` / ``epochs``, ``merge_scores_``, float32 state) this
-base owns the **schedule**: ``projection`` = ``epoch`` (once per epoch, in place; Algorithm 3),
-``inline`` (the loss sees the projection of the raw parameters, exact or soft) or ``tracked``
-(F-beta: the loss sees the exact projection's threshold over an active set tracked in O(B) per
-step, ``reparam.tracked``); and the ``lambda`` step
-``lambda <- max(0, lambda + eta_lambda (tau - u))`` with a constant
-``eta_lambda = dual_lr_lambda`` (a plain attribute: a schedule is ``reg.dual_lr_lambda = c / epoch``
-in the user's loop).
-
-An objective subclass provides the raw parameters to project (``_constrained_names``), the
-projection (``_project``), the minibatch Lagrangian (``_loss``), ``lambda``'s targets
-(``_lambda_targets``), its other dual step (``_dual_step_``, with its own step size) and its
-figures (``_objective_stats``).
+An objective (F-beta, P@R, R@P, ROC-AUC) is a Lagrangian in per-positive variables ``tau``, their
+multipliers ``lambda`` (buffer, dual ascent ``lambda <- max(0, lambda + dual_lr_lambda (tau - u))``)
+and a few objective-level variables. On top of ``ShapeObjective`` this base owns the projection's
+schedule (``reg.schedule``: ``tracked``, ``epoch`` or ``inline``; ``reparam.schedules``), a sparse
+``tau``'s conveniences and ``compile()``. A subclass provides the raw parameters to project
+(``_constrained_names``), the projection (``_project``), the minibatch Lagrangian (``_loss``),
+``lambda``'s targets (``_lambda_targets``), its other dual step (``_dual_step_``) and its figures
+(``_objective_stats``).
 """
 
 from __future__ import annotations
 
-import itertools
-import types
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from . import _checks
+from .compiling import compiled_steps
 from .objective import ShapeObjective
 from .options import DEFAULT_TAU_LR
 from .schedules import EpochEnd, Inline, Schedule
@@ -97,8 +88,7 @@ class ReparamRegularizer(ShapeObjective):
         Mode ``"inline"`` runs the exact projection every step, whose root search
         reads values: it compiles with graph breaks (``fullgraph=False``)."""
         options = {"fullgraph": self.schedule.traces_whole, **kwargs}
-        self._compiled_forward = torch.compile(_own_code(type(self)._forward), **options)
-        self._compiled_after_step = torch.compile(_own_code(type(self)._after_step), **options)
+        self._compiled_forward, self._compiled_after_step = compiled_steps(type(self), **options)
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -260,24 +250,3 @@ def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
         return
     for name, value in sparse.state_dict().items():
         state_dict.setdefault(prefix + "sparse_tau." + name, torch.zeros_like(value))
-
-
-def _own_code(fn):
-    """The function ``fn`` (undecorated: ``torch.no_grad`` is applied by the caller) with a code
-    object of its own, called with the regularizer as its first argument, and a name of its own
-    (``_forward#3``). Dynamo keeps compiled graphs per code object with one recompile limit (8),
-    and wraps a bound method in one shared function: with either, every regularizer compiled in a
-    process would recompile the same code, and the ninth would fail (``fullgraph``). It also keeps
-    its record of the sizes a frame has seen (which dimensions it compiles as dynamic) per
-    ``(file, line, name)``: with a shared name, a regularizer's first compile would start from the
-    sizes other regularizers of the process saw, so what it compiles would depend on what ran
-    before it (and a dynamic first compile of ``_after_step`` fails in torch 2.13's guard builder,
-    docs/method.md sec. 11b). The name makes each regularizer's compile depend on its own inputs
-    only."""
-    fn = getattr(fn, "__wrapped__", fn)
-    name = f"{fn.__name__}#{next(_COMPILED)}"
-    code = fn.__code__.replace(co_name=name, co_qualname=name)
-    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-
-
-_COMPILED = itertools.count()  # one name per compiled function (_own_code)

@@ -1,21 +1,12 @@
-r"""``FBetaRegularizer``: Algorithm 3 of the paper (docs/method.md sec. 3b) as an ``nn.Module``.
+r"""``FBetaRegularizer``: the F-beta S-measure regularizer (docs/method.md sec. 2-3b) as an ``nn.Module``.
 
-State (docs/method.md sec. 3): ``eps_param`` (one per positive shape class) and ``tau_param`` (one
-per positive training sample, indexed by dataset index) are ``nn.Parameter``s stepped by the user's
-optimizer; ``lambda`` (one per positive sample), ``mu`` (one per class), the scores remembered
-during the epoch and the counters are buffers, so ``.to()``, ``state_dict()`` and checkpoints carry
-all of it. ``reg.eps`` / ``reg.tau`` are the values the loss uses (the parameters themselves, or in
-mode ``"inline"`` their projection, in mode ``"tracked"`` their clipping at the tracked threshold).
-
-Per training step: ``loss = task_loss + alpha * reg(scores, idx)`` (the minibatch ``L_B``),
-``loss.backward(); opt.step(); reg.after_step_()``. Per epoch: ``reg.end_epoch_()`` projects
-``(eps, tau)`` onto C (mode ``"epoch"``) and takes the dual ascent step
-
-.. math::
-    \lambda_i \leftarrow \max(0, \lambda_i + \eta_\lambda (\tau_i - u_i)),\qquad
-    \mu_j \leftarrow \mu_j + \eta_\mu (\mathrm{mean}_{S^+_j} \tau - 1),
-
-with the scores ``u_i`` recorded during the epoch: no extra pass over the data.
+``eps`` (one per problem) is a parameter the user's optimizer steps; ``tau`` (one per positive
+sample) is a parameter too, or rows that ``reg.sparse_tau`` steps; ``lambda``, ``mu``, the scores
+remembered during the epoch and the counters are buffers, so ``.to()``, ``state_dict()`` and
+checkpoints carry all of it. Per step ``loss = task_loss + alpha * reg(scores, idx)``, then
+``reg.after_step_()``; per epoch ``reg.end_epoch_()``: the schedule's projection and the dual step
+``lambda_i <- max(0, lambda_i + eta_lambda (tau_i - u_i))``,
+``mu_j <- mu_j + eta_mu (mean_{S+_j} tau - 1)`` on the scores recorded during the epoch.
 """
 
 from __future__ import annotations

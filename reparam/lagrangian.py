@@ -27,8 +27,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._constants import constant
-
 Terms = tuple[Tensor, Tensor, Tensor, Tensor, float]  # L_B, d_u, d_tau, dL/deps, their factor
 
 
@@ -196,7 +194,7 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
     mu_lam = lam_b + mu  # a positive row's dL/dtau per unit of s
     if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
         u_pos = torch.minimum(u, eps)
-        d_pos = lam_b * torch.heaviside(eps - u, constant(0.5, u))
+        d_pos = lam_b * torch.heaviside(eps - u, u.new_full((), 0.5))
     else:
         u_pos, d_pos = u, lam_b
     d_u = torch.where(is_pos, d_pos.neg(), dphi)
@@ -207,10 +205,10 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
         t = torch.minimum(t, eps)  # a negative's t is not used
         counts = counts.addcmul_(mu_lam, over)
     terms = torch.where(is_pos, torch.addcmul(mu_lam * t, lam_b, u_pos, value=-1), torch.relu(z))
-    ones = constant(1.0, terms, (1, terms.shape[0]))
+    ones = terms.new_ones(1, terms.shape[0])
     # beta^2 eps + s sum(terms) and beta^2 + s sum(counts) as matrix-vector products: one op each
     loss = torch.addmv(eps, ones, terms, beta=beta2, alpha=scale).view(())
-    d_eps = torch.addmv(constant(1.0, eps, (1,)), ones, counts, beta=beta2, alpha=scale)
+    d_eps = torch.addmv(eps.new_ones(1), ones, counts, beta=beta2, alpha=scale)
     if eps.dim() == 0:
         d_eps = d_eps.view(())
     d_tau = mu_lam * is_pos
@@ -235,7 +233,7 @@ def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, pro
     d_eps_neg = torch.where(is_pos, 0.0, dphi)
     if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
         u_pos = torch.minimum(u, eps_e)
-        d_pos = -lam_b * torch.heaviside(eps_e - u, constant(0.5, u))
+        d_pos = -lam_b * torch.heaviside(eps_e - u, u.new_full((), 0.5))
     else:
         u_pos, d_pos = u, -lam_b
     if clip:  # a positive row above eps is eps: its gradient goes to eps

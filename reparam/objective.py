@@ -1,23 +1,13 @@
 r"""``ShapeObjective``: what every objective on the shape node's scores shares.
 
-The reparameterized objectives (``reparam.ReparamRegularizer``: F-beta, P@R, R@P, ROC-AUC) and the
-minibatch alternatives of ``reparam.baselines`` (LP layer, surrogates, peers) all take ``loss = reg(scores,
-idx)`` per step, ``reg.after_step_()`` after every optimizer step and ``reg.end_epoch_()`` per
-epoch. This base owns
-
-* the training set's shape labels and the positives' rows (``slot``: dataset index -> row);
-* the **score memory**: the forward pass records each sample's score ``u_i`` and the epoch it was
-  recorded in, which the dual steps and the figures of ``stats()`` use (no extra pass over the data);
-* the epoch counters, :meth:`merge_scores_` for data-parallel training, float32 state whatever dtype
-  the module is cast to, ``state_dict`` round trips and device moves;
-* **misuse detection** (``reparam/_monitor.py``): a warning when ``end_epoch_()`` has not been
-  called for more than one epoch's worth of samples, when the parameters get gradients that no
-  optimizer applies, or when mode ``step`` runs without ``after_step_()``;
-* conveniences that keep the algorithm visible: :meth:`attach` (``after_step_`` after every
-  ``optimizer.step()``) and :meth:`epochs` (``end_epoch_`` after each epoch of a ``for`` loop).
-
-A subclass provides the loss of a batch (``_loss``), what its epoch end does (``_end_epoch_body_``,
-``_after_step_body_``) and its figures (``_objective_stats``).
+The reparameterized objectives (F-beta, P@R, R@P, ROC-AUC) and the minibatch alternatives of
+``reparam.baselines`` all take ``loss = reg(scores, idx)`` per step, ``reg.after_step_()`` after
+every optimizer step and ``reg.end_epoch_()`` per epoch. This base owns the training set's labels
+and problems (``reg.layout``), the **score memory** (each sample's last score and its epoch, which
+the dual steps and ``stats()`` read: no extra pass over the data), the epoch counters,
+:meth:`merge_scores_`, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
+:meth:`attach` and :meth:`epochs`. A subclass provides ``_loss``, ``_end_epoch_body_``,
+``_after_step_body_`` and ``_objective_stats``.
 """
 
 from __future__ import annotations
@@ -98,9 +88,14 @@ class ShapeObjective(ShardedRows, nn.Module):
                 is the score of shape class ``c`` (``K = 1`` also for one class).
             idx: int64 ``(B,)`` dataset indices of the batch's samples.
         """
-        if self._compiled_forward is not None and not torch.compiler.is_compiling():
-            return self._compiled_forward(self, scores, idx)
-        return self._forward(scores, idx)
+        return self._dispatch(self._compiled_forward, self._forward, scores, idx)
+
+    def _dispatch(self, compiled: Callable | None, eager: Callable, *args: Tensor) -> Tensor | None:
+        """``reg.compile()``'s form of a step, or the eager one (also inside a caller's
+        ``torch.compile``, which traces it into its own graph)."""
+        if compiled is not None and not torch.compiler.is_compiling():
+            return compiled(self, *args)
+        return eager(*args)
 
     def _forward(self, scores: Tensor, idx: Tensor) -> Tensor:
         scores, idx = self._to_owner(scores, idx)  # sharded: the entries this process owns
@@ -153,15 +148,12 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     def after_step_(self) -> None:
         """Call after every optimizer step (a sparse ``tau`` is stepped here)."""
-        if self._compiled_after_step is not None and not torch.compiler.is_compiling():
-            with torch.no_grad():
-                self._compiled_after_step(self)
-        else:
-            self._after_step()
+        with torch.no_grad():
+            self._dispatch(self._compiled_after_step, self._after_step)
 
     @torch.no_grad()
     def _after_step(self) -> None:
-        self._monitor.count_after_step(self.parameters)
+        self._monitor.count_after_step()
         self._after_step_body_()
 
     @torch.no_grad()
@@ -242,11 +234,8 @@ class ShapeObjective(ShardedRows, nn.Module):
     def merge_scores_(self, written: Tensor, all_reduce: Callable[[Tensor], object]) -> None:
         """Make the remembered scores equal across data-parallel processes, before ``end_epoch_``
         (``reparam.memory.merge_``): ``written``, bool ``(N,)``, the samples this process scored
-        since the last merge; ``all_reduce``, an in-place sum over the processes
-        (``torch.distributed.all_reduce``; the identity in one process). Every sample takes the
-        mean of the scores written for it (a sample seen by two processes in one epoch, as
-        ``DistributedSampler``'s padding does, gets the mean of both); ``seen_ever`` becomes the
-        OR over the processes. One collective call on an ``(N, P + 4)`` buffer."""
+        since the last merge; ``all_reduce``, an in-place sum over the processes. A sample takes
+        the mean of the scores written for it; ``seen_ever`` becomes the OR over the processes."""
         merge_(self.scores, self.score_epoch, written, all_reduce)
 
     # --- reporting ------------------------------------------------------------------------------

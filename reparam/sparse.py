@@ -1,52 +1,18 @@
-r"""The update of the per-positive variables ``tau`` that touches only the rows a batch used
-(docs/method.md sec. 11): the per-step work is O(B) whatever the number of positives ``n``.
+r"""``tau_update="sparse_adam_ahead"``: the per-positive ``tau`` stepped on the rows a batch touched,
+on dense Adam's trajectory, in O(B) per step whatever the number of positives (docs/method.md
+sec. 11, which derives the rule and says why not ``torch.optim``).
 
-A batch's ``L_B`` depends on ``tau_i`` only for its positives, so its gradient is sparse: at most
-``B`` nonzero rows. A dense optimizer nevertheless reads and writes all ``n`` rows of ``tau`` (and
-of its moment estimates) every step. The rule here, ``tau_update="sparse_adam_ahead"``, does dense
-Adam's arithmetic on the touched rows only: dense Adam's trajectory at O(B) per step, for rows
-touched once in many steps (once an epoch: every per-sample ``tau``).
+A row stores its **rest point**, where dense Adam would carry it if no gradient came again:
+``rho = tau - lr E(t) m / sqrt(v)``, ``E(t) = sum_{u > t} c_u r^(u - t)`` (``r = b1 / sqrt(b2)``,
+``c_u`` the bias correction of step ``u``; a table). A touch after ``k`` idle steps decays the
+moments by ``b^k``, takes Adam's step on them and moves the rest point by
+``lr E(t) (r^k a - a' / r)``, ``a = m / (sqrt(v) + eps)`` before and ``a'`` after it.
 
-* Between two touches dense Adam keeps moving a row by its decaying momentum: ``k`` steps without gradient scale ``m`` by ``b1^k``, ``v`` by
-  ``b2^k`` and move the row by ``lr m / sqrt(v)`` times ``r + r^2 + ... + r^k`` (bias-corrected,
-  ``r = b1 / sqrt(b2)``), ten times the step lazy Adam takes (``1 / (1 - r)`` against ``1 - b1``),
-  which lazy Adam (``torch.optim.SparseAdam``, which updates the touched rows' moments only)
-  applies one touch (one epoch) late instead, as stale momentum. Here a row stores
-  its **rest point**: where dense Adam would carry it if no gradient came again,
-  ``rho = tau - lr E(t) m / sqrt(v)``, with ``E(t) = sum_{u > t} c_u r^(u - t)`` the momentum's
-  whole future (``c_u`` the bias correction of step ``u``; a table, constant from ``t`` = 2^14 on).
-  A touch after ``k`` untouched steps decays the moments by ``b^k`` and moves the rest point by
-
-  .. math:: \Delta\rho = \mathrm{lr}\, E(t)\,\bigl(r^k a - a' / r\bigr),\qquad
-            a = \frac{m}{\sqrt{v} + \epsilon}
-
-  (``a`` before the step, at its last touch; ``a'`` after it, the step's own Adam update). It is
-  exactly where dense Adam brings the row (to ``epsilon``): the row reads its rest point when next
-  touched, which differs from dense Adam's value there by the momentum not yet spent,
-  ``lr r^k E a``: nothing once a row waits a few dozen steps, and a look-ahead of the current
-  momentum when rows repeat within a few steps. ``tests/reparam/test_sparse.py`` checks it
-  against ``torch.optim.Adam``. Its state: Adam's ``[m, v]`` per row, one step count, and the
-  step of each row's last touch (int32, 4 B per positive).
-
-Why not a ``torch.optim`` optimizer: dense Adam is O(n) per step, and ``torch.optim.SparseAdam``
-is the lazy rule; both keep their state outside the regularizer's ``state_dict`` (checkpoints,
-``.to()``), and SparseAdam's coalescing of the sparse gradient sorts the indices and sizes its
-output by the data, a host synchronization on accelerators per step. Every operation here has a
-size fixed by the batch: no synchronization.
-
-Bookkeeping, with no side effect in the backward pass (so ``torch.compile`` traces a step whole,
-forward, backward and :meth:`SparseTau.after_step_`, with no graph break): the loss sees the
-batch's rows of ``tau`` as ``tau[rows] + probe[a:b]``, with ``probe`` a zero leaf tensor of the
-regularizer that no optimizer steps; autograd leaves the rows' gradient in ``probe.grad[a:b]``.
-The forward remembers which rows stood at ``a:b``; the step adds those gradients into a dense
-accumulator ``acc`` (zero outside the touched rows) with a count of contributions per row, reads
-the rows' sums, updates them and zeroes the accumulator there again. Several backward passes
-before one step (gradient accumulation) use consecutive slices of ``probe`` and sum, as dense
-gradients do. A row listed twice (a sample twice in one batch) receives one update: each
-occurrence applies ``1 / count`` of it. A step whose gradient holds NaN/inf changes nothing (as a
-fused optimizer skips such a step); with the rows spread over processes (``reparam.Shard``), a
-non-finite gradient on one process skips the step on all of them, so that their step counts and
-the replicated state stay equal.
+The gradient reaches the rows with no side effect in the backward (so ``torch.compile`` traces a
+step whole): the loss sees ``tau[rows] + probe[a:b]``, ``probe`` a zero leaf that no optimizer
+steps; ``after_step_()`` sums ``probe.grad`` per row (repeated rows: one update, ``1 / count`` per
+occurrence), steps the rows and clears the sums. A non-finite gradient skips the step (on every
+process when the rows are spread over several).
 """
 
 from __future__ import annotations
@@ -59,8 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from projections.collective import LOCAL, LocalComm
-
-from ._constants import constant
 
 TAU_UPDATES = ("dense", "sparse_adam_ahead")
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
@@ -76,17 +40,9 @@ def accumulate_(acc: Tensor, rows: Tensor, touched: Tensor, grad: Tensor) -> Non
 
 def add_rows_(state: Tensor, rows: Tensor, values: Tensor) -> None:
     """``state[rows] += values`` for row-paired ``(n, 2)`` state, repeated rows summed in order.
-
-    Eagerly ``scatter_add_`` with the row index broadcast over the pair, not ``index_add_``: on
-    the CPU (torch 2.13, one thread) ``index_add_`` of 2-column rows took 7.4 vs 4.3 us at 100
-    rows and 6-8x longer at 1.5e5 (a batch of pixels), the same sums
-    (``tests/reparam/test_sparse.py``). Inside ``torch.compile``, ``index_add_``: inductor cannot
-    update ``state`` in place through the broadcast index and copies all of it (2 ms at 1e6
-    rows against 23 us, torch 2.13)."""
-    if torch.compiler.is_compiling():
-        state.index_add_(0, rows.long(), values)
-    else:
-        state.scatter_add_(0, rows.long().unsqueeze(1).expand(-1, state.shape[1]), values)
+    An ``index_add_``: inductor updates it in place (a ``scatter_add_`` through a broadcast index
+    copied all of ``state``: 2 ms at 1e6 rows, torch 2.13)."""
+    state.index_add_(0, rows.long(), values)
 
 
 @torch.no_grad()
@@ -101,14 +57,15 @@ def sparse_step_(
     step: Tensor,
     last: Tensor,
     ahead: Tensor | None = None,
+    coef: Tensor | None = None,
     write: bool = True,
     comm: LocalComm = LOCAL,
 ) -> Tensor | None:
     """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
     and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
-    the step of each row's last touch; ``ahead``, the table of :func:`_ahead_table` on the state's
-    device, ``None``: made here), from the gradient summed in ``acc`` (:func:`accumulate_`), which
-    is zero again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not
+    the step of each row's last touch; ``ahead`` and ``coef``, the tables of :func:`_ahead_table`
+    and :func:`_coefficients` on the state's device, ``None``: made here), from the gradient
+    summed in ``acc`` (:func:`accumulate_`), which is zero again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not
     ``touched`` (their update is zero). In place; no host synchronization. Row-paired state
     (``[g, count]``, ``[m, v]``) halves the scattered reads and writes of a step.
 
@@ -117,34 +74,31 @@ def sparse_step_(
     inductor copies all of ``tau`` when it is read, written and written again in one graph)."""
     rows = rows.long()  # one conversion for the scatters below (int64 rows pass through)
     g, count = acc.index_select(0, rows).unbind(1)
-    # a non-finite gradient skips the whole step (on the device): g . 0 is NaN iff one is
+    # a non-finite gradient skips the whole step (on the device)
     # (several processes: skipped on all of them when one has one, so the step counts agree)
-    ok = comm.all_of_flag(torch.dot(g, constant(0.0, g, g.shape)) == 0)
-    use, zero = ok & touched, constant(0.0, g)
-    share = torch.where(use, count.reciprocal(), zero)  # 1/count per occurrence: one update a row
-    g = torch.where(ok, g, zero)
+    ok = comm.all_of_flag(torch.isfinite(g).all())
+    use = ok & touched
+    share = torch.where(use, count.reciprocal(), 0.0)  # 1/count per occurrence: one update a row
+    g = torch.where(ok, g, 0.0)
     old = moments.index_select(0, rows)
-    betas, one_minus_betas = constant(ADAM_BETAS, old), constant(_ONE_MINUS_BETAS, old)
+    coef = _coefficients(old.dtype).to(old.device) if coef is None else coef
+    betas, one_minus_betas = coef.unbind(0)
     # the k steps since the row's last touch decay its moments
     k = (step - last.index_select(0, rows)).to(old.dtype)
     decayed = old * betas.pow(k.unsqueeze(1))  # dense Adam's moments at the last step
     new = decayed * betas + torch.stack([g, g * g], 1) * one_minus_betas
-    ratio = constant(_AHEAD_RATIO, old)
     a_old = old[:, 0] / (old[:, 1].sqrt() + ADAM_EPS)
     a_new = new[:, 0] / (new[:, 1].sqrt() + ADAM_EPS)
     ahead = _ahead_table(old.dtype).to(old.device) if ahead is None else ahead
     future = ahead.index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
-    move = (a_old * ratio.pow(k) - a_new / ratio) * future
+    move = (a_old * torch.pow(_AHEAD_RATIO, k) - a_new / _AHEAD_RATIO) * future
     add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
     change = None
     if write:
         tau.index_add_(0, rows, move * share, alpha=lr)
     else:
-        change = torch.where(use, move, zero) * lr
-    if torch.compiler.is_compiling():
-        _write_touched_(last, rows, use, (step + 1).to(last.dtype))
-    else:  # eagerly one operation fewer than its fixed-shape form
-        last.scatter_reduce_(0, rows, torch.where(use, step + 1, 0).to(last.dtype), "amax")
+        change = torch.where(use, move, 0.0) * lr
+    _write_touched_(last, rows, use, (step + 1).to(last.dtype))
     step.add_(ok)
     zero_rows_(acc, rows)
     return change
@@ -155,6 +109,12 @@ def sparse_step_(
 # 1e-7 from there on: b2^16384 = 7.6e-8) and to _AHEAD_TERMS terms (r^512 = 4e-24)
 _AHEAD_RATIO = ADAM_BETAS[0] / ADAM_BETAS[1] ** 0.5
 _AHEAD_STEPS, _AHEAD_TERMS = 1 << 14, 512
+
+
+@functools.lru_cache(maxsize=2)
+def _coefficients(dtype: torch.dtype = torch.float32) -> Tensor:
+    """``[[b1, b2], [1 - b1, 1 - b2]]`` in ``dtype`` (a buffer of ``SparseTau``, as the table)."""
+    return torch.tensor([ADAM_BETAS, _ONE_MINUS_BETAS], dtype=dtype)
 
 
 @functools.lru_cache(maxsize=2)
@@ -176,7 +136,9 @@ def _write_touched_(state: Tensor, rows: Tensor, use: Tensor, value: Tensor) -> 
     """``state[rows[use]] = value`` with fixed shapes and one value per row: an entry not in use
     writes the row of the first one in use with the same value (none in use: the first row its
     own value). An ``index_copy_``, which inductor updates in place (a ``scatter_reduce_`` copied
-    all of ``state``: 0.84 ms at 1e6 rows, torch 2.13); eagerly the ``scatter_reduce_`` is used."""
+    all of ``state``: 0.84 ms at 1e6 rows, torch 2.13)."""
+    if rows.numel() == 0:  # (a shard with no row touched since the last step)
+        return
     first = use.to(torch.uint8).argmax().view(1)
     target = torch.where(use, rows, rows.index_select(0, first))
     kept = torch.where(use.index_select(0, first), value, state.index_select(0, target[:1]))
@@ -233,6 +195,7 @@ class SparseTau(nn.Module):
         self.register_buffer("last", torch.zeros(n_pos, dtype=torch.int32))
         # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
         self.register_buffer("ahead", _ahead_table(), persistent=False)
+        self.register_buffer("coef", _coefficients(), persistent=False)
         # the gradient summed since the last step and its count (zero outside touched rows)
         self.register_buffer("grad", torch.zeros(n_pos, 2), persistent=False)
         # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad;
@@ -275,10 +238,9 @@ class SparseTau(nn.Module):
                 )
             # new buffers: the pending entries keep the old ones
             self._probe_buffers_(max(end, 2 * self.probe_values.numel()), self.probe_values)
-        if torch.compiler.is_compiling():  # kept in buffers: a graph's outputs are reused
-            self.probe_rows[start:end].copy_(rows)  # by CUDA graphs
-            self.probe_touched[start:end].copy_(touched)
-            rows, touched = self.probe_rows[start:end], self.probe_touched[start:end]
+        # kept in buffers: a compiled forward's outputs are reused by CUDA graphs
+        rows = self.probe_rows[start:end].copy_(rows)
+        touched = self.probe_touched[start:end].copy_(touched)
         self._pending.append((self.probe_values, start, rows, touched))
         self._probe_used = end
         return self.probe_values[start:end]
@@ -375,6 +337,7 @@ class SparseTau(nn.Module):
             step=self.step,
             last=self.last,
             ahead=self.ahead,
+            coef=self.coef,
             comm=self._comm,
         )
         if tracked is not None:

@@ -1,19 +1,11 @@
-r"""The projection's schedule ``"tracked"`` (docs/method.md sec. 3b): the inline projection's threshold over an
-active set kept up to date in ``O(B)`` per step.
+r"""Schedule ``"tracked"`` (docs/method.md sec. 3b): the exact projection's threshold over an active
+set kept up to date in ``O(B)`` per step.
 
-The exact projection onto ``C`` has the threshold ``e* = max(0, r)``,
-``r = (eps + sum_{i in A} tau_i) / (|A| + 1)`` over its active set ``A = {i : tau_i > r}``, and its
-Jacobian gives ``eps`` and every row of ``A`` the same share ``1 / (|A| + 1)`` of ``dL/de*``
-(docs/method.md sec. 4). Inline, the optimizer therefore moves every row of ``A`` with ``eps`` at every
-step: ``O(n)``. Here ``A`` moves with ``eps`` as one block instead: a row of ``A`` is stored as its
-offset above ``eps``, ``o_i = tau_i - eps``, so the block's move costs nothing, and
-
-.. math:: r = \epsilon + \frac{\sum_{A} o_i}{|A| + 1}
-
-from two running sums per class, ``active_sums = [sum of A's offsets, |A|]`` (float64). The loss
-sees ``e*`` and the batch's rows clipped at it; after each sparse step the touched rows are
-re-tested against the moved ``r`` (a row that joins ``A`` stores its offset, one that leaves its
-value); every epoch end re-computes ``A`` from the exact root. Rows outside ``A`` hold their value.
+The projection onto ``C`` has the threshold ``e* = max(0, r)``, ``r = (eps + sum_A tau_i) /
+(|A| + 1)`` over its active set ``A = {i : tau_i > r}``. A row of ``A`` is stored as its offset
+above ``eps`` (``o_i = tau_i - eps``: the block moves with ``eps`` at no cost), so ``r = eps +
+sum_A o_i / (|A| + 1)`` from two running sums per problem. The loss sees ``e*`` and the batch's rows
+clipped at it; each sparse step re-tests the touched rows, each epoch end recomputes ``A`` exactly.
 """
 
 from __future__ import annotations
@@ -196,11 +188,6 @@ def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool, com
         sums.index_add_(0, group, values)
 
 
-# inside torch.compile, batches up to this many entries find their repeated rows by comparing
-# every pair (one fused kernel), larger ones (and eagerly every batch) by sorting
-_PAIRWISE_UP_TO = 1024
-
-
 def _rows_once(
     rows: Tensor, touched: Tensor, before: Tensor, change: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -211,16 +198,6 @@ def _rows_once(
     all carry the same). The entries may be reordered (sorted by row), ``before`` with them;
     fixed shapes, no host read."""
     b = rows.numel()
-    if b <= _PAIRWISE_UP_TO and torch.compiler.is_compiling():  # B x B comparisons, fused:
-        # nothing sorted, nothing reordered (eagerly its ~8 passes over B^2 cost more than a sort)
-        same = rows.unsqueeze(0) == rows.unsqueeze(1)
-        earlier = torch.ones(b, b, dtype=torch.bool, device=rows.device).tril(-1)
-        kept = (same & touched.unsqueeze(0)).any(1)
-        first = ~(same & earlier).any(1) & kept
-        moving = change != 0
-        total = (same * change.unsqueeze(0)).sum(1)
-        count = (same & moving.unsqueeze(0)).sum(1).clamp_min(1)
-        return rows, first, before, total / count, kept
     # sorted by row, within a row the touched entries (which carry its change) first
     key, order = torch.sort(rows * 2 + ~touched)
     rows = key // 2

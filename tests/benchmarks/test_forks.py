@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks import forks
-from reparam import _checks, _constants
+from reparam import _checks, sparse
 
 
 def test_an_arm_switches_the_forms_of_its_module_only():
@@ -15,7 +15,7 @@ def test_an_arm_switches_the_forms_of_its_module_only():
     with forks.compiled_forms(("reparam._checks",)):
         ok = _checks.batch(u, idx, (1,), 10, torch.device("cpu"))[2]  # compiled: masks
         assert ok is not None and bool(ok[0].all()) and bool(ok[1].all())
-        assert _constants.torch is torch  # the other modules keep their eager forms
+        assert sparse.torch is torch  # the other modules keep their eager forms
     assert _checks.torch is torch  # restored
 
 
