@@ -20,6 +20,7 @@ from .functional import certified_fbeta_bound
 from .head import ShapeHead
 from .options import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, resolve_options, resolve_preset
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
+from .resharding import needed_blocks, reshard_state
 from .sharding import Shard
 
 __all__ = [
@@ -37,7 +38,9 @@ __all__ = [
     "Shard",
     "certified_fbeta_bound",
     "functional",
+    "needed_blocks",
     "rate_functional",
+    "reshard_state",
     "resolve_options",
     "resolve_preset",
 ]

@@ -32,6 +32,7 @@ class ReparamRegularizer(ShapeObjective):
     """Base of the reparameterized objectives; see the module docstring. Not used directly."""
 
     _constrained_names: tuple[str, ...] = ()  # the raw parameters the projection acts on, in order
+    _row_state = ("tau_param", "lam")  # one entry per positive (when stored)
 
     def __init__(
         self,

@@ -163,7 +163,7 @@ class ShardedRows:
             error_msgs.append(
                 f"{name}: the state is {what} objective's and this one is "
                 f"{'sharded' if saved is None else 'unsharded'}: build the objective as it was "
-                "saved (shard=... or none)"
+                "saved (shard=... or none), or load reparam.reshard_state(reg, saved blocks)"
             )
             return False
         if not torch.equal(saved.cpu(), mine.cpu()):
@@ -172,7 +172,7 @@ class ShardedRows:
             error_msgs.append(
                 f"{name}: the state is shard {r} of {k} of {n} samples, this objective is shard "
                 f"{r2} of {k2} of {n2}: resume with {k} processes (each loading its own shard), "
-                "or restart the regularizer's state"
+                "or load reparam.reshard_state(reg, saved blocks) (another number of processes)"
             )
             return False
         return True

@@ -186,6 +186,8 @@ class SparseTau(nn.Module):
     a plain attribute (``attach`` makes it follow the optimizer's group). ``comm``: the processes
     over which the rows are spread (``projections.collective``; ``LOCAL``: one process)."""
 
+    _row_state = ("moments", "last")  # one entry per row (reparam/resharding.py)
+
     def __init__(self, n_pos: int, *, lr: float, lr_given: bool, comm: LocalComm) -> None:
         super().__init__()
         self.lr, self.lr_given, self._comm = lr, lr_given, comm

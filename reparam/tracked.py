@@ -30,6 +30,7 @@ class TrackedThreshold(Schedule):
     integer dtype), ``None`` with one problem; ``comm``: the processes the rows are spread over."""
 
     name = "tracked"
+    _row_state = ("tau_active",)  # one entry per row (reparam/resharding.py)
     _float64_buffers = ("active_sums",)  # kept in float64 when the objective is cast
 
     def __init__(self, n_pos: int, problems: int, comm: LocalComm) -> None:

@@ -107,7 +107,9 @@ def setup(
         cfg.to_dict(), model, optimizer, scheduler, scaler, reg, generator, groups=weighting
     )
     if found is not None:
-        sharded_state.restore(found[0], found[1], ctx, shard)  # this rank's block
+        resharded = sharded_state.restore(found[0], found[1], ctx, shard, reg)  # this rank's
+        if resharded is not None and ctx.is_main:  # block, from another number of processes
+            log(resharded)
         for path in sharded_state.unfinished(found[0]) if shard is not None and ctx.is_main else ():
             log(f"skipped {path.name}: a checkpoint whose write did not finish (removed)")
             path.unlink(missing_ok=True)

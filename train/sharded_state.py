@@ -7,8 +7,10 @@ per-sample state of its own block of the training set, and writes it to its own 
   before rank 0's file (a barrier between): a step's main file exists only once its shards do.
 * Resume: every rank reads the newest main file and rank ``r >= 1`` its own shard instead of rank
   0's block; shards of a later step (a write interrupted before rank 0's file) are skipped, and
-  named. A missing or unreadable shard, or a checkpoint of another number of processes, is a
-  one-line ``ValueError`` that says how to resume; nothing is written before that check.
+  named. A checkpoint of another number of processes is resharded: each rank reads the saved
+  blocks that overlap its own (``reparam.resharding``), and the run logs one line saying so. A
+  missing or unreadable shard is a one-line ``ValueError`` that names the file; nothing is
+  written before that check.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reparam import Shard
+from reparam import Shard, resharding
 
 from . import checkpoint
 from .config import Config
@@ -74,39 +76,48 @@ def unfinished(found: Path) -> list[Path]:
     )
 
 
-def restore(found: Path, state: dict[str, Any], ctx: Context, shard: Shard | None) -> None:
+def restore(
+    found: Path, state: dict[str, Any], ctx: Context, shard: Shard | None, reg: Any
+) -> str | None:
     """Put this rank's block of the regularizer into the checkpoint ``state`` read from ``found``
-    (in place), after checking that the checkpoint was written by as many processes."""
+    (in place). A checkpoint of another number of processes (or sharded one way and resumed the
+    other) is resharded (``reparam.resharding``): this rank reads the saved blocks that overlap
+    its own; returns the line that says so (``None``: same layout)."""
     reg_state = state.get("regularizer")
-    saved = None if reg_state is None else reg_state.get("shard_layout")
+    if reg_state is None or reg is None:
+        return None
+    n, _, saved_world = resharding.saved_world(reg_state)
     world = shard.world if shard is not None else 1
-    if saved is None and shard is None:
-        return
-    if saved is None:
+    if n != reg.n_samples:
         raise ValueError(
-            f"checkpoint {found} holds an unsharded regularizer state: resume it with "
-            "regularizer.shard=none"
+            f"checkpoint {found} holds the regularizer's state of {n} samples, this run has "
+            f"{reg.n_samples}: resume it with the training set it was saved with"
         )
-    n, _, saved_world = (int(v) for v in saved.tolist())
-    if shard is None or saved_world != world or n != shard.n_total:
-        raise ValueError(
-            f"checkpoint {found} holds the regularizer's state of {n} samples sharded over "
-            f"{saved_world} processes: resume it with torchrun --nproc_per_node={saved_world} "
-            f"and the same regularizer.shard (this run: {world} process(es), "
-            f"{'no shard' if shard is None else f'{shard.n_total} samples'})"
-        )
-    if ctx.rank == 0:
-        return
-    path = shard_path(found.parent.parent, checkpoint.step_of(found), ctx.rank, ctx.world)
+    if saved_world == world:
+        if ctx.rank > 0 and shard is not None:
+            state["regularizer"] = _shard(found, ctx.rank, ctx.world)
+        return None
+    needed = resharding.needed_blocks(reg, saved_world)
+    blocks = {r: reg_state if r == 0 else _shard(found, r, saved_world) for r in needed}
+    state["regularizer"] = resharding.reshard_state(reg, blocks)
+    return (
+        f"resharded the regularizer's state of {n} samples from {saved_world} to {world} "
+        f"process(es) (checkpoint {found.name}; rank {ctx.rank} read blocks {needed})"
+    )
+
+
+def _shard(found: Path, rank: int, world: int) -> dict[str, Any]:
+    """The regularizer block of ``rank`` of the ``world``-process checkpoint ``found``."""
+    path = shard_path(found.parent.parent, checkpoint.step_of(found), rank, world)
     if not path.exists():
         raise ValueError(
-            f"checkpoint {found}: the regularizer shard of rank {ctx.rank}, {path}, is missing: "
+            f"checkpoint {found}: the regularizer shard of rank {rank}, {path}, is missing: "
             "restore it, or start a new run"
         )
     try:
-        state["regularizer"] = checkpoint.load(path)["regularizer"]
+        return checkpoint.load(path)["regularizer"]
     except Exception as e:  # unpickling / zip errors: the file is not usable
         raise ValueError(
-            f"checkpoint {found}: the regularizer shard of rank {ctx.rank}, {path}, cannot be "
+            f"checkpoint {found}: the regularizer shard of rank {rank}, {path}, cannot be "
             f"read ({type(e).__name__}: {e}): restore it, or start a new run"
         ) from e

@@ -115,7 +115,8 @@ class TrainState:
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.skipped_steps = state["global_step"], state["skipped_steps"]
         self.history = state["history"]
-        if self.generator is not None:
+        # (a run of several processes saves none: their sampler draws from the epoch number)
+        if self.generator is not None and state["sampler_generator"] is not None:
             self.generator.set_state(state["sampler_generator"])
         totals = state.get("epoch_totals")
         device = next(iter(self.model.parameters())).device

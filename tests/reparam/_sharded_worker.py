@@ -260,10 +260,63 @@ def faults(rank: int, k: int, sampling: str, out: str) -> None:
         torch.save(every, out)
 
 
+def reshard_save(rank: int, k: int, sampling: str, folder: str) -> None:
+    """One epoch on ``k`` processes (``k = 1``: the unsharded objective), each rank's state saved
+    as a checkpoint would save it, and the state gathered in the unsharded layout."""
+    head, reg, opt = train("fbeta", k, None if k == 1 else rank, sampling, epochs=1)
+    saved = {"head": head.state_dict(), "reg": reg.state_dict(), "opt": opt.state_dict()}
+    torch.save(saved, f"{folder}/from-rank{rank}.pt")
+    before = gathered(reg)
+    if rank == 0:
+        torch.save(before, f"{folder}/before.pt")
+
+
+def reshard_load(rank: int, k: int, k_from: int, sampling: str, folder: str) -> None:
+    """This rank's block of ``k`` assembled from the ``k_from`` saved blocks (only those it
+    needs), gathered again; then one more epoch on ``k`` processes, and rank 0's one-process
+    reference from the same state on the same batches."""
+    from reparam.resharding import needed_blocks, reshard_state
+
+    _, y = data()
+    shard = None if k == 1 else Shard.from_process_group(N, sampling=sampling)
+    reg = make("fbeta", y if shard is None else shard.local_labels(y), shard)
+    needed = needed_blocks(reg, k_from)
+    files = {r: torch.load(f"{folder}/from-rank{r}.pt", weights_only=False) for r in needed}
+    reg.load_state_dict(reshard_state(reg, {r: f["reg"] for r, f in files.items()}))
+    after = gathered(reg)
+    # deep copies: a loaded optimizer shares the state tensors it was given
+    state = copy.deepcopy({"head": files[needed[0]]["head"], "opt": files[needed[0]]["opt"]})
+    state["reg"] = reg.state_dict()
+    head, reg, _ = train("fbeta", k, None if k == 1 else rank, sampling, epochs=1, state=state)
+    result = {"after": after, "needed": needed, "state": gathered(reg), "head": head.state_dict()}
+    every = [None] * k
+    dist.all_gather_object(every, needed)
+    if rank == 0:
+        whole = make("fbeta", y, None)
+        if sampling == "global":
+            whole._routed_batch = B
+        saved = {r: torch.load(f"{folder}/from-rank{r}.pt") for r in range(k_from)}
+        state = {"head": saved[0]["head"], "opt": saved[0]["opt"]}
+        state["reg"] = reshard_state(whole, {r: f["reg"] for r, f in saved.items()})
+        ref_head, ref_reg, _ = train("fbeta", k, None, sampling, epochs=1, state=state)
+        result.update(ref_state=ref_reg.state_dict(), ref_head=ref_head.state_dict())
+        result["ref_stats"], result["stats"] = ref_reg.stats(), None
+        result["every_needed"] = every
+        torch.save(result, f"{folder}/result.pt")
+
+
 def main(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     torch.set_num_threads(1)
+    if kind.startswith("reshard"):
+        if kind == "reshard_save":
+            reshard_save(rank, k, sampling, out)
+        else:  # reshard_load:<k_from>
+            reshard_load(rank, k, int(kind.split(":")[1]), sampling, out)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     if kind in ("statistics", "errors", "faults"):
         if kind == "faults":
             faults(rank, k, sampling, out)

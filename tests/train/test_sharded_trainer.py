@@ -1,7 +1,7 @@
 """``regularizer.shard`` in the trainer (torchrun, 2 gloo processes, the S-MNIST digits): each rank
 writes its own block of the regularizer next to rank 0's checkpoint; a run stopped inside an epoch
-and resumed ends bit for bit where the uninterrupted run does; a missing shard or another number of
-processes is a one-line error and nothing is written."""
+and resumed ends bit for bit where the uninterrupted run does; a run resumed on another number of
+processes is resharded; a missing shard is a one-line error and nothing is written."""
 
 from __future__ import annotations
 
@@ -97,15 +97,37 @@ def test_the_shards_of_an_unfinished_checkpoint_are_skipped_and_named(digits_smn
         assert torch.equal(value, shard_b["regularizer"][name]), name
 
 
-def test_missing_shard_and_other_process_counts_are_errors(digits_smnist, tmp_path):
+def test_another_process_count_reshards_and_a_missing_shard_is_an_error(digits_smnist, tmp_path):
+    """A run stopped on 2 processes resumes on 3 (the log says it resharded; the checkpoints are
+    then of 3), and on 1 process, which stops again and resumes on 2: each finishes its epochs.
+    A missing shard is a one-line error naming it, and nothing is written."""
+    import shutil
+
     run = tmp_path / "run"
     args = [*_overrides(digits_smnist, run, "global"), "train.stop_after_steps=10"]
-    ran = _train(["--config", "configs/demo.yaml", *args])
+    ran = _train(["--config", "configs/demo.yaml", *args, "data.batch_size=30"])  # 1, 2 or 3
     assert ran.returncode == 0, ran.stderr[-3000:]
+    three, one = tmp_path / "three", tmp_path / "one"
+    shutil.copytree(run, three)
+    shutil.copytree(run, one)
+    resumed = _train(["--resume", str(three)], processes=3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resharded the regularizer's state of 600 samples from 2 to 3 process(es)" in (
+        resumed.stdout + resumed.stderr
+    )
+    last = checkpoint.listing(three)[0]
+    assert checkpoint.load(last)["epoch"] == 2
+    shards = sorted(p.name for p in (three / "checkpoints" / "shards").glob(f"{last.stem}.*"))
+    assert shards == [f"{last.stem}.rank-1-of-3.pt", f"{last.stem}.rank-2-of-3.pt"]
+    alone = _train(["--resume", str(one), "train.stop_after_steps=30"], processes=1)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert "from 2 to 1 process(es)" in alone.stdout + alone.stderr
+    assert "shard_layout" not in checkpoint.load(checkpoint.listing(one)[0])["regularizer"]
+    again = _train(["--resume", str(one), "train.stop_after_steps=null"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "from 1 to 2 process(es)" in again.stdout + again.stderr
+    assert checkpoint.load(checkpoint.listing(one)[0])["epoch"] == 2
     before = sorted(p.name for p in (run / "checkpoints").rglob("*.pt"))
-    one = _train(["--resume", str(run)], processes=1)
-    assert one.returncode != 0
-    assert "sharded over 2 processes: resume it with torchrun --nproc_per_node=2" in one.stderr
     for shard in (run / "checkpoints" / "shards").glob("*.pt"):
         shard.unlink()
     missing = _train(["--resume", str(run)])
