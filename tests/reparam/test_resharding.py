@@ -5,31 +5,16 @@ from the same state on the same batches (to 1e-5, as tests/reparam/test_sharded.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from reparam import FBetaRegularizer
 from reparam.resharding import block, overlapping, reshard_state
 
-from .test_sharded import ENV, ROOT, WORKER, _free_port
+from .test_sharded import spawn
 
 SAME = ("scores", "score_epoch", "tau_param", "lam", "sparse_tau.moments", "sparse_tau.last")
 REPLICATED = ("eps_param", "mu", "epoch", "sparse_tau.step", "schedule.active_sums")
-
-
-def _spawn(k: int, kind: str, folder) -> None:
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(k), str(_free_port()), kind, "global", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=ENV,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 @pytest.mark.parametrize(
@@ -42,8 +27,8 @@ def _spawn(k: int, kind: str, folder) -> None:
     ],
 )
 def test_a_state_saved_by_k_processes_resumes_on_another_k(tmp_path, k_from, k_to):
-    _spawn(k_from, "reshard_save", tmp_path)
-    _spawn(k_to, f"reshard_load:{k_from}", tmp_path)
+    spawn(k_from, "reshard_save", "global", tmp_path)
+    spawn(k_to, f"reshard_load:{k_from}", "global", tmp_path)
     before = torch.load(tmp_path / "before.pt", weights_only=False)
     r = torch.load(tmp_path / "result.pt", weights_only=False)
     for name in (*SAME, "schedule.tau_active", *REPLICATED):

@@ -35,8 +35,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(tmp_path: Path, k: int, kind: str, sampling: str = "global") -> dict:
-    out = tmp_path / f"{kind}-{k}-{sampling}.pt"
+def spawn(k: int, kind: str, sampling: str, out: Path) -> None:
+    """The worker's ``kind`` on ``k`` gloo processes, writing to ``out``."""
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(k), str(_free_port()), kind, sampling, str(out)],
         capture_output=True,
@@ -46,6 +46,11 @@ def run(tmp_path: Path, k: int, kind: str, sampling: str = "global") -> dict:
         env=ENV,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def run(tmp_path: Path, k: int, kind: str, sampling: str = "global") -> dict:
+    out = tmp_path / f"{kind}-{k}-{sampling}.pt"
+    spawn(k, kind, sampling, out)
     return torch.load(out, weights_only=False)
 
 
