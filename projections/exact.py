@@ -76,8 +76,8 @@ def project_onto_c(
             ``groups`` of the wrong dtype/shape or out of range, unknown ``method``.
     """
     if comm is not None and comm.world > 1:
-        e = projection_root(eps, tau, comm=comm).clamp_min(0)
-        return e, torch.minimum(tau.detach(), e)
+        e = projection_root(eps, tau, groups=groups, comm=comm).clamp_min(0)
+        return e, torch.minimum(tau.detach(), e if groups is None else e[groups.long()])
     if groups is None and (method == "auto" or method == "tree"):
         out = _project_vector(eps, tau)
         if out is not None:
@@ -125,16 +125,19 @@ def projection_root(
     _checked: bool = False,
 ) -> Tensor:
     """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd;
-    ``e* = max(0, r)``. ``comm`` as for :func:`project_onto_c`: over several processes, one
-    problem (``eps`` 0-dim, ``groups`` ``None``) by :func:`projections.collective.root_over`."""
+    ``e* = max(0, r)``. ``comm`` as for :func:`project_onto_c`: over several processes, by
+    :func:`projections.collective.root_over`, one problem (``eps`` 0-dim) or each group's in
+    turn (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes)."""
     if comm is not None and comm.world > 1:
-        if groups is not None or eps.dim() != 0:
+        if groups is None and eps.dim() != 0:
             raise ValueError(
-                f"comm: the root over several processes is for one problem (eps 0-dim, no "
-                f"groups), got eps of shape {tuple(eps.shape)}"
-                + (" and groups" if groups is not None else "")
+                f"comm: the root over several processes takes eps 0-dim, or (G,) with groups, "
+                f"got eps of shape {tuple(eps.shape)}"
             )
-        return root_over(eps.detach(), tau.detach(), comm)
+        if groups is None:
+            return root_over(eps.detach(), tau.detach(), comm)
+        eps, tau, groups = _checks.check_grouped(eps.detach(), tau.detach(), groups)
+        return torch.stack([root_over(e, tau[groups == g], comm) for g, e in enumerate(eps)])
     if not _checked:
         method = _checks.check_method(method)
         if groups is None:

@@ -122,13 +122,12 @@ class FBetaRegularizer(ReparamRegularizer):
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
         dense = tau_update == "dense"
-        if self.sharded and (dense or p != 1):
+        if self.sharded and dense:
             raise ValueError(
-                f"shard: a sharded F-beta needs one positive class (the root over the processes "
-                f"is for one problem) and a sparse tau update (a dense tau is O(n) per step), "
-                f"got positive_classes={self.classes}, tau_update={tau_update!r} "
-                "(tau_update='auto' is dense once projection or preset is given: pass "
-                "tau_update='sparse_adam_ahead'; the trainer: regularizer.fbeta.tau_update)"
+                f"shard: a sharded F-beta needs a sparse tau update (a dense tau is O(n) per "
+                f"step), got tau_update={tau_update!r} (tau_update='auto' is dense once "
+                "projection or preset is given: pass tau_update='sparse_adam_ahead'; the "
+                "trainer: regularizer.fbeta.tau_update)"
             )
         lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)
         if dense:
@@ -274,7 +273,7 @@ class FBetaRegularizer(ReparamRegularizer):
         if one:  # (over every process's rows: the communicator's)
             e, t = project_onto_c(eps[0], tau, comm=self._comm)
             return e.reshape(1), t
-        return project_onto_c(eps, tau, groups=self.layout.groups)
+        return project_onto_c(eps, tau, groups=self.layout.groups, comm=self._comm)
 
     # --- the dual step --------------------------------------------------------------------------
 

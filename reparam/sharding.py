@@ -134,8 +134,9 @@ class ShardedRows:
             raise ValueError(f"shard must be a reparam.Shard or None, got {shard!r}")
         if groups is not None:
             raise ValueError(
-                "shard: a sharded state supports groups=None only (the epoch end's projection "
-                "root over the processes is for one problem; docs/guide/sharded.md)"
+                "shard: a sharded state supports groups=None only (a problem per group: the "
+                "projection roots and tracked sums over the processes are per problem, a few "
+                "classes, not one per image; docs/guide/sharded.md)"
             )
         start, stop = shard.bounds()
         if n_here != stop - start:

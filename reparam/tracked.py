@@ -123,7 +123,7 @@ class TrackedThreshold(Schedule):
         if groups is None:  # (over every process's rows: the communicator's)
             r = projection_root(eps[0], values, comm=self._comm).view(1)
         else:
-            r = projection_root(eps, values, groups=groups.long())
+            r = projection_root(eps, values, groups=groups.long(), comm=self._comm)
         self.set_active_(tau, eps, groups, values > _per_row(r, groups, tau.shape[0]), values)
 
     @torch.no_grad()
@@ -180,11 +180,13 @@ def _of_rows(x: Tensor, rows: Tensor, groups: Tensor | None) -> Tensor:
 
 
 def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool, comm) -> None:
-    """``sums[group] += values`` (rows of ``values`` summed per problem); with one problem a sum
-    (inductor's CPU code generator fails on a scatter-add of float64 into one row, torch 2.13),
-    summed over the processes by ``comm`` (a sharded state has one problem)."""
+    """``sums[group] += values`` (rows of ``values`` summed per problem; with one problem a sum:
+    inductor's CPU code generator fails on a scatter-add of float64 into one row, torch 2.13),
+    summed over the processes by ``comm``."""
     if one:
         sums.add_(comm.sum(values.sum(0, keepdim=True)))
+    elif comm.world > 1:  # every problem's change, summed over the processes
+        sums.add_(comm.sum(torch.zeros_like(sums).index_add_(0, group, values)))
     else:
         sums.index_add_(0, group, values)
 

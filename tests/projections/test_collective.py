@@ -34,11 +34,11 @@ def test_project_onto_c_with_the_local_communicator_is_unchanged():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_the_root_over_processes_is_for_one_problem():
+def test_the_root_over_processes_takes_one_problem_or_groups():
     class TwoProcesses:
         world = 2
 
     with pytest.raises(
-        ValueError, match=r"comm: the root over several processes is for one problem"
+        ValueError, match=r"comm: the root over several processes takes eps 0-dim, or \(G,\)"
     ):
         projection_root(torch.ones(3), torch.ones(3, 4), comm=TwoProcesses())

@@ -18,10 +18,14 @@ N, D, B = 240, 6, 16  # samples, features, per-process batch
 STEPS = int(os.environ.get("SHARDED_TEST_STEPS", 7))  # steps per epoch
 
 
-def data(seed: int = 0, ordered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def data(
+    seed: int = 0, ordered: bool = False, classes: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N, D, generator=g)
     y = (x[:, 0] + 0.5 * torch.randn(N, generator=g) > 0.6).long()
+    if classes:  # three classes, 1 and 2 positive (about 20 % each)
+        y = y + (x[:, 1] > 0.9).long() * (1 - y) * 2
     if ordered:  # the positives last: the first block holds none
         order = torch.argsort(y, stable=True)
         x, y = x[order], y[order]
@@ -51,14 +55,35 @@ def make(kind: str, labels: torch.Tensor, shard: Shard | None):
         return FBetaRegularizer(
             labels, shard=shard, projection="epoch", tau_update="sparse_adam_ahead"
         )
+    if kind == "fbeta_classes":  # two positive classes: two problems over the processes
+        return FBetaRegularizer(labels, positive_classes=(1, 2), shard=shard)
+    if kind == "fbeta_classes_epoch":
+        return FBetaRegularizer(
+            labels,
+            positive_classes=(1, 2),
+            shard=shard,
+            projection="epoch",
+            tau_update="sparse_adam_ahead",
+        )
     return PrecisionAtRecall(labels, recall=0.8, shard=shard, projection="epoch")
 
 
 def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, state=None):
     """``rank`` None: the one-process reference; else process ``rank`` of the sharded run."""
     torch.manual_seed(0)
-    x, y = data(ordered=kind.endswith("_ordered"))
-    head = torch.nn.Linear(D, 1)
+    classes = kind.startswith("fbeta_classes")
+    x, y = data(ordered=kind.endswith("_ordered"), classes=classes)
+    head = torch.nn.Linear(D, 3 if classes else 1)
+
+    def scores(idx: torch.Tensor) -> torch.Tensor:
+        out = head(x[idx])
+        return out if classes else out[:, 0]
+
+    def task(u: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        if classes:
+            return F.cross_entropy(u, y[idx])
+        return F.binary_cross_entropy_with_logits(u, y[idx].float())
+
     if rank is None:
         reg = make(kind, y, None)
         if sampling == "global" and kind != "pr":  # the scale N / (n B) of each process's B
@@ -79,20 +104,18 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
             if rank is None:
                 losses = []
                 for idx in step:
-                    u = head(x[idx])[:, 0]
-                    losses.append(F.binary_cross_entropy_with_logits(u, y[idx].float()))
+                    losses.append(task(scores(idx), idx))
                 if kind == "pr":  # its per-step dual step: once, on the global batch
                     idx = torch.cat(micro_batches(step, k, sampling))
-                    losses.append(0.5 * k * reg(head(x[idx])[:, 0], idx))
+                    losses.append(0.5 * k * reg(scores(idx), idx))
                 else:
                     for idx in micro_batches(step, k, sampling):
-                        losses.append(0.5 * reg(head(x[idx])[:, 0], idx))
+                        losses.append(0.5 * reg(scores(idx), idx))
                 (sum(losses) / k).backward()
             else:
                 idx = step[rank]
-                u = head(x[idx])[:, 0]
-                task = F.binary_cross_entropy_with_logits(u, y[idx].float())
-                (task + 0.5 * reg(u, idx)).backward()
+                u = scores(idx)
+                (task(u, idx) + 0.5 * reg(u, idx)).backward()
                 for p in head.parameters():  # what DDP does for the network
                     dist.all_reduce(p.grad)
                     p.grad /= k
@@ -116,15 +139,22 @@ PER_SAMPLE = ("scores", "score_epoch")
 
 
 def gathered(reg) -> dict[str, torch.Tensor]:
-    """The sharded state of every process, concatenated in rank order (the unsharded layout)."""
-    out = {}
-    for name, value in reg.state_dict().items():
-        if name in PER_ROW or name in PER_SAMPLE:
+    """The sharded state of every process, concatenated in rank order, the rows in the unsharded
+    layout's order (by problem, then dataset index)."""
+    out, state = {}, reg.state_dict()
+    start = 0 if reg.shard is None else reg.shard.start
+    key = state["layout.tau_group"].long() * N + state["layout.pos_index"].long() + start
+    for name, value in [("row key", key), *state.items()]:
+        if name in PER_ROW or name in PER_SAMPLE or name == "row key":
             parts = [None] * dist.get_world_size()
             dist.all_gather_object(parts, value)
             out[name] = torch.cat(parts)
         else:
             out[name] = value
+    order = torch.argsort(out.pop("row key"))
+    for name in PER_ROW:
+        if name in out:
+            out[name] = out[name][order]
     return out
 
 
@@ -137,6 +167,7 @@ def _uneven(x: torch.Tensor, rank: int, k: int) -> torch.Tensor:
 def statistics(rank: int, k: int, out: str) -> None:
     """The epoch end's selections on scores spread over the processes against one process's on
     all of them: the value-bucket paths (more than 2^14 scores; ties; a few huge values)."""
+    from projections import projection_root
     from projections.collective import LOCAL, ProcessComm, root_over
     from reparam import functional as Fn
     from reparam import rate_functional as R
@@ -153,6 +184,17 @@ def statistics(rank: int, k: int, out: str) -> None:
             torch.cat([torch.randn(30000, generator=g) + 1.5, torch.tensor([1e6])]),
             torch.cat([torch.randn(40000, generator=g), torch.tensor([-1e6, 3e5])]),
         ),
+    }
+    # three groups' rows spread unevenly: each group's root over the processes
+    tau, groups = torch.randn(6000, generator=g), torch.randint(0, 3, (6000,), generator=g)
+    eps = torch.tensor([0.1, -0.3, 2.0])
+    results["grouped"] = {
+        "root": (
+            projection_root(
+                eps, _uneven(tau, rank, k), groups=_uneven(groups, rank, k), comm=comm
+            ).tolist(),
+            projection_root(eps, tau, groups=groups).tolist(),
+        )
     }
     for name, (u_pos, u_neg) in cases.items():
         # uneven shares (rank r holds a part growing with r^2): nothing may follow the local size

@@ -69,7 +69,9 @@ def assert_matches_one_process(r: dict, k: int) -> None:
     for name, value in r["ref_head"].items():
         torch.testing.assert_close(r["head"][name], value, atol=1e-5, rtol=0)
     for key, value in r["ref_stats"].items():  # the statistics, computed on the shards
-        if isinstance(value, float):
+        if isinstance(value, float) or (
+            isinstance(value, list) and value and isinstance(value[0], float)
+        ):
             assert r["stats"][key] == pytest.approx(value, abs=1e-5), key
         else:
             assert r["stats"][key] == value, key
@@ -84,6 +86,9 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         ("pr", 3, "global"),
         ("fbeta", 2, "owner"),
         ("fbeta_ordered", 2, "global"),  # the first block holds no positive
+        ("fbeta_classes", 2, "global"),  # two positive classes: two problems
+        pytest.param("fbeta_classes", 3, "owner", marks=pytest.mark.slow),
+        pytest.param("fbeta_classes_epoch", 3, "global", marks=pytest.mark.slow),
         pytest.param("fbeta", 3, "global", marks=pytest.mark.slow),
         pytest.param("pr", 2, "global", marks=pytest.mark.slow),
         pytest.param("pr", 3, "owner", marks=pytest.mark.slow),
