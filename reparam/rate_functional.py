@@ -210,6 +210,7 @@ def best_rescaled_precision_margin(
     *,
     n_pos: int | None = None,
     n_neg: int | None = None,
+    comm: LocalComm = LOCAL,
 ) -> float | None:
     r"""How well the *direction* of the current scores can certify precision ``a``: the largest
 
@@ -223,26 +224,44 @@ def best_rescaled_precision_margin(
     breakpoints' range; one evaluation of ``g`` costs ``O(log N)`` (sorted scores, prefix sums).
     Accurate to ~1e-6 of the optimum (checked against HiGHS). ``n_pos`` / ``n_neg`` rescale sums
     over a subset (the scored samples) to the whole set. ``None`` without positives or negatives.
+    ``comm`` with several processes: each evaluation sums the processes' ``tp`` and ``fp``
+    (one all-reduce of the lanes; about 1,400 per call), the range and spread of the scores are
+    every process's.
     """
-    if u_pos.numel() == 0 or u_neg.numel() == 0:
-        return None
     p = np.sort(u_pos.detach().double().cpu().numpy().ravel())
     q = np.sort(u_neg.detach().double().cpu().numpy().ravel())
-    n, m = p.size, q.size
+    n_here, m_here = p.size, q.size
+    n, m = (comm.total(n_here), comm.total(m_here)) if comm.world > 1 else (n_here, m_here)
+    if n == 0 or m == 0:
+        return None
     wp, wq, norm = (n_pos or n) / n, (n_neg or m) / m, float(n_pos or n)
     sp, sq = np.concatenate([[0.0], np.cumsum(p)]), np.concatenate([[0.0], np.cumsum(q)])
+    if comm.world > 1:  # every process's extremes (an empty part: +-inf, neutral)
+        inf = float("inf")
+        edges = [p[-1] if n_here else -inf, q[-1] if m_here else -inf]
+        edges += [-p[0] if n_here else -inf, -q[0] if m_here else -inf]
+        p_max, q_max, p_min, q_min = comm.max(torch.tensor(edges, dtype=torch.float64)).tolist()
+        p_min, q_min = -p_min, -q_min
+        sums = comm.sum(torch.tensor([sp[-1] + sq[-1], (p * p).sum() + (q * q).sum()]))
+        mean = float(sums[0]) / (n + m)
+        spread = max(float(sums[1]) / (n + m) - mean * mean, 0.0) ** 0.5 or 1.0
+    else:
+        p_max, q_max, p_min, q_min = p[-1], q[-1], p[0], q[0]
+        spread = float(np.concatenate([p, q]).std()) or 1.0
 
     def g(c: np.ndarray, d: np.ndarray) -> np.ndarray:
         k = np.searchsorted(p, (1 - d) / c)  # positives below the cap of min(1, c u + d)
-        tp = c * sp[k] + d * k + (n - k)
+        tp = c * sp[k] + d * k + (n_here - k)
         j = np.searchsorted(q, (-1 - d) / c, side="right")  # negatives with 1 + c u + d <= 0
-        fp = (m - j) * (1 + d) + c * (sq[-1] - sq[j])
+        fp = (m_here - j) * (1 + d) + c * (sq[-1] - sq[j])
+        if comm.world > 1:
+            tp, fp = comm.sum(torch.from_numpy(np.stack([tp, fp]))).numpy()
         return ((1 - precision) * wp * tp - precision * wq * fp) / norm
 
     def best_over_d(c: np.ndarray) -> np.ndarray:
         """Golden-section search per lane (one new evaluation per iteration)."""
-        lo = np.minimum(1 - c * p[-1], -1 - c * q[-1])  # the breakpoints bracket the optimum
-        hi = np.maximum(1 - c * p[0], -1 - c * q[0])
+        lo = np.minimum(1 - c * p_max, -1 - c * q_max)  # the breakpoints bracket the optimum
+        hi = np.maximum(1 - c * p_min, -1 - c * q_min)
         x1, x2 = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
         g1, g2 = g(c, x1), g(c, x2)
         for _ in range(60):
@@ -255,7 +274,6 @@ def best_rescaled_precision_margin(
             x2, g2 = np.where(right, new_x, kept_x), np.where(right, new_g, kept_g)
         return np.maximum(g1, g2)
 
-    spread = float(np.concatenate([p, q]).std()) or 1.0
     log_c = np.linspace(-4, 6, 81) - np.log10(spread)
     values = best_over_d(10.0**log_c)
     i = int(np.argmax(values))
@@ -337,11 +355,37 @@ def threshold_at_recall(
     return RateThreshold(float(t[i]), float(tp[i] / n), float(tp[i] / k[i]), True)
 
 
-def threshold_at_precision(u_pos: Tensor, u_neg: Tensor, precision: float) -> RateThreshold:
+def threshold_at_precision(
+    u_pos: Tensor, u_neg: Tensor, precision: float, comm: LocalComm = LOCAL
+) -> RateThreshold:
     """The best recall subject to precision ``>= precision``: among the cuts whose decisions have
     precision ``tp / k >= precision``, the one keeping the most positives (ties: the highest cut).
     When no cut meets the target, the cut of highest precision (ties: the most positives), with
-    ``met=False``."""
+    ``met=False``. ``comm`` with several processes: the value-bucket search
+    (``functional.best_cut``) with the recall of a feasible cut as its value (``-1`` for a cut
+    below the precision), then, if none is feasible, with the precision; the same cut as the
+    sort of all the scores."""
+    if comm.world > 1:
+        n = comm.total(u_pos.numel())
+        if n == 0:
+            _need_positives(u_pos[:0])
+
+        def feasible_tp(tp: Tensor, k: Tensor) -> Tensor:
+            return torch.where(tp / k >= precision - 1e-12, tp, torch.full_like(tp, -1.0))
+
+        def ranked_precision(tp: Tensor, k: Tensor) -> Tensor:  # ties: the most positives
+            return tp / k + tp * 1e-12 / max(float(n), 1.0)
+
+        def by_sort(u_pos: Tensor, u_neg: Tensor) -> RateThreshold:
+            return threshold_at_precision(u_pos, u_neg, precision)
+
+        for value in (feasible_tp, ranked_precision):
+            cut = best_cut(u_pos, u_neg, value, comm, by_sort, masked=-2.0)
+            if isinstance(cut, RateThreshold):
+                return cut
+            t, best, tp, k = cut
+            if value is ranked_precision or best >= 0:
+                return RateThreshold(t, tp / n, tp / k, tp / k >= precision - 1e-12)
     _need_positives(u_pos)
     t, tp, k, n = _cuts(u_pos, u_neg)
     prec = tp / k

@@ -151,13 +151,13 @@ class RecallAtPrecision(PointRateObjective):
         a = self.precision
         fp = torch.where(is_pos, 0, R.hinge_fp(z)).sum()
         tp = torch.where(is_pos, R.capped(z), 0).sum()
-        return (self._scale_pos(z.shape[0]) * (a * fp - (1 - a) * tp)).reshape(1)
+        return (self._scale_pos(self._batch_of(z)) * (a * fp - (1 - a) * tp)).reshape(1)
 
     def _stationary_lambda(self) -> Tensor:
         return 1 + self.nu * (1 - self.precision)
 
     def _select_threshold(self, u_pos: Tensor, u_neg: Tensor) -> R.RateThreshold:
-        return R.threshold_at_precision(u_pos, u_neg, self.precision)
+        return R.threshold_at_precision(u_pos, u_neg, self.precision, self._comm)
 
     def _capped_targets(self) -> Tensor:
         return R.capped(self.scores[self.layout.pos_index, 0])
@@ -165,9 +165,10 @@ class RecallAtPrecision(PointRateObjective):
     def _violation(self) -> Tensor:
         """``a fp+/n - (1 - a) mean tau``, ``fp+`` from the scored negatives (scaled to all)."""
         _, u_neg = self._split_scores()
-        fp = R.hinge_fp(u_neg).mean() * self.n_negatives if u_neg.numel() else torch.zeros(())
+        scored = self._comm.total(u_neg.numel())  # (sharded: every process's)
+        fp = self._mean(R.hinge_fp(u_neg)) * self.n_negatives if scored else torch.zeros(())
         a, n = self.precision, self.layout.n_pos_list[0]
-        return (a * fp / n - (1 - a) * self.tau.detach().float().mean()).reshape(1)
+        return (a * fp / n - (1 - a) * self._mean(self.tau.detach().float())).reshape(1)
 
     def _dual_step_(self) -> None:
         """The ``nu`` step, then (after epoch 1, then every ``INFEASIBLE_CHECK_EVERY`` epochs) the
@@ -186,6 +187,7 @@ class RecallAtPrecision(PointRateObjective):
             self.precision,
             n_pos=int(self.layout.n_pos_list[0]),
             n_neg=int(self.n_negatives),
+            comm=self._comm,
         )
         self.certifiable_margin.fill_(float("-inf") if margin is None else margin)
         if margin is None or margin >= 0:

@@ -60,6 +60,9 @@ def _processes() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+SHARDABLE = ("fbeta", "precision_at_recall", "recall_at_precision")  # regularizer.shard
+
+
 def build_regularizer(
     r: RegularizerConfig,
     shape_labels: torch.Tensor,
@@ -75,10 +78,10 @@ def build_regularizer(
     try:
         extra = {} if groups is None else {"groups": groups}
         if shard is not None:
-            if r.name not in ("fbeta", "precision_at_recall") or groups is not None:
+            if r.name not in SHARDABLE or groups is not None:
                 raise ValueError(
-                    f"regularizer.shard={r.shard} supports regularizer.name fbeta and "
-                    f"precision_at_recall on the shape node (target: shape_node), got "
+                    f"regularizer.shard={r.shard} supports regularizer.name "
+                    f"{', '.join(SHARDABLE)} on the shape node (target: shape_node), got "
                     f"name={r.name}, target={r.target}"
                 )
             extra["shard"] = shard

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reparam import FBetaRegularizer, PrecisionAtRecall, Shard
+from reparam import FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision, Shard
 
 N, D, B = 240, 6, 16  # samples, features, per-process batch
 STEPS = int(os.environ.get("SHARDED_TEST_STEPS", 7))  # steps per epoch
@@ -65,6 +65,8 @@ def make(kind: str, labels: torch.Tensor, shard: Shard | None):
             projection="epoch",
             tau_update="sparse_adam_ahead",
         )
+    if kind == "rap":  # its infeasibility watch and threshold at a precision on the shards
+        return RecallAtPrecision(labels, precision=0.7, shard=shard, projection="epoch")
     return PrecisionAtRecall(labels, recall=0.8, shard=shard, projection="epoch")
 
 
@@ -86,7 +88,10 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
 
     if rank is None:
         reg = make(kind, y, None)
-        if sampling == "global" and kind != "pr":  # the scale N / (n B) of each process's B
+        if sampling == "global" and kind not in (
+            "pr",
+            "rap",
+        ):  # the scale N / (n B) of each process's B
             reg._routed_batch = B
     else:
         shard = Shard.from_process_group(N, sampling=sampling)
@@ -105,7 +110,7 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
                 losses = []
                 for idx in step:
                     losses.append(task(scores(idx), idx))
-                if kind == "pr":  # its per-step dual step: once, on the global batch
+                if kind in ("pr", "rap"):  # the per-step dual step: once, on the global batch
                     idx = torch.cat(micro_batches(step, k, sampling))
                     losses.append(0.5 * k * reg(scores(idx), idx))
                 else:
@@ -216,6 +221,18 @@ def statistics(rank: int, k: int, out: str) -> None:
                 tuple(R.threshold_at_recall(*mine, 0.9, comm)),
                 tuple(R.threshold_at_recall(u_pos, u_neg, 0.9)),
             ),
+            "at_precision": (
+                tuple(R.threshold_at_precision(*mine, 0.8, comm)),
+                tuple(R.threshold_at_precision(u_pos, u_neg, 0.8)),
+            ),
+            "at_precision_unmet": (
+                tuple(R.threshold_at_precision(*mine, 0.999, comm)),
+                tuple(R.threshold_at_precision(u_pos, u_neg, 0.999)),
+            ),
+            "margin": (
+                R.best_rescaled_precision_margin(*mine, 0.8, comm=comm),
+                R.best_rescaled_precision_margin(u_pos, u_neg, 0.8),
+            ),
             "root": (
                 float(root_over(torch.tensor(0.3), mine[0], comm)),
                 float(root_over(torch.tensor(0.3), u_pos, LOCAL)),
@@ -227,7 +244,7 @@ def statistics(rank: int, k: int, out: str) -> None:
 
 def errors(rank: int, k: int, out: str) -> None:
     """Bad input and a shard loaded into another layout: the messages each process gets."""
-    from reparam import RecallAtPrecision
+    from reparam import ROCAUC
 
     _, y = data()
     shard = Shard.from_process_group(N)
@@ -245,7 +262,7 @@ def errors(rank: int, k: int, out: str) -> None:
     other = (shard.start + shard.stop) % N
     catch("owner_idx", lambda: reg(torch.zeros(2), torch.tensor([shard.start, other])))
     catch("dense", lambda: FBetaRegularizer(shard.local_labels(y), shard=shard, tau_update="dense"))
-    catch("rap", lambda: RecallAtPrecision(shard.local_labels(y), precision=0.8, shard=shard))
+    catch("roc", lambda: ROCAUC(shard.local_labels(y), shard=shard))
     saved = [None] * k
     dist.all_gather_object(saved, reg.state_dict())
     catch("other_rank", lambda: reg.load_state_dict(saved[(rank + 1) % k]))

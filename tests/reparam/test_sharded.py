@@ -89,6 +89,8 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         ("fbeta_classes", 2, "global"),  # two positive classes: two problems
         pytest.param("fbeta_classes", 3, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta_classes_epoch", 3, "global", marks=pytest.mark.slow),
+        ("rap", 2, "global"),
+        pytest.param("rap", 3, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta", 3, "global", marks=pytest.mark.slow),
         pytest.param("pr", 2, "global", marks=pytest.mark.slow),
         pytest.param("pr", 3, "owner", marks=pytest.mark.slow),
@@ -113,6 +115,8 @@ def test_epoch_end_selections_match_one_process(tmp_path):
         for name, (sharded, whole) in values.items():
             if name == "bound":  # a float64 sum over the negatives, added up in another order
                 assert sharded == pytest.approx(whole, rel=1e-12), (case, name)
+            elif name == "margin":  # sums of the processes' tp and fp: another order
+                assert sharded == pytest.approx(whole, abs=1e-9), (case, name)
             else:
                 assert sharded == whole, (case, name)
 
@@ -136,7 +140,7 @@ def test_errors(tmp_path):
     assert "shape_labels must hold this process's 120 samples [0, 120)" in messages["labels"]
     assert "idx must hold the samples this process owns, [0, 120)" in messages["owner_idx"]
     assert "sparse tau update (a dense tau is O(n) per step)" in messages["dense"]
-    assert "not RecallAtPrecision: its epoch end reads all the remembered scores" in messages["rap"]
+    assert "not ROCAUC: its epoch end reads all the remembered scores" in messages["roc"]
     assert "shard 1 of 2" in messages["other_rank"]
     assert "resume with 2 processes" in messages["other_rank"]
     assert "unsharded objective's" in messages["unsharded"]
