@@ -22,7 +22,7 @@ from torch import Tensor
 class LocalComm:
     """The collectives of one process: every reduction is the identity (the unsharded path)."""
 
-    world = 1
+    world, rank = 1, 0
 
     def total(self, count: int) -> int:
         return count
@@ -64,6 +64,11 @@ class LocalComm:
         """A 0-d bool flag, ``True`` iff it is on every process (on the device, no host read)."""
         return flag
 
+    def route(self, x: Tensor, dest: Tensor) -> Tensor:
+        """Row ``i`` of ``x`` sent to process ``dest[i]``; returns the rows this process received,
+        in rank order (one process: ``x``)."""
+        return x
+
 
 LOCAL = LocalComm()
 
@@ -74,7 +79,7 @@ class ProcessComm(LocalComm):
 
     def __init__(self, group: object = None) -> None:
         self.group = group
-        self.world = dist.get_world_size(group)
+        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
 
     def _reduce(self, t: Tensor, op) -> Tensor:
         out = t.detach().clone()
@@ -101,6 +106,16 @@ class ProcessComm(LocalComm):
 
     def all_of_flag(self, flag: Tensor) -> Tensor:
         return self.min(flag)
+
+    def route(self, x: Tensor, dest: Tensor) -> Tensor:
+        order = torch.argsort(dest, stable=True)
+        send = torch.bincount(dest, minlength=self.world)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        out = x.new_empty((int(recv.sum()), *x.shape[1:]))
+        sends, recvs = send.tolist(), recv.tolist()
+        dist.all_to_all_single(out, x[order].contiguous(), recvs, sends, group=self.group)
+        return out
 
     def mean_of(self, x: Tensor) -> Tensor:
         total = self.sum(torch.stack([x.double().sum(), torch.tensor(float(x.numel()))]))

@@ -68,8 +68,6 @@ class RateObjective(ReparamRegularizer):
     _default_dual_every = "step"
     _version = 4  # 4: no per-sample tau or lambda with dual_every="step", the layout's module
 
-    _shardable = False  # whether its epoch end runs on the shards (reparam.sharding)
-
     def __init__(
         self,
         shape_labels: object,
@@ -102,12 +100,6 @@ class RateObjective(ReparamRegularizer):
             dual_lr_lambda=dual_lr_lambda,
             shard=shard,
         )
-        if self.sharded and not self._shardable:
-            raise ValueError(
-                f"shard: a sharded state is supported by FBetaRegularizer, PrecisionAtRecall and "
-                f"RecallAtPrecision, not {type(self).__name__}: its epoch end reads all the "
-                "remembered scores on one process (docs/guide/sharded.md)"
-            )
         self.positive_class = positive_class
         self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)
         self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
@@ -272,8 +264,6 @@ class PointRateObjective(RateObjective):
     fully only at ``u >= 1``, so the certified target at ``u > 0`` leaves the true rate there
     above it; the threshold makes the training decision tight.
     """
-
-    _shardable = True  # the cuts and certificates take a communicator
 
     # 3: the learned decision threshold (buffers decision_threshold, threshold_met); 4: no
     # per-sample tau or lambda with dual_every="step", the layout in its own module

@@ -77,9 +77,12 @@ def recall_precision(
     return recall, precision
 
 
-def roc_auc(u_pos: Tensor, u_neg: Tensor) -> float | None:
+def roc_auc(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | None:
     """Exact ROC-AUC (Mann-Whitney): ``P(u_pos > u_neg) + P(u_pos = u_neg) / 2`` over all pairs,
-    from average ranks (O((n + m) log(n + m))); ``None`` without positives or negatives."""
+    from average ranks (O((n + m) log(n + m))); ``None`` without positives or negatives.
+    ``comm`` with several processes: :func:`_roc_auc_over` (a sample sort, O((n + m) / K) each)."""
+    if comm.world > 1:
+        return _roc_auc_over(u_pos, u_neg, comm)
     n, m = u_pos.numel(), u_neg.numel()
     if n == 0 or m == 0:
         return None
@@ -89,6 +92,40 @@ def roc_auc(u_pos: Tensor, u_neg: Tensor) -> float | None:
     avg_rank = ends - (counts.double() - 1) / 2  # ties share the mean of their ranks
     rank_sum = float(avg_rank[inverse[:n]].sum())
     return (rank_sum - n * (n + 1) / 2) / (n * m)
+
+
+def _roc_auc_over(u_pos: Tensor, u_neg: Tensor, comm: LocalComm) -> float | None:
+    """:func:`roc_auc` of scores spread over processes, exactly: the scores are split into value
+    ranges of about equal counts (a histogram of 4096 buckets summed over the processes; equal
+    values share a bucket, so no tie straddles two ranges), each range is routed to one process
+    (``comm.route``: O((n + m) / K) received per process), and every process counts, for its
+    positives, the negatives below them: those of the lower ranges and its own, ties a half."""
+    n, m = comm.total(u_pos.numel()), comm.total(u_neg.numel())
+    if n == 0 or m == 0:
+        return None
+    x = torch.cat([u_pos.detach().double().flatten(), u_neg.detach().double().flatten()])
+    is_pos = torch.arange(x.numel()) < u_pos.numel()
+    lo, hi = float(comm.min_of(x)), float(comm.max_of(x))
+    buckets = 4096
+    scale = buckets / (hi - lo) if hi > lo else 0.0
+    bucket = ((x - lo) * scale).long().clamp(0, buckets - 1)
+    counts = comm.sum(torch.bincount(bucket, minlength=buckets)).cumsum(0)
+    # process r takes the buckets whose running count passes r / K of all the scores
+    cuts = torch.tensor([(r * (n + m)) // comm.world for r in range(1, comm.world)])
+    first_bucket = torch.searchsorted(counts, cuts, right=True)
+    dest = torch.searchsorted(first_bucket, bucket, right=True)
+    got = comm.route(torch.stack([x, is_pos.double()], 1), dest)
+    values, pos = got[:, 0], got[:, 1] > 0
+    _, inverse = torch.unique(values, sorted=True, return_inverse=True)
+    size = int(inverse.max()) + 1 if inverse.numel() else 0
+    pos_v = torch.zeros(size, dtype=torch.float64).index_add_(0, inverse, pos.double())
+    neg_v = torch.zeros(size, dtype=torch.float64).index_add_(0, inverse, (~pos).double())
+    below = torch.cumsum(neg_v, 0) - neg_v  # this range's negatives below each value
+    here = torch.tensor([float(neg_v.sum())], dtype=torch.float64)
+    negatives = comm.cat(here)  # every range's negatives, in rank order
+    lower = float(negatives[: comm.rank].sum())
+    u = float((pos_v * (below + lower + neg_v / 2)).sum())
+    return float(comm.sum(torch.tensor([u], dtype=torch.float64))) / (n * m)
 
 
 def fpr_grid(k: int) -> Tensor:

@@ -268,6 +268,8 @@ class ROCAUC(RateObjective):
         self._init_rows(columns=grid, stationary_lambda=1.0)
         self.grid = grid
         self.offsets = nn.Parameter(torch.full((grid,), offset_init))
+        if self.sharded:  # replicated: its gradient is the mean over the processes
+            self.offsets.register_post_accumulate_grad_hook(self._average_grad_)
         self.register_buffer("fpr_targets", R.fpr_grid(grid).float())
 
     _default_dual_every = "epoch"
@@ -276,7 +278,7 @@ class ROCAUC(RateObjective):
         z_now = u[:, None] + self.offsets.detach()[None, :]  # the saddle's scores (no grad)
         is_pos, t, lam, s_pos = self._batch_rows(z_now, idx, rows)
         z = u[:, None] + self.offsets[None, :]  # (B, K): the score at every grid threshold
-        s_neg = self.n_samples / (self.n_negatives * idx.numel())
+        s_neg = self.n_samples / (self.n_negatives * self._batch_of(idx))
         return R.roc_auc_minibatch(
             t, lam, self._nu_now(), z, is_pos, s_pos, s_neg, self.fpr_targets
         )
@@ -284,7 +286,7 @@ class ROCAUC(RateObjective):
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """``(N / (m B)) sum_{B-} max(0, 1 + u_j + b_k) - t_k`` per grid point."""
         fp = torch.where(is_pos[:, None], 0, R.hinge_fp(z)).sum(0)
-        return self.n_samples / (self.n_negatives * z.shape[0]) * fp - self.fpr_targets
+        return self.n_samples / (self.n_negatives * self._batch_of(z)) * fp - self.fpr_targets
 
     def _stationary_lambda(self) -> Tensor:
         return torch.ones_like(self.nu)
@@ -296,9 +298,17 @@ class ROCAUC(RateObjective):
     def _fpr_bounds(self) -> Tensor:
         """``fp+(u + b_k) / m`` per grid point, from the scored negatives."""
         _, u_neg = self._split_scores()
-        if u_neg.numel() == 0:
+        if self._comm.total(u_neg.numel()) == 0:
             return torch.ones_like(self.fpr_targets)
-        return R.hinge_fp(u_neg[:, None] + self.offsets.detach().float()[None, :]).mean(0)
+        return self._column_mean(
+            R.hinge_fp(u_neg[:, None] + self.offsets.detach().float()[None, :])
+        )
+
+    def _column_mean(self, x: Tensor) -> Tensor:
+        """``x.mean(0)`` over every process's rows (one process: ``x.mean(0)`` itself)."""
+        if self._comm.world == 1:
+            return x.mean(0)
+        return (self._comm.sum(x.double().sum(0)) / self._comm.total(x.shape[0])).to(x.dtype)
 
     def _violation(self) -> Tensor:
         return self._fpr_bounds() - self.fpr_targets
@@ -312,17 +322,17 @@ class ROCAUC(RateObjective):
         u_pos, u_neg = self._split_scores()
         b = self.offsets.detach().float()
         out: dict[str, float | int | list | bool | None] = {
-            "train_auc": R.roc_auc(u_pos, u_neg),
+            "train_auc": R.roc_auc(u_pos, u_neg, self._comm),
             "certified_auc": None,
             "grid_tpr_mean": None,
             "fpr_excess_max": None,
         }
-        if u_pos.numel() and u_neg.numel():
+        if self._comm.total(u_pos.numel()) and self._comm.total(u_neg.numel()):
             z_pos, z_neg = u_pos[:, None] + b, u_neg[:, None] + b
-            tpr_lower = torch.clamp(z_pos, max=1).mean(0).clamp_min(0)
+            tpr_lower = self._column_mean(torch.clamp(z_pos, max=1)).clamp_min(0)
             out["certified_auc"] = R.certified_auc(tpr_lower, self._fpr_bounds())
-            out["grid_tpr_mean"] = float((z_pos > 0).float().mean())
-            fpr = (z_neg > 0).float().mean(0)
+            out["grid_tpr_mean"] = float(self._mean((z_pos > 0).float()))
+            fpr = self._column_mean((z_neg > 0).float())
             out["fpr_excess_max"] = float((fpr - self.fpr_targets).max())
         return out | self._rate_stats() | {"offsets": b.tolist(), "nu_per_point": self.nu.tolist()}
 

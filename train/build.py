@@ -60,7 +60,7 @@ def _processes() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-SHARDABLE = ("fbeta", "precision_at_recall", "recall_at_precision")  # regularizer.shard
+SHARDABLE = ("fbeta", "precision_at_recall", "recall_at_precision", "roc_auc")  # .shard
 
 
 def build_regularizer(
