@@ -2,6 +2,7 @@
 
     python -m benchmarks.scale_shards --out docs/figures                  # K = 1, 2, 4; n to 1e8
     python -m benchmarks.scale_shards --max-n 1e6 --out /tmp/shards       # quick
+    python -m benchmarks.scale_shards --compile --max-n 1e4 --out docs/figures   # reg.compile()
 
 ``FBetaRegularizer`` with the library's defaults (``tracked`` projection, ``sparse_adam_ahead``
 ``tau``) driven with synthetic scores (no network), half of the samples positive, as
@@ -13,7 +14,9 @@ Reported per (K, sampling, n), the largest over the processes: the median step (
 Adam on ``eps``, ``after_step_()``) and its ratio to the step at 1e4; the epoch end (every sample
 scored with a Gaussian score: the distributed root, dual step and statistics); the process's
 peak resident memory; the regularizer's state (parameters, buffers growing with n, Adam's state)
-per process and as a fraction of one process's.
+per process and as a fraction of one process's. ``--compile``: the regularizer's ``compile()``
+(owner sampling one graph per part; global sampling breaks at the routing), 30 warm-up steps,
+written as ``scale_shards_compiled.md``.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ PER_BATCH = (  # the sparse tau's probe and table: sized by the batch and the ru
 SETUPS = ((1, "none"), (2, "owner"), (2, "global"), (4, "owner"), (4, "global"))
 
 
-def _measure(n: int, sampling: str, batch: int, steps: int) -> dict[str, float]:
+def _measure(n: int, sampling: str, batch: int, steps: int, compiled: bool = False) -> dict:
     """In this process (one rank of the group, or alone): build, step, end the epoch."""
     import torch
     import torch.distributed as dist
@@ -54,11 +57,14 @@ def _measure(n: int, sampling: str, batch: int, steps: int) -> dict[str, float]:
     labels = torch.zeros(stop - start, dtype=torch.int8)
     labels[(start % 2) :: 2] = 1  # the even samples are the positives
     reg = FBetaRegularizer(labels, shard=shard)
+    if compiled:
+        reg.compile()
+    warm = 30 if compiled else 3  # (compiled: the first calls compile, and recompile once)
     del labels
     opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
     reg.attach(opt)
     times = []
-    for k in range(steps + 3):
+    for k in range(steps + warm):
         low, high = (start, stop) if sampling == "owner" else (0, n)
         idx = torch.randint(low, high, (batch,), generator=gen)
         u = torch.randn(batch, generator=gen).requires_grad_()
@@ -67,7 +73,7 @@ def _measure(n: int, sampling: str, batch: int, steps: int) -> dict[str, float]:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if k >= 3:
+        if k >= warm:
             times.append(time.perf_counter() - begin)
     per_sample = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
     state = [*reg.parameters(), *per_sample, *(v for s in opt.state.values() for v in s.values())]
@@ -86,14 +92,17 @@ def _measure(n: int, sampling: str, batch: int, steps: int) -> dict[str, float]:
     }
 
 
-def measure(n: int, sampling: str, batch: int, steps: int, world: int) -> dict[str, float]:
+def measure(
+    n: int, sampling: str, batch: int, steps: int, world: int, compiled: bool = False
+) -> dict[str, float]:
     """One measurement in fresh processes; the largest value over the processes."""
-    return measure_in_fresh_processes("benchmarks.scale_shards", [n, sampling, batch, steps], world)
+    args = [n, sampling, batch, steps, compiled]
+    return measure_in_fresh_processes("benchmarks.scale_shards", args, world)
 
 
 def _child(spec: str) -> None:
-    n, sampling, batch, steps, world, out = json.loads(spec)
-    run_child(_measure, [n, sampling, batch, steps], world, out)
+    n, sampling, batch, steps, compiled, world, out = json.loads(spec)
+    run_child(_measure, [n, sampling, batch, steps, compiled], world, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=256, help="samples per process and step")
     p.add_argument("--steps", type=int, default=100, help="timed steps per measurement")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    p.add_argument("--compile", action="store_true", help="the regularizer's compile()")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
@@ -111,13 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for world, sampling in SETUPS:
         for n in sizes:
-            r = measure(n, sampling, a.batch, a.steps, world)
+            r = measure(n, sampling, a.batch, a.steps, world, a.compile)
             results.append((world, sampling, n, r))
             print(world, sampling, n, {k: f"{v:.4g}" for k, v in r.items()}, flush=True)
     text = _report(results, a)
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "scale_shards.md").write_text(text)
-    _plot(results, a.out / "scale_shards.png")
+    name = "scale_shards_compiled" if a.compile else "scale_shards"
+    (a.out / f"{name}.md").write_text(text)
+    _plot(results, a.out / f"{name}.png")
     print(text)
     return 0
 
@@ -154,7 +165,8 @@ def _report(results: list, a: argparse.Namespace) -> str:
         "state / one process's",
     ]
     return (
-        f"<!-- python -m benchmarks.scale_shards --max-n {a.max_n:.0e} --batch {a.batch}"
+        f"<!-- python -m benchmarks.scale_shards {'--compile ' if a.compile else ''}"
+        f"--max-n {a.max_n:.0e} --batch {a.batch}"
         + (f" --steps {a.steps}" if a.steps != 100 else "")
         + " -->\n"
         f"{machine_line()}; one thread per process, batch {a.batch} per process, median of "

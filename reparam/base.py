@@ -88,7 +88,8 @@ class ReparamRegularizer(ShapeObjective):
         (``torch.compile`` of your training step) the objective traces whole without this call.
         Mode ``"inline"`` runs the exact projection every step, whose root search
         reads values: it compiles with graph breaks (``fullgraph=False``)."""
-        options = {"fullgraph": self.schedule.traces_whole, **kwargs}
+        routed = self.shard is not None and self.shard.sampling == "global"  # (_routed: a break)
+        options = {"fullgraph": self.schedule.traces_whole and not routed, **kwargs}
         self._compiled_forward, self._compiled_after_step = compiled_steps(type(self), **options)
 
     # --- the loss -------------------------------------------------------------------------------

@@ -202,17 +202,13 @@ class ShardedRows:
         shard = self.shard
         if shard is None:
             return scores, idx
-        if shard.sampling == "global":  # checked before they leave (the owner checks them again)
-            _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
-            if idx.numel():
-                _checks._index_range(idx, self.n_samples)
-            self._routed_batch = idx.numel()
-            scores, idx = route(shard, scores, idx.to(self.shape_labels.device))
-            return scores, idx - shard.start
+        if shard.sampling == "global":
+            return self._routed(scores, idx)
         start, stop = shard.bounds()
         if not (isinstance(idx, Tensor) and idx.dtype == torch.int64 and idx.dim() == 1):
             return scores, idx  # the forward's own check names what is wrong
-        if idx.numel():
+        if idx.numel() and not torch.compiler.is_compiling():  # (compiled: an index of another
+            # block is out of this one's range, masked and reported at the epoch end, _monitor)
             lo, hi = (int(v) for v in idx.aminmax())
             if lo < start or hi >= stop:
                 raise ValueError(
@@ -222,6 +218,19 @@ class ShardedRows:
                     "sampling='global'"
                 )
         return scores, idx - start
+
+    @torch.compiler.disable  # the one graph break of a compiled step (sizes are the data's)
+    def _routed(self, scores: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Sampling ``"global"``: the batch checked before it leaves (the owner checks it again),
+        then routed (:func:`route`); eager also inside ``torch.compile``: how many entries each
+        process receives is data (``ReparamRegularizer.compile`` compiles without ``fullgraph``)."""
+        shard = self.shard
+        _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)
+        if idx.numel():
+            _checks._index_range(idx, self.n_samples)
+        self._routed_batch = idx.numel()
+        scores, idx = route(shard, scores, idx.to(self.shape_labels.device))
+        return scores, idx - shard.start
 
     @torch.no_grad()
     def _average_grad_(self, p: Tensor) -> None:

@@ -24,3 +24,13 @@ def test_scale_shards_measures_every_setup(tmp_path):
         # the per-sample state split K ways (+ the per-class buffers and Adam's state of eps)
         assert 1 / int(world) <= float(share) <= 1 / int(world) + 0.01
     assert (tmp_path / "scale_shards.png").stat().st_size > 0
+
+
+def test_the_compiled_arm_runs_the_compiled_step():
+    """``--compile``: the regularizer's compile() is what the timed steps call."""
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()  # (what earlier tests of this process compiled)
+    r = scale_shards._measure(1000, "none", 8, 2, compiled=True)
+    assert r["step_s"] > 0 and r["state_bytes"] > 0
+    assert dynamo_utils.counters["stats"]["unique_graphs"] >= 2  # the forward and after_step_

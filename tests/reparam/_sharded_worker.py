@@ -49,7 +49,7 @@ def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
 
 
 def make(kind: str, labels: torch.Tensor, shard: Shard | None):
-    if kind in ("fbeta", "fbeta_ordered"):
+    if kind in ("fbeta", "fbeta_ordered", "fbeta_compiled"):
         return FBetaRegularizer(labels, shard=shard)
     if kind == "fbeta_epoch":  # the projection at the epoch end, on the shards
         return FBetaRegularizer(
@@ -98,6 +98,8 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
     else:
         shard = Shard.from_process_group(N, sampling=sampling)
         reg = make(kind, shard.local_labels(y), shard)
+        if kind.endswith("_compiled"):  # the forward and after_step_, each one graph
+            reg.compile()
     opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=0.05)
     reg.attach(opt)
     if state is not None:
@@ -423,8 +425,12 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
         result["ref_bytes"] = sum(
             t.numel() * t.element_size() for t in ref_reg.state_dict().values()
         )
+    from torch._dynamo.utils import counters
+
+    breaks = dict(counters["graph_break"])  # compiled kinds: where the graphs broke, and how often
     results = [None] * k
-    dist.all_gather_object(results, {"bytes": result["bytes"], "resume": result["resume_equal"]})
+    mine = {"bytes": result["bytes"], "resume": result["resume_equal"], "breaks": breaks}
+    dist.all_gather_object(results, mine)
     if rank == 0:
         result["all"] = results
         torch.save(result, out)

@@ -91,6 +91,9 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         pytest.param("fbeta_classes_epoch", 3, "global", marks=pytest.mark.slow),
         ("rap", 2, "global"),
         ("roc", 2, "global"),
+        # reg.compile(): owner sampling traces whole (fullgraph), global breaks at the routing
+        pytest.param("fbeta_compiled", 2, "owner", marks=pytest.mark.slow),
+        pytest.param("fbeta_compiled", 2, "global", marks=pytest.mark.slow),
         pytest.param("roc", 3, "owner", marks=pytest.mark.slow),
         pytest.param("rap", 3, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta", 3, "global", marks=pytest.mark.slow),
@@ -102,6 +105,11 @@ def assert_matches_one_process(r: dict, k: int) -> None:
 def test_sharded_run_matches_one_process(tmp_path, kind, k, sampling):
     r = run(tmp_path, k, kind, sampling)
     assert_matches_one_process(r, k)
+    for process in r["all"]:  # where a compiled step's graphs broke
+        if sampling == "owner":
+            assert process["breaks"] == {}
+        else:
+            assert all("ShardedRows._routed" in why for why in process["breaks"])
     if (
         k == 2 and kind != "fbeta_ordered"
     ):  # nothing of size O(N) replicated: each process holds about half
