@@ -28,11 +28,10 @@ class ShapeObjective(ShardedRows, nn.Module):
     """Base of every objective on the shape node's scores; see the module docstring."""
 
     _needs_end_epoch = True  # warn when end_epoch_() is forgotten (False: it only counts epochs)
-    # the state with one entry per sample of the block, and per row (reparam/resharding.py)
-    _sample_state = ("shape_labels", "scores", "score_epoch")
+    _sample_state = ("shape_labels", "scores", "score_epoch")  # per sample, per row: resharding
     _row_state: tuple[str, ...] = ()
-    # The layout of the state_dict (torch's idiom: saved in its metadata, checked on load; another
-    # version is refused with a message). 3: the problems' layout in reg.layout
+    # The state_dict's layout (torch's idiom: in its metadata, checked on load, another refused
+    # with a message). 3: the problems' layout in reg.layout
     _version = 3
 
     def __init__(

@@ -64,6 +64,7 @@ def test_a_timing_trains_what_the_run_of_the_method_trains():
     assert "optim.schedule=poly" in wanted
 
 
+@pytest.mark.slow  # a small study run end to end (the default suite's time)
 def test_run_then_table_on_a_small_camvid_folder(tmp_path, monkeypatch, capsys):
     camvid = write_layout(tmp_path / "camvid", n=4, hw=(32, 48))
     monkeypatch.chdir(tmp_path)  # caches under ./data, configs from ./configs
@@ -326,6 +327,7 @@ def test_resolution_groups_finished_runs_by_size_and_arm(tmp_path):
         gpu_runs(tmp_path / "no-archive")
 
 
+@pytest.mark.slow  # a small study run end to end (the default suite's time)
 def test_resolution_gpu_script_trains_both_arms_that_the_table_reads(tmp_path):
     """resolution_gpu.sh end to end on the CPU (1 epoch, 3 frames, 120x160 only): its runs are the
     folders ``resolution`` reads, trained with the recipe, and its archive of them comes back."""

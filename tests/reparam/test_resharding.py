@@ -22,7 +22,7 @@ REPLICATED = ("eps_param", "mu", "epoch", "sparse_tau.step", "schedule.active_su
     [
         (2, 3),
         pytest.param(3, 2, marks=pytest.mark.slow),
-        (2, 1),
+        pytest.param(2, 1, marks=pytest.mark.slow),
         pytest.param(1, 2, marks=pytest.mark.slow),
     ],
 )

@@ -83,7 +83,7 @@ def assert_matches_one_process(r: dict, k: int) -> None:
     ("kind", "k", "sampling"),
     [
         ("fbeta", 2, "global"),
-        ("pr", 3, "global"),
+        pytest.param("pr", 3, "global", marks=pytest.mark.slow),
         ("fbeta", 2, "owner"),
         ("fbeta_ordered", 2, "global"),  # the first block holds no positive
         ("fbeta_classes", 2, "global"),  # two positive classes: two problems

@@ -182,10 +182,12 @@ def _poisoned_stop_worker(
     (each rank returns: one left waiting in a collective would hang ``spawn``)."""
     try:
         _poisoned_worker(rank, world, port, overrides, folder)
-        error = None
     except Exception as e:
-        error = f"{type(e).__name__}: {e}"
-    _record(folder, rank, {"error": error})
+        _record(folder, rank, {"error": f"{type(e).__name__}: {e}"})
+        # leave as torchrun's agent ends a failed rank: freeing the network's DDP reducer would
+        # join a gloo thread still waiting on a peer that has left (a hang, now and then)
+        os._exit(0)
+    _record(folder, rank, {"error": None})
 
 
 def _resume_worker(rank: int, world: int, port: int, run_dir: str) -> None:
