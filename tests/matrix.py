@@ -70,7 +70,14 @@ CELLS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
 # checks): graph breaks (docs/method.md sec. 11b)
 NOT_TRACED_WHOLE = ("fbeta-inline-exact", "fbeta-inline-soft")
 # the cells a sharded state supports (tests/reparam/test_sharded.py)
-SHARDED = ("fbeta-tracked-sparse", "fbeta-epoch-sparse", "precision-at-recall-epoch")
+SHARDED = (  # the cases of tests/reparam/test_sharded.py (the groups are not sharded)
+    "fbeta-tracked-sparse",
+    "fbeta-epoch-sparse",
+    "fbeta-classes",
+    "precision-at-recall-epoch",
+    "recall-at-precision-epoch",
+    "roc-auc-epoch",
+)
 
 
 def build(name: str) -> tuple[torch.nn.Module, int]:
