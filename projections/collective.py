@@ -73,6 +73,17 @@ class LocalComm:
 LOCAL = LocalComm()
 
 
+def routing(dest: Tensor, world: int, group: object = None) -> tuple[Tensor, list[int], list[int]]:
+    """What an ``all_to_all`` of rows bound for processes ``dest`` needs: the rows' order (grouped
+    by destination, stable), how many this process sends to each process and receives from each
+    (one ``all_to_all`` of the counts)."""
+    order = torch.argsort(dest, stable=True)
+    send = torch.bincount(dest, minlength=world)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    return order, send.tolist(), recv.tolist()
+
+
 class ProcessComm(LocalComm):
     """The same reductions over the processes of a ``torch.distributed`` group (new tensors; the
     inputs are left alone)."""
@@ -108,12 +119,8 @@ class ProcessComm(LocalComm):
         return self.min(flag)
 
     def route(self, x: Tensor, dest: Tensor) -> Tensor:
-        order = torch.argsort(dest, stable=True)
-        send = torch.bincount(dest, minlength=self.world)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
-        out = x.new_empty((int(recv.sum()), *x.shape[1:]))
-        sends, recvs = send.tolist(), recv.tolist()
+        order, sends, recvs = routing(dest, self.world, self.group)
+        out = x.new_empty((sum(recvs), *x.shape[1:]))
         dist.all_to_all_single(out, x[order].contiguous(), recvs, sends, group=self.group)
         return out
 

@@ -23,6 +23,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
+from .sharding import block
+
 DERIVED_PREFIXES = ("layout.", "shard_layout")  # rebuilt from the labels by the new objective
 
 
@@ -33,11 +35,6 @@ def saved_world(state: Mapping[str, Tensor]) -> tuple[int, int, int]:
         return int(state["shape_labels"].numel()), 0, 1
     n, rank, world = (int(v) for v in layout.tolist())
     return n, rank, world
-
-
-def block(n_total: int, rank: int, world: int) -> tuple[int, int]:
-    """``[start, stop)`` of process ``rank`` of ``world`` (``reparam.Shard.bounds``)."""
-    return rank * n_total // world, (rank + 1) * n_total // world
 
 
 def overlapping(n_total: int, start: int, stop: int, world: int) -> list[int]:

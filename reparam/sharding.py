@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from projections.collective import LOCAL, LocalComm, ProcessComm
+from projections.collective import LOCAL, LocalComm, ProcessComm, routing
 
 from . import _checks
 
@@ -94,8 +94,7 @@ class Shard:
 
     def bounds(self, rank: int | None = None) -> tuple[int, int]:
         """``[start, stop)``: the samples process ``rank`` (default: this one) owns."""
-        r = self.rank if rank is None else rank
-        return r * self.n_total // self.world, (r + 1) * self.n_total // self.world
+        return block(self.n_total, self.rank if rank is None else rank, self.world)
 
     @property
     def start(self) -> int:
@@ -116,6 +115,11 @@ class Shard:
     def layout(self) -> dict[str, int]:
         """What a saved shard records (checked when it is loaded)."""
         return {"n_total": self.n_total, "rank": self.rank, "world": self.world}
+
+
+def block(n_total: int, rank: int, world: int) -> tuple[int, int]:
+    """``[start, stop)``: the samples process ``rank`` of ``world`` owns (:class:`Shard`)."""
+    return rank * n_total // world, (rank + 1) * n_total // world
 
 
 class ShardedRows:
@@ -277,12 +281,7 @@ def _exchange(x: Tensor, send: list[int], recv: list[int], group) -> Tensor:
 def route(shard: Shard, u: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
     """Sampling ``"global"``: the batch's scores (with autograd) and dataset indices sent to the
     processes that own them; returns what this process received: ``(scores, indices)``."""
-    owner = shard.owner(idx)
-    order = torch.argsort(owner, stable=True)
-    send = torch.bincount(owner, minlength=shard.world)
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=shard.group)
-    send_sizes, recv_sizes = send.tolist(), recv.tolist()
+    order, send_sizes, recv_sizes = routing(shard.owner(idx), shard.world, shard.group)
     u_sorted = u.index_select(0, order)
     got_u = _AllToAll.apply(u_sorted, send_sizes, recv_sizes, shard.group)
     got_idx = _exchange(idx.index_select(0, order), send_sizes, recv_sizes, shard.group)
