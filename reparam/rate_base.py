@@ -191,8 +191,11 @@ class RateObjective(ReparamRegularizer):
             tau, lam = self._saddle_rows(z, is_pos)
             return is_pos, tau, lam, scale
         slots = slots.clamp_min(0)
-        (rows,) = self.schedule.view((self.tau_param.index_select(0, slots),), self._project)
-        return is_pos, rows, self.lam.index_select(0, slots), scale
+        tau, lam = self.tau_param, self.lam
+        if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
+            tau, lam = tau.new_zeros(1, *tau.shape[1:]), lam.new_zeros(1, *lam.shape[1:])
+        (rows,) = self.schedule.view((tau.index_select(0, slots),), self._project)
+        return is_pos, rows, lam.index_select(0, slots), scale
 
     @torch.no_grad()
     def _saddle_rows(self, z: Tensor, is_pos: Tensor) -> tuple[Tensor, Tensor]:

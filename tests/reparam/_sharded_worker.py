@@ -65,7 +65,7 @@ def make(kind: str, labels: torch.Tensor, shard: Shard | None):
             projection="epoch",
             tau_update="sparse_adam_ahead",
         )
-    if kind == "roc":  # the per-grid-point rows, the exact AUC by a sample sort
+    if kind in ("roc", "roc_ordered"):  # the per-grid-point rows, the AUC by a sample sort
         return ROCAUC(labels, grid=4, shard=shard, projection="epoch")
     if kind == "rap":  # its infeasibility watch and threshold at a precision on the shards
         return RecallAtPrecision(labels, precision=0.7, shard=shard, projection="epoch")
