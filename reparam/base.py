@@ -63,7 +63,10 @@ class ReparamRegularizer(ShapeObjective):
                 f"projection is {name!r}: pass projection='inline' with it"
             )
         if name == "tracked":
-            return TrackedThreshold(self.layout.pos_index.numel(), self.n_problems, self._comm)
+            lay = self.layout
+            return TrackedThreshold(
+                lay.pos_index.numel(), lay.n_problems, self._comm, lay.owned_here
+            )
         return Inline(strength) if name == "inline" else EpochEnd()
 
     @property

@@ -273,7 +273,9 @@ class FBetaRegularizer(ReparamRegularizer):
         if one:  # (over every process's rows: the communicator's)
             e, t = project_onto_c(eps[0], tau, comm=self._comm)
             return e.reshape(1), t
-        return project_onto_c(eps, tau, groups=self.layout.groups, comm=self._comm)
+        lay = self.layout  # (sharded with groups: each problem at its owner, eps from there)
+        e, t = project_onto_c(eps, tau, groups=lay.groups, comm=lay.problem_comm)
+        return lay.replicate(e), t
 
     # --- the dual step --------------------------------------------------------------------------
 
@@ -290,11 +292,13 @@ class FBetaRegularizer(ReparamRegularizer):
         """``mu_j <- mu_j + dual_lr_mu (mean_{S+_j} tau - 1)`` (free multiplier of ``mean tau = 1``);
         then the F-beta-optimal threshold of the remembered scores (``decision_threshold``)."""
         self.mu.add_(self.dual_lr_mu * (self._class_mean(self.tau.detach()) - 1))
-        for k in range(self.n_problems):
+        lay = self.layout
+        for k in lay.problems_here():
             u_pos, u_neg = self._split_scores(k)
             self.decision_threshold[k] = Fn.best_fbeta_threshold(
-                u_pos, u_neg, self.beta, self._comm
+                u_pos, u_neg, self.beta, lay.problem_comm
             )[0]
+        self.decision_threshold.copy_(lay.replicate(self.decision_threshold))
         self._check_inert()
 
     def _class_mean(self, tau: Tensor) -> Tensor:

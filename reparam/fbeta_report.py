@@ -19,17 +19,26 @@ def figures(reg: ReparamRegularizer) -> dict[str, float | int | list | bool | No
     ``train_fbeta``: their true F-beta; violations of C (``tau_i > eps``) and of
     ``|mean tau - 1|`` (dualized). Per-class lists when there are several classes."""
     eps, tau = reg.eps.detach().float(), reg.tau.detach().float()
-    bounds, fbetas, at_threshold = [], [], []
-    for k in range(reg.n_problems):
+    lay, comm = reg.layout, reg.layout.problem_comm
+    figures = {}  # problem -> (bound, F-beta, F-beta at the threshold), None where not scored
+    for k in lay.problems_here():
         u_pos, u_neg = reg._split_scores(k)
-        scored = reg._comm.total(u_pos.numel()) > 0
-        comm = reg._comm
-        bounds.append(Fn.certified_fbeta_bound(u_pos, u_neg, reg.beta, comm) if scored else None)
-        fbetas.append(Fn.fbeta_of_decisions(u_pos, u_neg, reg.beta, comm) if scored else None)
+        scored = comm.total(u_pos.numel()) > 0
         t = float(reg.decision_threshold[k])
-        at_threshold.append(
-            Fn.fbeta_of_decisions(u_pos - t, u_neg - t, reg.beta, comm) if scored else None
+        figures[k] = (
+            (
+                Fn.certified_fbeta_bound(u_pos, u_neg, reg.beta, comm),
+                Fn.fbeta_of_decisions(u_pos, u_neg, reg.beta, comm),
+                Fn.fbeta_of_decisions(u_pos - t, u_neg - t, reg.beta, comm),
+            )
+            if scored
+            else (None, None, None)
         )
+    if lay.owned_here:  # each problem's from its owner
+        figures = _from_owners(figures, lay)
+    bounds, fbetas, at_threshold = (
+        [figures[k][i] for k in range(reg.n_problems)] for i in range(3)
+    )
     out: dict[str, float | int | list | bool | None] = {
         "eps": float(eps.mean()),
         "mu": float(reg.mu.mean()),
@@ -136,6 +145,17 @@ def _remedies(reg: ReparamRegularizer) -> str:
     if reg.preset is not None:
         out.append("use the library defaults (preset=None)")
     return "Remedies: " + "; ".join(out)
+
+
+def _from_owners(figures: dict, lay) -> dict:
+    """Sharded with groups: every problem's figures, each computed by its owner (``None``: NaN on
+    the way)."""
+    nan = float("nan")
+    table = torch.full((lay.n_problems, 3), nan, dtype=torch.float64)
+    for k, values in figures.items():
+        table[k] = torch.tensor([nan if v is None else v for v in values], dtype=torch.float64)
+    rows = lay.replicate(table).tolist()
+    return {k: tuple(None if v != v else v for v in row) for k, row in enumerate(rows)}
 
 
 def _mean_of(xs: list[float]) -> float | None:

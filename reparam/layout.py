@@ -8,6 +8,11 @@ one per positive class. Each problem's positives own contiguous rows of the per-
 holds each problem's counts of positives and negatives (over every process's samples when the state
 is sharded), in the smallest exact dtypes. It is fixed by the labels and groups: nothing in it moves
 during training.
+
+Sharded with groups, every group's samples are in one process's block (``reparam.Shard``'s
+``unit``), so each problem's rows are on one process, its **owner**: the problems are numbered
+over all processes (the same on each), the per-problem work of the epoch end runs at the owner
+alone, and :meth:`ProblemLayout.replicate` makes its results equal on every process.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from projections.collective import LocalComm
+from projections.collective import LOCAL, LocalComm
 
 
 def smallest_int(hi: int) -> torch.dtype:
@@ -56,7 +61,8 @@ class ProblemLayout(nn.Module):
         index = index_dtype(n_here)  # rows of tau and dataset indices: int32 below 2**31
         slot = torch.full((n_here,), -1, dtype=index)
         rows, row_problem, counts, problem_class, problem_group = [], [], [], [], []
-        n_groups = 1 if group_of is None else int(group_of.max()) + 1
+        # (sharded: over every process's samples, the same numbering on each)
+        n_groups = 1 if group_of is None else int(comm.max(group_of.max().reshape(1))) + 1
         for j, c in enumerate(classes):
             pos = labels == c
             if group_of is None:
@@ -70,7 +76,7 @@ class ProblemLayout(nn.Module):
                     )
             else:  # the class's positives in a group, ordered by group (stable: by index within)
                 idx = (pos & (group_of >= 0)).nonzero()[:, 0]
-                if idx.numel() == 0:
+                if comm.total(idx.numel()) == 0:
                     raise ValueError(
                         f"shape_labels must contain a positive of every positive class in some "
                         f"group: class {c} has none (groups >= 0 hold labels "
@@ -79,9 +85,10 @@ class ProblemLayout(nn.Module):
                 g, order = torch.sort(group_of[idx], stable=True)
                 idx = idx[order]
             per_group = torch.bincount(g, minlength=n_groups)
-            # groups with a positive of class c (no groups: the class's one problem, which a
-            # shard holding none of its positives has too)
-            present = per_group.nonzero()[:, 0] if group_of is not None else torch.zeros(1).long()
+            # groups with a positive of class c on any process (no groups: the class's one
+            # problem, which a shard holding none of its positives has too)
+            every = comm.sum(per_group) if group_of is not None else None
+            present = every.nonzero()[:, 0] if group_of is not None else torch.zeros(1).long()
             problem = torch.full((n_groups,), -1, dtype=torch.int64)
             problem[present] = len(counts) + torch.arange(present.numel())
             slot[idx] = (sum(counts) + torch.arange(idx.numel())).to(index)
@@ -91,7 +98,11 @@ class ProblemLayout(nn.Module):
             problem_class += [j] * present.numel()
             problem_group.append(present)
         k = len(counts)
-        self.classes, self.n_total, self.n_groups = classes, n_total, n_groups
+        self.classes, self.n_total, self.n_groups, self._comm = classes, n_total, n_groups, comm
+        # sharded with groups: the problems whose rows are here (module docstring)
+        self.owned_here = group_of is not None and comm.world > 1
+        owned = torch.tensor(counts, dtype=torch.int64) > 0
+        self.register_buffer("problem_owned", owned, persistent=False)
         self.register_buffer("slot", slot)  # dataset index -> row of tau, or -1
         self.register_buffer("pos_index", torch.cat(rows))  # row of tau -> dataset index
         # row of tau -> its problem (one group: its class j; int8 while there are < 128)
@@ -118,23 +129,57 @@ class ProblemLayout(nn.Module):
         (the epoch end's per-problem splits in O(N) in all)."""
         self.register_buffer("sample_group", g.to(smallest_int(self.n_groups - 1)))
         valid = g >= 0
-        sizes = torch.bincount(g[valid], minlength=self.n_groups)
+        sizes = torch.bincount(g[valid], minlength=self.n_groups)  # this process's
+        comm = self._comm
+        if comm.world > 1:  # each group in one process's block
+            split = (comm.sum((sizes > 0).long()) > 1).nonzero()[:, 0]
+            if split.numel():
+                raise ValueError(
+                    f"groups must each lie in one process's block, got {split.numel()} split "
+                    f"between processes (group {int(split[0])} first): make each group "
+                    "consecutive samples and give reparam.Shard its size (unit=, an image's "
+                    "pixels)"
+                )
+        every = comm.sum(sizes)  # m_g over the processes
         groups_of_problems = torch.tensor(self.problem_group, dtype=torch.int64)
         self.register_buffer(
-            "problem_size", sizes[groups_of_problems].float(), persistent=False
+            "problem_size", every[groups_of_problems].float(), persistent=False
         )  # m_k: its group's
-        self.n_valid = int(valid.sum())
+        self.n_valid = comm.total(int(valid.sum()))
         table = torch.full((len(classes), self.n_groups + 1), -1, dtype=torch.int64)
         table[torch.tensor(problem_class, dtype=torch.int64), groups_of_problems + 1] = (
             torch.arange(len(problem_class))
         )
         self.register_buffer("problem_of", table, persistent=False)
         self.n_neg_list = [
-            float(sizes[gk]) - n for gk, n in zip(self.problem_group, self.n_pos_list, strict=True)
+            float(every[gk]) - n for gk, n in zip(self.problem_group, self.n_pos_list, strict=True)
         ]
-        order = torch.sort(g, stable=True).indices[g.numel() - self.n_valid :]  # -1s first
+        # -1s first
+        order = torch.sort(g, stable=True).indices[g.numel() - int(valid.sum()) :]
         self.register_buffer("group_order", order.to(index_dtype(g.numel())), persistent=False)
         self.group_start = [0, *torch.cumsum(sizes, 0).tolist()]
+
+    @property
+    def problem_comm(self) -> LocalComm:
+        """The processes one problem's rows are spread over (sharded with groups: its owner's
+        alone)."""
+        return LOCAL if self.owned_here else self._comm
+
+    def problems_here(self) -> list[int]:
+        """The problems whose per-problem work runs in this process (sharded with groups: those
+        it owns; otherwise all, each over every process's rows)."""
+        if self.owned_here:
+            return self.problem_owned.nonzero()[:, 0].tolist()
+        return list(range(self.n_problems))
+
+    def replicate(self, x: Tensor) -> Tensor:
+        """A per-problem ``x`` (``(P, ...)``) computed by each problem's owner, equal on every
+        process (sharded with groups: each problem's value from its owner, one all-reduce;
+        otherwise ``x`` itself, which every process computed)."""
+        if not self.owned_here:
+            return x
+        owned = self.problem_owned.view(-1, *([1] * (x.dim() - 1)))
+        return self._comm.sum(torch.where(owned, x, torch.zeros_like(x)))
 
     @property
     def grouped(self) -> bool:
@@ -180,7 +225,11 @@ class ProblemLayout(nn.Module):
             return problem, n_pos.reciprocal() * f, torch.full_like(n_pos, 1 / k)
         g = self.sample_group.index_select(0, idx).long() + 1
         problem = self.problem_of.index_select(1, g).t()
-        f = self.n_valid / ((g > 0).sum().clamp_min(1) * k)
+        if self._comm.world == 1:
+            f = self.n_valid / ((g > 0).sum().clamp_min(1) * k)
+        else:  # sharded: the mean over the processes of their losses is the global batch's
+            total = self._comm.sum((g > 0).sum().reshape(1))[0]
+            f = self.n_valid * self._comm.world / (total.clamp_min(1) * k)
         kept = (problem >= 0).to(n_pos.dtype).reshape(-1)
         present = torch.zeros_like(n_pos).index_add_(0, problem.clamp_min(0).reshape(-1), kept)
         return problem, f / n_pos, f * present / self.problem_size

@@ -46,7 +46,7 @@ class ShapeObjective(ShardedRows, nn.Module):
         labels = _checks.shape_labels(shape_labels)  # validated as int64, then stored compactly
         classes = _checks.positive_classes(positive_classes)
         n_total = labels.numel()
-        self._init_shard(shard, n_total, groups)
+        self._init_shard(shard, n_total)
         group_of = None if groups is None else _checks.groups(groups, n_total)
         self.classes = classes
         # the problems and the rows of the per-positive variables (reparam/layout.py)

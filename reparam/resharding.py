@@ -4,10 +4,12 @@ number of processes"): this process's block assembled from the saved blocks that
 Every block of a sharded state (``reparam.Shard``) is a contiguous range of the ``N`` samples, and
 its per-positive rows are its positives in dataset order. So a new block ``[a, b)`` is the
 concatenation, in rank order, of the overlapping saved blocks' samples in ``[a, b)`` and of their
-rows whose sample is in ``[a, b)``; what is replicated (``eps``, ``mu``, the active set's sums, the
-step count) is taken from one of them; what is derived from the labels (``layout.*``,
-``shard_layout``) is the new objective's own. Each module names its per-row state
-(``_row_state``); the objective names its per-sample state (``_sample_state``).
+rows whose sample is in ``[a, b)``; what is replicated (``eps``, ``mu``, the step count) is taken
+from one of them; what is per problem and current at the problem's owner (``_problem_state``: the
+active set's sums, sharded with groups) from a saved block holding the problem's rows; what is
+derived from the labels (``layout.*``, ``shard_layout``) is the new objective's own. Each module
+names its per-row state (``_row_state``); the objective names its per-sample state
+(``_sample_state``).
 
 Why not ``torch.distributed.checkpoint``: its resharding works on DTensor / ShardedTensor, whose
 shards are fixed ranges of a global tensor. A block's rows are its positives, whose number depends
@@ -33,34 +35,45 @@ def saved_world(state: Mapping[str, Tensor]) -> tuple[int, int, int]:
     layout = state.get("shard_layout")
     if layout is None:
         return int(state["shape_labels"].numel()), 0, 1
-    n, rank, world = (int(v) for v in layout.tolist())
+    n, rank, world = (int(v) for v in layout.tolist()[:3])
     return n, rank, world
 
 
-def overlapping(n_total: int, start: int, stop: int, world: int) -> list[int]:
-    """The ranks of a ``world``-process layout whose blocks overlap ``[start, stop)``."""
-    return [
-        r
-        for r in range(world)
-        if block(n_total, r, world)[0] < stop and block(n_total, r, world)[1] > start
-    ]
+def saved_unit(state: Mapping[str, Tensor]) -> int:
+    """The ``unit`` of a saved state's blocks (``reparam.Shard``; 1 when it has none)."""
+    layout = state.get("shard_layout")
+    return 1 if layout is None or layout.numel() < 4 else int(layout[3])
 
 
-def needed_blocks(reg: nn.Module, world: int) -> list[int]:
-    """The ranks of a state saved by ``world`` processes that :func:`reshard_state` needs for
-    ``reg``'s block (unsharded ``reg``: all of them)."""
+def overlapping(n_total: int, start: int, stop: int, world: int, unit: int = 1) -> list[int]:
+    """The ranks of a ``world``-process layout (blocks of whole ``unit``s) whose blocks overlap
+    ``[start, stop)``."""
+    blocks = [block(n_total, r, world, unit) for r in range(world)]
+    return [r for r, (a, b) in enumerate(blocks) if a < stop and b > start]
+
+
+def needed_blocks(reg: nn.Module, world: int, unit: int | None = None) -> list[int]:
+    """The ranks of a state saved by ``world`` processes in blocks of whole ``unit`` samples
+    (``None``: ``reg``'s own unit) that :func:`reshard_state` needs for ``reg``'s block
+    (unsharded ``reg``: all of them)."""
     shard = getattr(reg, "shard", None)
     start, stop = (0, reg.n_samples) if shard is None else shard.bounds()
-    return overlapping(reg.n_samples, start, stop, world)
+    if unit is None:
+        unit = 1 if shard is None else shard.unit
+    return overlapping(reg.n_samples, start, stop, world, unit)
+
+
+def _module_keys(reg: nn.Module, attribute: str) -> set[str]:
+    return {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in reg.named_modules()
+        for name in getattr(module, attribute, ())
+    }
 
 
 def row_keys(reg: nn.Module) -> set[str]:
     """The ``state_dict`` keys of ``reg``'s per-row state (each module's ``_row_state``)."""
-    return {
-        f"{prefix}.{name}" if prefix else name
-        for prefix, module in reg.named_modules()
-        for name in getattr(module, "_row_state", ())
-    }
+    return _module_keys(reg, "_row_state")
 
 
 @torch.no_grad()
@@ -74,6 +87,7 @@ def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> 
         raise ValueError("saved must hold at least one saved block, got none")
     layouts = {r: saved_world(s) for r, s in saved.items()}
     n_total, _, world = next(iter(layouts.values()))
+    unit = saved_unit(next(iter(saved.values())))
     for r, (n, rank, k) in layouts.items():
         if (n, rank, k) != (n_total, r, world):
             raise ValueError(
@@ -88,7 +102,7 @@ def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> 
             "the training set it was saved with"
         )
     start, stop = (0, n_total) if shard is None else shard.bounds()
-    needed = overlapping(n_total, start, stop, world)
+    needed = overlapping(n_total, start, stop, world, unit)
     missing = [r for r in needed if r not in saved]
     if missing:
         raise ValueError(
@@ -97,10 +111,14 @@ def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> 
         )
     mine = reg.state_dict()
     rows, samples = row_keys(reg), set(reg._sample_state)
+    problems = _module_keys(reg, "_problem_state")
     first = saved[needed[0]]
     # each saved row's sample (dataset index), and where each of this block's rows is among them
     at = torch.cat(
-        [saved[r]["layout.pos_index"].long().cpu() + block(n_total, r, world)[0] for r in needed]
+        [
+            saved[r]["layout.pos_index"].long().cpu() + block(n_total, r, world, unit)[0]
+            for r in needed
+        ]
     )
     wanted = mine["layout.pos_index"].long().cpu() + start
     order = torch.argsort(at)
@@ -119,12 +137,17 @@ def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> 
         elif key in samples:
             parts = []
             for r in needed:
-                a, b = block(n_total, r, world)
+                a, b = block(n_total, r, world, unit)
                 parts.append(saved[r][key][max(start, a) - a : min(stop, b) - a])
             out[key] = torch.cat(parts)
         elif key in rows:
             gathered = torch.cat([saved[r][key] for r in needed])
             out[key] = gathered.index_select(0, found.to(gathered.device))
+        elif key in problems:  # each problem's from a block holding its rows (its owner's)
+            out[key] = first[key].clone()
+            for r in needed:
+                held = torch.unique(saved[r]["layout.tau_group"].long())
+                out[key][held] = saved[r][key][held.to(saved[r][key].device)]
         else:  # replicated: equal on every process
             out[key] = first[key]
         if out[key].shape != value.shape:

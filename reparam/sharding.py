@@ -56,6 +56,10 @@ class Shard:
         sampling: ``"owner"`` (each batch holds only samples this process owns; the default) or
             ``"global"`` (any sample; the batch is routed to the owners, module docstring).
         group: the ``torch.distributed`` process group (``None``: the default group).
+        unit: the blocks are whole units of ``unit`` consecutive samples (per-group objectives:
+            the pixels of one image, ``H W``, so that no group is split between processes);
+            ``n_total`` must be a multiple of it. Process ``r`` owns the units
+            ``[floor(r M / K), floor((r + 1) M / K))`` of the ``M = N / unit``.
     """
 
     n_total: int
@@ -63,9 +67,10 @@ class Shard:
     world: int
     sampling: str = "owner"
     group: object = None
+    unit: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("n_total", "rank", "world"):
+        for name in ("n_total", "rank", "world", "unit"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an int, got {value!r}")
@@ -74,27 +79,35 @@ class Shard:
                 f"rank must be in [0, world) and world >= 1, got rank={self.rank}, "
                 f"world={self.world}"
             )
-        if self.n_total < self.world:
+        if self.unit < 1 or self.n_total % self.unit:
             raise ValueError(
-                f"n_total must be at least the number of processes ({self.world}), got "
-                f"{self.n_total}"
+                f"unit must be >= 1 and divide n_total={self.n_total} (the samples per group), "
+                f"got {self.unit}"
+            )
+        if self.n_total < self.world * self.unit:
+            raise ValueError(
+                f"n_total must be at least the number of processes ({self.world}) times unit "
+                f"({self.unit}), got {self.n_total}"
             )
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
 
     @classmethod
-    def from_process_group(cls, n_total: int, *, sampling: str = "owner", group=None) -> Shard:
+    def from_process_group(
+        cls, n_total: int, *, sampling: str = "owner", group=None, unit: int = 1
+    ) -> Shard:
         """This process's shard of ``n_total`` samples in the initialized process group."""
         if not dist.is_initialized():
             raise ValueError(
                 "Shard.from_process_group needs torch.distributed initialized "
                 "(torch.distributed.init_process_group, or torchrun)"
             )
-        return cls(n_total, dist.get_rank(group), dist.get_world_size(group), sampling, group)
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        return cls(n_total, rank, world, sampling, group, unit)
 
     def bounds(self, rank: int | None = None) -> tuple[int, int]:
         """``[start, stop)``: the samples process ``rank`` (default: this one) owns."""
-        return block(self.n_total, self.rank if rank is None else rank, self.world)
+        return block(self.n_total, self.rank if rank is None else rank, self.world, self.unit)
 
     @property
     def start(self) -> int:
@@ -106,20 +119,24 @@ class Shard:
 
     def owner(self, idx: Tensor) -> Tensor:
         """The process owning each dataset index (``idx`` in ``[0, N)``)."""
-        return ((idx + 1) * self.world - 1) // self.n_total
+        units = self.n_total // self.unit
+        return ((idx // self.unit + 1) * self.world - 1) // units
 
     def local_labels(self, shape_labels: Tensor) -> Tensor:
         """This process's block of the whole training set's labels (a view)."""
         return shape_labels[self.start : self.stop]
 
     def layout(self) -> dict[str, int]:
-        """What a saved shard records (checked when it is loaded)."""
-        return {"n_total": self.n_total, "rank": self.rank, "world": self.world}
+        """What a saved shard records (checked when it is loaded; ``unit`` when it is not 1)."""
+        unit = {"unit": self.unit} if self.unit > 1 else {}
+        return {"n_total": self.n_total, "rank": self.rank, "world": self.world, **unit}
 
 
-def block(n_total: int, rank: int, world: int) -> tuple[int, int]:
-    """``[start, stop)``: the samples process ``rank`` of ``world`` owns (:class:`Shard`)."""
-    return rank * n_total // world, (rank + 1) * n_total // world
+def block(n_total: int, rank: int, world: int, unit: int = 1) -> tuple[int, int]:
+    """``[start, stop)``: the samples process ``rank`` of ``world`` owns (:class:`Shard`): whole
+    units of ``unit`` samples."""
+    units = n_total // unit
+    return rank * units // world * unit, (rank + 1) * units // world * unit
 
 
 class ShardedRows:
@@ -127,7 +144,7 @@ class ShardedRows:
     (``self._comm``: :data:`LOCAL` when not sharded, so the unsharded path is unchanged), the
     batch's way to its owners, and reductions of the per-sample state over the processes."""
 
-    def _init_shard(self, shard: Shard | None, n_here: int, groups: object) -> None:
+    def _init_shard(self, shard: Shard | None, n_here: int) -> None:
         """The sharded state (``reparam.sharding``): this process holds the rows of the samples
         ``shard`` gives it, ``shape_labels`` being theirs; ``N`` and the positives' counts are
         summed over the processes."""
@@ -136,12 +153,6 @@ class ShardedRows:
             return
         if not isinstance(shard, Shard):
             raise ValueError(f"shard must be a reparam.Shard or None, got {shard!r}")
-        if groups is not None:
-            raise ValueError(
-                "shard: a sharded state supports groups=None only (a problem per group: the "
-                "projection roots and tracked sums over the processes are per problem, a few "
-                "classes, not one per image; docs/guide/sharded.md)"
-            )
         start, stop = shard.bounds()
         if n_here != stop - start:
             raise ValueError(
@@ -151,7 +162,7 @@ class ShardedRows:
             )
         self._comm, self._n_total = ProcessComm(shard.group), shard.n_total
         # which block of how many this state is: a saved shard loads only into the same layout
-        layout = torch.tensor([shard.n_total, shard.rank, shard.world], dtype=torch.int64)
+        layout = torch.tensor(list(shard.layout().values()), dtype=torch.int64)
         self.register_buffer("shard_layout", layout)
 
     def _check_layout(self, state_dict: dict, prefix: str, error_msgs: list[str]) -> bool:
@@ -172,12 +183,11 @@ class ShardedRows:
             )
             return False
         if not torch.equal(saved.cpu(), mine.cpu()):
-            n, r, k = saved.tolist()
-            n2, r2, k2 = mine.tolist()
+            k = int(saved[2])
             error_msgs.append(
-                f"{name}: the state is shard {r} of {k} of {n} samples, this objective is shard "
-                f"{r2} of {k2} of {n2}: resume with {k} processes (each loading its own shard), "
-                "or load reparam.reshard_state(reg, saved blocks) (another number of processes)"
+                f"{name}: the state is {_describe(saved)}, this objective is {_describe(mine)}: "
+                f"resume with {k} processes (each loading its own shard), or load "
+                "reparam.reshard_state(reg, saved blocks) (another number of processes)"
             )
             return False
         return True
@@ -256,6 +266,12 @@ class ShardedRows:
 
     def _any(self, x: Tensor) -> bool:
         return self._comm.any_of(x)
+
+
+def _describe(layout: Tensor) -> str:
+    """A saved ``shard_layout`` in words."""
+    n, r, k, *unit = layout.tolist()
+    return f"shard {r} of {k} of {n} samples" + (f" in units of {unit[0]}" if unit else "")
 
 
 class _AllToAll(torch.autograd.Function):

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from projections import projection_root
-from projections.collective import LocalComm
+from projections.collective import LOCAL, LocalComm
 
 from .schedules import Project, Schedule
 
@@ -27,15 +27,22 @@ class TrackedThreshold(Schedule):
     problem, float64: O(B) increments between epoch ends), its ``state_dict`` keys
     ``schedule.tau_active`` / ``schedule.active_sums``. The rows ``tau`` and ``eps`` are the
     objective's, passed in; ``groups``: each row's problem (the objective's ``tau_group``, any
-    integer dtype), ``None`` with one problem; ``comm``: the processes the rows are spread over."""
+    integer dtype), ``None`` with one problem; ``comm``: the processes the rows are spread over;
+    ``owned_here``: each problem's rows are on one process (sharded with groups,
+    ``reparam.layout``), whose sums alone move between epoch ends (the others' copies are
+    refreshed at the epoch end)."""
 
     name = "tracked"
     _row_state = ("tau_active",)  # one entry per row (reparam/resharding.py)
+    _problem_state = ("active_sums",)  # one per problem, current at its owner (resharding)
     _float64_buffers = ("active_sums",)  # kept in float64 when the objective is cast
 
-    def __init__(self, n_pos: int, problems: int, comm: LocalComm) -> None:
+    def __init__(
+        self, n_pos: int, problems: int, comm: LocalComm, owned_here: bool = False
+    ) -> None:
         super().__init__()
         self._comm = comm
+        self._row_comm = LOCAL if owned_here else comm  # a problem's rows: over these
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
         self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
 
@@ -123,7 +130,7 @@ class TrackedThreshold(Schedule):
         if groups is None:  # (over every process's rows: the communicator's)
             r = projection_root(eps[0], values, comm=self._comm).view(1)
         else:
-            r = projection_root(eps, values, groups=groups.long(), comm=self._comm)
+            r = projection_root(eps, values, groups=groups.long(), comm=self._row_comm)
         self.set_active_(tau, eps, groups, values > _per_row(r, groups, tau.shape[0]), values)
 
     @torch.no_grad()
@@ -155,14 +162,14 @@ class TrackedThreshold(Schedule):
         moved = (t.double() - before.double()) * (was & first)
         # A's sums are over every process's rows: their moves summed over the processes
         one = groups is None
-        _add_per_problem(self.active_sums[:, 0], group, moved, one, self._comm)
+        _add_per_problem(self.active_sums[:, 0], group, moved, one, self._row_comm)
         eps_rows = _of_rows(eps.detach(), rows, groups)
         values = torch.where(was, t + eps_rows, t)
         now = (values > self.root(eps).index_select(0, group)) & kept | (was & ~kept)
         offset = torch.where(was, t, values - eps_rows)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        _add_per_problem(self.active_sums, group, delta, one, self._comm)
+        _add_per_problem(self.active_sums, group, delta, one, self._row_comm)
         tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
         active.index_copy_(0, rows, now)
 

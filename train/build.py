@@ -78,11 +78,10 @@ def build_regularizer(
     try:
         extra = {} if groups is None else {"groups": groups}
         if shard is not None:
-            if r.name not in SHARDABLE or groups is not None:
+            if r.name not in SHARDABLE:
                 raise ValueError(
                     f"regularizer.shard={r.shard} supports regularizer.name "
-                    f"{', '.join(SHARDABLE)} on the shape node (target: shape_node), got "
-                    f"name={r.name}, target={r.target}"
+                    f"{', '.join(SHARDABLE)}, got name={r.name}"
                 )
             extra["shard"] = shard
         kwargs = r.kwargs()

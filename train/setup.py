@@ -87,8 +87,12 @@ def setup(
     # target pixels: the samples are the training pixels, each image a group (grouped F-beta)
     labels, groups = data.train.pixel_problem() if pixels else (data.train_shape_labels, None)
     # regularizer.shard: this process holds the state of its block of the samples only
-    shard = sharded_state.regularizer_shard(cfg, ctx, len(labels))
-    labels = labels if shard is None else shard.local_labels(labels)
+    # (target pixels: blocks of whole images, so that no image's problem is split)
+    unit = len(labels) // len(data.train) if pixels else 1
+    shard = sharded_state.regularizer_shard(cfg, ctx, len(labels), unit)
+    if shard is not None:
+        labels = shard.local_labels(labels)
+        groups = None if groups is None else shard.local_labels(groups)
     reg = build_regularizer(cfg.regularizer, labels, groups, shard)
     del labels, groups  # (target pixels: O(pixels), held by the regularizer's shard only)
     reg = reg.to(device) if reg is not None else None
@@ -194,7 +198,7 @@ def _loaders(
         rank=ctx.rank,
         world=ctx.world,
         distributed=ctx.enabled,
-        block=shard.bounds() if owner else None,
+        block=tuple(b // shard.unit for b in shard.bounds()) if owner else None,  # (images)
     )
     test, val = (
         None

@@ -32,13 +32,14 @@ FOLDER = "shards"
 _NAME = re.compile(r"^step-(\d+)\.rank-(\d+)-of-(\d+)\.pt$")
 
 
-def regularizer_shard(cfg: Config, ctx: Context, n_total: int) -> Shard | None:
+def regularizer_shard(cfg: Config, ctx: Context, n_total: int, unit: int = 1) -> Shard | None:
     """This process's block when ``regularizer.shard`` is set and there are several processes
-    (one process holds the whole state: ``None``)."""
+    (one process holds the whole state: ``None``); ``unit``: the samples of one group (target
+    pixels: an image's pixels), never split between processes."""
     mode = cfg.regularizer.shard
     if mode == "none" or cfg.regularizer.name == "none" or not ctx.enabled or ctx.world == 1:
         return None
-    return Shard.from_process_group(n_total, sampling=mode)
+    return Shard.from_process_group(n_total, sampling=mode, unit=unit)
 
 
 def shard_path(run_dir: Path, step: int, rank: int, world: int) -> Path:

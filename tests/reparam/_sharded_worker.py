@@ -16,6 +16,14 @@ from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecisi
 
 N, D, B = 240, 6, 16  # samples, features, per-process batch
 STEPS = int(os.environ.get("SHARDED_TEST_STEPS", 7))  # steps per epoch
+# per group (kinds fbeta_groups*): 20 groups of 12 consecutive samples (an image's pixels), every
+# fifth sample in none (an unlabelled pixel); the blocks are whole groups (Shard unit)
+UNIT = 12
+GROUPS = (torch.arange(N) // UNIT).masked_fill(torch.arange(N) % 5 == 0, -1)
+
+
+def unit(kind: str) -> int:
+    return UNIT if kind.startswith("fbeta_groups") else 1
 
 
 def data(
@@ -32,7 +40,7 @@ def data(
     return x, y
 
 
-def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
+def batches(k: int, epoch: int, sampling: str, unit: int = 1) -> list[list[torch.Tensor]]:
     """Per step, each process's batch of dataset indices."""
     g = torch.Generator().manual_seed(100 + epoch)
     out = []
@@ -41,7 +49,7 @@ def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
             perm = torch.randperm(N, generator=g)[: k * B]
             out.append(list(perm.view(k, B)))
         else:  # each from its own block
-            shard = [Shard(N, r, k) for r in range(k)]
+            shard = [Shard(N, r, k, unit=unit) for r in range(k)]
             out.append(
                 [s.start + torch.randint(0, s.stop - s.start, (B,), generator=g) for s in shard]
             )
@@ -49,6 +57,17 @@ def batches(k: int, epoch: int, sampling: str) -> list[list[torch.Tensor]]:
 
 
 def make(kind: str, labels: torch.Tensor, shard: Shard | None):
+    if kind.startswith("fbeta_groups"):  # per group: each problem's rows on one process
+        groups = GROUPS if shard is None else shard.local_labels(GROUPS)
+        if kind == "fbeta_groups_epoch":
+            return FBetaRegularizer(
+                labels,
+                groups=groups,
+                shard=shard,
+                projection="epoch",
+                tau_update="sparse_adam_ahead",
+            )
+        return FBetaRegularizer(labels, groups=groups, shard=shard)
     if kind in ("fbeta", "fbeta_ordered", "fbeta_compiled"):
         return FBetaRegularizer(labels, shard=shard)
     if kind == "fbeta_epoch":  # the projection at the epoch end, on the shards
@@ -88,15 +107,14 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
             return F.cross_entropy(u, y[idx])
         return F.binary_cross_entropy_with_logits(u, y[idx].float())
 
+    # one step on the global batch in the reference (the sharded scale is the global batch's)
+    whole = kind in ("pr", "rap") or kind.startswith("fbeta_groups")
     if rank is None:
         reg = make(kind, y, None)
-        if sampling == "global" and kind not in (
-            "pr",
-            "rap",
-        ):  # the scale N / (n B) of each process's B
+        if sampling == "global" and not whole:  # the scale N / (n B) of each process's B
             reg._routed_batch = B
     else:
-        shard = Shard.from_process_group(N, sampling=sampling)
+        shard = Shard.from_process_group(N, sampling=sampling, unit=unit(kind))
         reg = make(kind, shard.local_labels(y), shard)
         if kind.endswith("_compiled"):  # the forward and after_step_, each one graph
             reg.compile()
@@ -108,17 +126,17 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
         opt.load_state_dict(state["opt"])
     first = int(reg.epoch) + 1
     for epoch in range(first, first + epochs):
-        for step in batches(k, epoch, sampling)[:STEPS]:
+        for step in batches(k, epoch, sampling, unit(kind))[:STEPS]:
             opt.zero_grad()
             if rank is None:
                 losses = []
                 for idx in step:
                     losses.append(task(scores(idx), idx))
-                if kind in ("pr", "rap"):  # the per-step dual step: once, on the global batch
-                    idx = torch.cat(micro_batches(step, k, sampling))
+                if whole:  # (pr, rap: the per-step dual step once, on the global batch)
+                    idx = torch.cat(micro_batches(step, k, sampling, unit(kind)))
                     losses.append(0.5 * k * reg(scores(idx), idx))
                 else:
-                    for idx in micro_batches(step, k, sampling):
+                    for idx in micro_batches(step, k, sampling, unit(kind)):
                         losses.append(0.5 * reg(scores(idx), idx))
                 (sum(losses) / k).backward()
             else:
@@ -134,17 +152,19 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
     return head, reg, opt
 
 
-def micro_batches(step: list[torch.Tensor], k: int, sampling: str) -> list[torch.Tensor]:
+def micro_batches(
+    step: list[torch.Tensor], k: int, sampling: str, unit: int = 1
+) -> list[torch.Tensor]:
     """The one-process reference's micro-batches: the entries each process's loss holds (its own
     batch; routed, the global batch's entries it owns, in the order they arrive)."""
     if sampling == "owner":
         return step
-    shards = [Shard(N, r, k) for r in range(k)]
+    shards = [Shard(N, r, k, unit=unit) for r in range(k)]
     return [torch.cat([idx[(idx >= s.start) & (idx < s.stop)] for idx in step]) for s in shards]
 
 
 PER_ROW = ("tau_param", "lam", "sparse_tau.moments", "sparse_tau.last", "schedule.tau_active")
-PER_SAMPLE = ("scores", "score_epoch")
+PER_SAMPLE = ("scores", "score_epoch", "layout.sample_group")
 
 
 def gathered(reg) -> dict[str, torch.Tensor]:
@@ -165,6 +185,16 @@ def gathered(reg) -> dict[str, torch.Tensor]:
         if name in out:
             out[name] = out[name][order]
     return out
+
+
+def per_sample_bytes(reg) -> int:
+    """Bytes of the state per sample or per row (not O(problems))."""
+    layout = ("shape_labels", "layout.slot", "layout.pos_index", "layout.tau_group")
+    return sum(
+        t.numel() * t.element_size()
+        for name, t in reg.state_dict().items()
+        if name in PER_ROW or name in PER_SAMPLE or name in layout
+    )
 
 
 def _uneven(x: torch.Tensor, rank: int, k: int) -> torch.Tensor:
@@ -419,6 +449,7 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
         if not torch.equal(a, b)
     ]
     result["bytes"] = sum(t.numel() * t.element_size() for t in reg.state_dict().values())
+    result["sample_bytes"] = per_sample_bytes(reg)
     if rank == 0:
         ref_head, ref_reg, _ = train(kind, k, None, sampling)
         result["ref_state"] = ref_reg.state_dict()
@@ -427,11 +458,17 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
         result["ref_bytes"] = sum(
             t.numel() * t.element_size() for t in ref_reg.state_dict().values()
         )
+        result["ref_sample_bytes"] = per_sample_bytes(ref_reg)
     from torch._dynamo.utils import counters
 
     breaks = dict(counters["graph_break"])  # compiled kinds: where the graphs broke, and how often
     results = [None] * k
-    mine = {"bytes": result["bytes"], "resume": result["resume_equal"], "breaks": breaks}
+    mine = {
+        "bytes": result["bytes"],
+        "sample_bytes": result["sample_bytes"],
+        "resume": result["resume_equal"],
+        "breaks": breaks,
+    }
     dist.all_gather_object(results, mine)
     if rank == 0:
         result["all"] = results

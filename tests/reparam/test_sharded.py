@@ -2,7 +2,8 @@
 processes train a linear head (tests/reparam/_sharded_worker.py); rank 0 replays the same
 batches in one process with the unsharded objective. Every parameter and the dual state agree to
 1e-5 after 7 steps and 2 epoch ends; a saved shard resumes bit for bit; at K = 2 a process holds
-at most 0.55x of one process's state."""
+at most 0.55x of one process's state (per group: the per-sample state is split, nothing of it
+held twice; the per-problem state is replicated)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,11 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         pytest.param("fbeta_classes_epoch", 3, "global", marks=pytest.mark.slow),
         ("rap", 2, "global"),
         ("roc", 2, "global"),
+        # per group: each group's samples in one block (Shard unit), its problem at its owner
+        ("fbeta_groups", 2, "global"),
+        ("fbeta_groups", 3, "owner"),
+        pytest.param("fbeta_groups", 3, "global", marks=pytest.mark.slow),
+        pytest.param("fbeta_groups_epoch", 2, "owner", marks=pytest.mark.slow),
         # reg.compile(): owner sampling traces whole (fullgraph), global breaks at the routing
         pytest.param("fbeta_compiled", 2, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta_compiled", 2, "global", marks=pytest.mark.slow),
@@ -111,7 +117,9 @@ def test_sharded_run_matches_one_process(tmp_path, kind, k, sampling):
             assert process["breaks"] == {}
         else:
             assert all("ShardedRows._routed" in why for why in process["breaks"])
-    if k == 2 and not kind.endswith(
+    if kind.startswith("fbeta_groups"):  # O(problems) replicated, nothing per sample
+        assert sum(p["sample_bytes"] for p in r["all"]) <= 1.01 * r["ref_sample_bytes"]
+    elif k == 2 and not kind.endswith(
         "_ordered"
     ):  # nothing of size O(N) replicated: each process holds about half
         assert max(p["bytes"] for p in r["all"]) <= 0.55 * r["ref_bytes"]
