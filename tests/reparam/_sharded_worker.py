@@ -167,17 +167,28 @@ PER_ROW = ("tau_param", "lam", "sparse_tau.moments", "sparse_tau.last", "schedul
 PER_SAMPLE = ("scores", "score_epoch", "layout.sample_group")
 
 
+PER_PROBLEM = ("schedule.active_sums",)  # current at each problem's owner (per group)
+
+
 def gathered(reg) -> dict[str, torch.Tensor]:
     """The sharded state of every process, concatenated in rank order, the rows in the unsharded
-    layout's order (by problem, then dataset index)."""
+    layout's order (by problem, then dataset index); per group, each problem's state from its
+    owner."""
     out, state = {}, reg.state_dict()
     start = 0 if reg.shard is None else reg.shard.start
     key = state["layout.tau_group"].long() * N + state["layout.pos_index"].long() + start
+    held = torch.unique(state["layout.tau_group"].long())
     for name, value in [("row key", key), *state.items()]:
         if name in PER_ROW or name in PER_SAMPLE or name == "row key":
             parts = [None] * dist.get_world_size()
             dist.all_gather_object(parts, value)
             out[name] = torch.cat(parts)
+        elif name in PER_PROBLEM and reg.grouped and reg.shard is not None:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, (held, value))
+            out[name] = value.clone()
+            for problems, theirs in parts:
+                out[name][problems] = theirs[problems]
         else:
             out[name] = value
     order = torch.argsort(out.pop("row key"))
@@ -354,10 +365,10 @@ def faults(rank: int, k: int, sampling: str, out: str) -> None:
         torch.save(every, out)
 
 
-def reshard_save(rank: int, k: int, sampling: str, folder: str) -> None:
+def reshard_save(rank: int, k: int, sampling: str, folder: str, kind: str = "fbeta") -> None:
     """One epoch on ``k`` processes (``k = 1``: the unsharded objective), each rank's state saved
     as a checkpoint would save it, and the state gathered in the unsharded layout."""
-    head, reg, opt = train("fbeta", k, None if k == 1 else rank, sampling, epochs=1)
+    head, reg, opt = train(kind, k, None if k == 1 else rank, sampling, epochs=1)
     saved = {"head": head.state_dict(), "reg": reg.state_dict(), "opt": opt.state_dict()}
     torch.save(saved, f"{folder}/from-rank{rank}.pt")
     before = gathered(reg)
@@ -365,15 +376,17 @@ def reshard_save(rank: int, k: int, sampling: str, folder: str) -> None:
         torch.save(before, f"{folder}/before.pt")
 
 
-def reshard_load(rank: int, k: int, k_from: int, sampling: str, folder: str) -> None:
+def reshard_load(
+    rank: int, k: int, k_from: int, sampling: str, folder: str, kind: str = "fbeta"
+) -> None:
     """This rank's block of ``k`` assembled from the ``k_from`` saved blocks (only those it
     needs), gathered again; then one more epoch on ``k`` processes, and rank 0's one-process
     reference from the same state on the same batches."""
     from reparam.resharding import needed_blocks, reshard_state
 
     _, y = data()
-    shard = None if k == 1 else Shard.from_process_group(N, sampling=sampling)
-    reg = make("fbeta", y if shard is None else shard.local_labels(y), shard)
+    shard = None if k == 1 else Shard.from_process_group(N, sampling=sampling, unit=unit(kind))
+    reg = make(kind, y if shard is None else shard.local_labels(y), shard)
     needed = needed_blocks(reg, k_from)
     files = {r: torch.load(f"{folder}/from-rank{r}.pt", weights_only=False) for r in needed}
     reg.load_state_dict(reshard_state(reg, {r: f["reg"] for r, f in files.items()}))
@@ -381,18 +394,18 @@ def reshard_load(rank: int, k: int, k_from: int, sampling: str, folder: str) -> 
     # deep copies: a loaded optimizer shares the state tensors it was given
     state = copy.deepcopy({"head": files[needed[0]]["head"], "opt": files[needed[0]]["opt"]})
     state["reg"] = reg.state_dict()
-    head, reg, _ = train("fbeta", k, None if k == 1 else rank, sampling, epochs=1, state=state)
+    head, reg, _ = train(kind, k, None if k == 1 else rank, sampling, epochs=1, state=state)
     result = {"after": after, "needed": needed, "state": gathered(reg), "head": head.state_dict()}
     every = [None] * k
     dist.all_gather_object(every, needed)
     if rank == 0:
-        whole = make("fbeta", y, None)
-        if sampling == "global":
+        whole = make(kind, y, None)
+        if sampling == "global" and not kind.startswith("fbeta_groups"):
             whole._routed_batch = B
         saved = {r: torch.load(f"{folder}/from-rank{r}.pt") for r in range(k_from)}
         state = {"head": saved[0]["head"], "opt": saved[0]["opt"]}
         state["reg"] = reshard_state(whole, {r: f["reg"] for r, f in saved.items()})
-        ref_head, ref_reg, _ = train("fbeta", k, None, sampling, epochs=1, state=state)
+        ref_head, ref_reg, _ = train(kind, k, None, sampling, epochs=1, state=state)
         result.update(ref_state=ref_reg.state_dict(), ref_head=ref_head.state_dict())
         result["ref_stats"], result["stats"] = ref_reg.stats(), None
         result["every_needed"] = every
@@ -410,11 +423,13 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     torch.set_num_threads(1)
-    if kind.startswith("reshard"):
+    if kind.startswith("reshard"):  # reshard_save[@objective], reshard_load:<k_from>[@objective]
+        kind, _, objective = kind.partition("@")
+        objective = objective or "fbeta"
         if kind == "reshard_save":
-            reshard_save(rank, k, sampling, out)
-        else:  # reshard_load:<k_from>
-            reshard_load(rank, k, int(kind.split(":")[1]), sampling, out)
+            reshard_save(rank, k, sampling, out, objective)
+        else:
+            reshard_load(rank, k, int(kind.split(":")[1]), sampling, out, objective)
         dist.barrier()
         dist.destroy_process_group()
         return

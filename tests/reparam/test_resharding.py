@@ -11,6 +11,7 @@ import torch
 from reparam import FBetaRegularizer
 from reparam.resharding import block, overlapping, reshard_state
 
+from ._sharded_worker import UNIT
 from .test_sharded import spawn
 
 SAME = ("scores", "score_epoch", "tau_param", "lam", "sparse_tau.moments", "sparse_tau.last")
@@ -18,17 +19,25 @@ REPLICATED = ("eps_param", "mu", "epoch", "sparse_tau.step", "schedule.active_su
 
 
 @pytest.mark.parametrize(
-    ("k_from", "k_to"),
+    ("k_from", "k_to", "objective"),
     [
-        (2, 3),
-        pytest.param(3, 2, marks=pytest.mark.slow),
-        pytest.param(2, 1, marks=pytest.mark.slow),
-        pytest.param(1, 2, marks=pytest.mark.slow),
+        (2, 3, "fbeta"),
+        pytest.param(3, 2, "fbeta", marks=pytest.mark.slow),
+        pytest.param(2, 1, "fbeta", marks=pytest.mark.slow),
+        pytest.param(1, 2, "fbeta", marks=pytest.mark.slow),
+        # per group: blocks of whole groups, each problem's tracked sums from its owner (saved
+        # mid-epoch, where only the owner's are current)
+        (3, 2, "fbeta_groups"),
+        pytest.param(2, 3, "fbeta_groups", marks=pytest.mark.slow),
+        pytest.param(1, 2, "fbeta_groups", marks=pytest.mark.slow),
+        pytest.param(2, 1, "fbeta_groups", marks=pytest.mark.slow),
     ],
 )
-def test_a_state_saved_by_k_processes_resumes_on_another_k(tmp_path, k_from, k_to):
-    spawn(k_from, "reshard_save", "global", tmp_path)
-    spawn(k_to, f"reshard_load:{k_from}", "global", tmp_path)
+def test_a_state_saved_by_k_processes_resumes_on_another_k(tmp_path, k_from, k_to, objective):
+    env = {"SHARDED_TEST_NO_END": "1"} if objective == "fbeta_groups" else {}  # mid-epoch
+    spawn(k_from, f"reshard_save@{objective}", "global", tmp_path, env)
+    spawn(k_to, f"reshard_load:{k_from}@{objective}", "global", tmp_path, env)
+    unit = UNIT if objective == "fbeta_groups" else 1
     before = torch.load(tmp_path / "before.pt", weights_only=False)
     r = torch.load(tmp_path / "result.pt", weights_only=False)
     for name in (*SAME, "schedule.tau_active", *REPLICATED):
@@ -36,8 +45,8 @@ def test_a_state_saved_by_k_processes_resumes_on_another_k(tmp_path, k_from, k_t
     # each rank read the saved blocks overlapping its own, no more
     n = before["scores"].shape[0]
     for rank, needed in enumerate(r["every_needed"]):
-        start, stop = block(n, rank, k_to)
-        assert needed == overlapping(n, start, stop, k_from)
+        start, stop = block(n, rank, k_to, unit)
+        assert needed == overlapping(n, start, stop, k_from, unit)
         assert len(needed) <= -(-k_from // k_to) + 1
     # training goes on: one more epoch equals one process from the same state on the same batches
     for name, value in r["ref_state"].items():

@@ -36,15 +36,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(k: int, kind: str, sampling: str, out: Path) -> None:
-    """The worker's ``kind`` on ``k`` gloo processes, writing to ``out``."""
+def spawn(k: int, kind: str, sampling: str, out: Path, env: dict | None = None) -> None:
+    """The worker's ``kind`` on ``k`` gloo processes, writing to ``out`` (``env``: more
+    environment variables)."""
     proc = subprocess.run(
         [sys.executable, str(WORKER), str(k), str(_free_port()), kind, sampling, str(out)],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=ROOT,
-        env=ENV,
+        env=ENV | (env or {}),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
