@@ -137,6 +137,70 @@ def test_another_process_count_reshards_and_a_missing_shard_is_an_error(digits_s
     assert [p for p in after if "shards" not in p] == [p for p in before if "rank-1" not in p]
 
 
+@pytest.fixture(scope="module")
+def camvid_sky(tmp_path_factory) -> Path:
+    """A CamVid-layout cache of 8 small frames (the sky task)."""
+    from data_prep import camvid
+    from tests.data_prep.test_camvid import write_layout
+
+    tmp = tmp_path_factory.mktemp("camvid")
+    root = write_layout(tmp / "camvid", n=8, hw=(24, 32))
+    out = tmp / "cache"
+    camvid.prepare(
+        camvid.Options(root=root, out=out, task="sky", size=(24, 32)), log=lambda *_: None
+    )
+    return out
+
+
+def test_the_per_image_fbeta_sharded_stops_resumes_and_reshards(camvid_sky, tmp_path):
+    """``regularizer.target: pixels`` sharded (each process owns its images' pixels, blocks of
+    whole images): a run stopped inside epoch 1 and resumed ends bit for bit where the
+    uninterrupted run does, model and both blocks; the stopped run resumed on 1 process is
+    resharded and finishes."""
+    import shutil
+
+    def args(out: Path) -> list[str]:
+        return [
+            "--config",
+            "configs/camvid_sky.yaml",
+            f"data.path={camvid_sky}",
+            f"train.out={out}",
+            "data.batch_size=4",
+            "train.epochs=2",
+            "train.device=cpu",
+            "train.num_threads=1",
+            "train.progress=false",
+            "regularizer.name=fbeta",
+            "regularizer.alpha=1.0",
+            "regularizer.target=pixels",
+            "regularizer.shard=global",
+        ]
+
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    ran = _train(args(whole))
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    stopped = _train([*args(parts), "train.stop_after_steps=1"])
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    alone = tmp_path / "alone"
+    shutil.copytree(parts, alone)
+    resumed = _train(["--resume", str(parts)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    (main_a, shard_a), (main_b, shard_b) = _final(whole), _final(parts)
+    pixels = 8 * 24 * 32
+    assert main_a["regularizer"]["shard_layout"].tolist() == [pixels, 0, 2, 24 * 32]
+    assert int(main_a["regularizer"]["sparse_tau.step"]) == 4  # 2 epochs of 2 steps
+    for a, b in ((main_a["regularizer"], main_b["regularizer"]), (shard_a, shard_b)):
+        b = b.get("regularizer", b)
+        for name, value in a.get("regularizer", a).items():
+            assert torch.equal(value, b[name]), name
+    for name, value in main_a["model"].items():
+        assert torch.equal(value, main_b["model"][name]), name
+    one = _train(["--resume", str(alone)], processes=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert f"state of {pixels} samples from 2 to 1 process(es)" in one.stdout + one.stderr
+    assert checkpoint.load(checkpoint.listing(alone)[0])["epoch"] == 2
+
+
 KILLED = """
 import os, signal, sys
 sys.path.insert(0, os.getcwd())  # the repository: the trainer is not installed
