@@ -3,6 +3,7 @@
     python -m benchmarks.scale_shards --out docs/figures                  # K = 1, 2, 4; n to 1e8
     python -m benchmarks.scale_shards --max-n 1e6 --out /tmp/shards       # quick
     python -m benchmarks.scale_shards --compile --max-n 1e4 --out docs/figures   # reg.compile()
+    python -m benchmarks.scale_shards --groups 2500 --out docs/figures    # per image (groups)
 
 ``FBetaRegularizer`` with the library's defaults (``tracked`` projection, ``sparse_adam_ahead``
 ``tau``) driven with synthetic scores (no network), half of the samples positive, as
@@ -16,7 +17,10 @@ scored with a Gaussian score: the distributed root, dual step and statistics); t
 peak resident memory; the regularizer's state (parameters, buffers growing with n, Adam's state)
 per process and as a fraction of one process's. ``--compile``: the regularizer's ``compile()``
 (owner sampling one graph per part; global sampling breaks at the routing), 30 warm-up steps,
-written as ``scale_shards_compiled.md``.
+written as ``scale_shards_compiled.md``. ``--groups M``: the per-group layout (what ``target:
+pixels`` builds): groups of ``M`` consecutive samples (an image's pixels; ``n`` rounded down to a
+multiple of ``M``), the blocks whole groups (``Shard(..., unit=M)``), one problem per group;
+written as ``scale_shards_groups.md``.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ PER_BATCH = (  # the sparse tau's probe and table: sized by the batch and the ru
 SETUPS = ((1, "none"), (2, "owner"), (2, "global"), (4, "owner"), (4, "global"))
 
 
-def _measure(n: int, sampling: str, batch: int, steps: int, compiled: bool = False) -> dict:
+def _measure(
+    n: int, sampling: str, batch: int, steps: int, compiled: bool = False, group: int = 0
+) -> dict:
     """In this process (one rank of the group, or alone): build, step, end the epoch."""
     import torch
     import torch.distributed as dist
@@ -51,12 +57,17 @@ def _measure(n: int, sampling: str, batch: int, steps: int, compiled: bool = Fal
     from reparam import FBetaRegularizer, Shard
 
     torch.set_num_threads(1)
-    shard = Shard.from_process_group(n, sampling=sampling) if sampling != "none" else None
+    unit = max(group, 1)
+    shard = (
+        Shard.from_process_group(n, sampling=sampling, unit=unit) if sampling != "none" else None
+    )
     start, stop = shard.bounds() if shard is not None else (0, n)
     gen = torch.Generator().manual_seed(start)
     labels = torch.zeros(stop - start, dtype=torch.int8)
     labels[(start % 2) :: 2] = 1  # the even samples are the positives
-    reg = FBetaRegularizer(labels, shard=shard)
+    groups = torch.arange(start, stop) // group if group else None
+    reg = FBetaRegularizer(labels, shard=shard, groups=groups)
+    del groups
     if compiled:
         reg.compile()
     warm = 30 if compiled else 3  # (compiled: the first calls compile, and recompile once)
@@ -93,16 +104,22 @@ def _measure(n: int, sampling: str, batch: int, steps: int, compiled: bool = Fal
 
 
 def measure(
-    n: int, sampling: str, batch: int, steps: int, world: int, compiled: bool = False
+    n: int,
+    sampling: str,
+    batch: int,
+    steps: int,
+    world: int,
+    compiled: bool = False,
+    group: int = 0,
 ) -> dict[str, float]:
     """One measurement in fresh processes; the largest value over the processes."""
-    args = [n, sampling, batch, steps, compiled]
+    args = [n, sampling, batch, steps, compiled, group]
     return measure_in_fresh_processes("benchmarks.scale_shards", args, world)
 
 
 def _child(spec: str) -> None:
-    n, sampling, batch, steps, compiled, world, out = json.loads(spec)
-    run_child(_measure, [n, sampling, batch, steps, compiled], world, out)
+    n, sampling, batch, steps, compiled, group, world, out = json.loads(spec)
+    run_child(_measure, [n, sampling, batch, steps, compiled, group], world, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,21 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=100, help="timed steps per measurement")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     p.add_argument("--compile", action="store_true", help="the regularizer's compile()")
+    p.add_argument("--groups", type=int, default=0, help="samples per group (0: no groups)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
         _child(a.child)
         return 0
-    sizes = [n for n in (10**4, 10**7, 10**8) if n <= a.max_n]
+    unit = max(a.groups, 1)
+    sizes = [n // unit * unit for n in (10**4, 10**7, 10**8) if n <= a.max_n]
     results = []
     for world, sampling in SETUPS:
         for n in sizes:
-            r = measure(n, sampling, a.batch, a.steps, world, a.compile)
+            r = measure(n, sampling, a.batch, a.steps, world, a.compile, a.groups)
             results.append((world, sampling, n, r))
             print(world, sampling, n, {k: f"{v:.4g}" for k, v in r.items()}, flush=True)
     text = _report(results, a)
     a.out.mkdir(parents=True, exist_ok=True)
-    name = "scale_shards_compiled" if a.compile else "scale_shards"
+    name = "scale_shards" + ("_compiled" if a.compile else "") + ("_groups" if a.groups else "")
     (a.out / f"{name}.md").write_text(text)
     _plot(results, a.out / f"{name}.png")
     print(text)
@@ -166,11 +185,14 @@ def _report(results: list, a: argparse.Namespace) -> str:
     ]
     return (
         f"<!-- python -m benchmarks.scale_shards {'--compile ' if a.compile else ''}"
-        f"--max-n {a.max_n:.0e} --batch {a.batch}"
+        + (f"--groups {a.groups} " if a.groups else "")
+        + f"--max-n {a.max_n:.0e} --batch {a.batch}"
         + (f" --steps {a.steps}" if a.steps != 100 else "")
         + " -->\n"
         f"{machine_line()}; one thread per process, batch {a.batch} per process, median of "
-        f"{a.steps} steps; the largest value over the processes\n\n"
+        f"{a.steps} steps; the largest value over the processes"
+        + (f"; groups of {a.groups} samples, one problem each" if a.groups else "")
+        + "\n\n"
         + markdown_table(header, rows)
         + "\n"
     )

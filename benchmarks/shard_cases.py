@@ -5,8 +5,8 @@ process as a fraction of one process's, or the constructor's refusal (docs/guide
 
 Each case is built as the guide shows it: ``Shard.from_process_group(N)``, the objective on
 ``shard.local_labels(labels)`` with its defaults, ``N`` = 1e6 samples (``--n``) of which a third
-are positive (a fifth of each of two classes in the two-class case; groups of 1000 samples in the
-grouped case), one step of Adam on a batch of 256 per process so that the optimizer's state of the
+are positive (a fifth of each of two classes in the two-class case; groups of 1000 consecutive
+samples in the grouped case, ``Shard(..., unit=1000)``), one step of Adam on a batch of 256 per process so that the optimizer's state of the
 objective's parameters counts too. The state is every parameter, buffer and Adam state tensor of
 the objective, without the sparse ``tau``'s per-batch probe (sized by the batch, not by ``N``).
 """
@@ -46,7 +46,8 @@ def _measure(case: str, n: int) -> dict:
             torch.arange(n) % 5 == 0, 1, torch.where(torch.arange(n) % 5 == 1, 2, 0)
         )
     groups = torch.arange(n) // 1000
-    shard = Shard.from_process_group(n, sampling="global") if sharded else None
+    unit = 1000 if case == "groups" else 1  # (groups: blocks of whole groups)
+    shard = Shard.from_process_group(n, sampling="global", unit=unit) if sharded else None
     mine = labels if shard is None else shard.local_labels(labels)
     extra = {} if shard is None else {"shard": shard}
     make = {

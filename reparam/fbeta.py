@@ -177,9 +177,10 @@ class FBetaRegularizer(ReparamRegularizer):
         tracked, sparse, lay = self._tracked, self.sparse_tau, self.layout
         eps, tau = self.constrained_parameters()  # inline: Pi_C of them, with autograd
         lam, share = self.lam, None
-        u, problem, is_pos, touched, scale, eps_weight = lay.batch_entries(
+        u, problem, is_pos, touched, scale, eps_weight, at = lay.batch_entries(
             u, idx, rows, self._batch_of(idx)
-        )
+        )  # (groups: the batch's problems only, in slots: at[slot] is the problem, O(B))
+        mu = self.mu if at is None else self.mu.index_select(0, at)
         if tracked is not None and sparse is None:  # the optimizer moved every row:
             tracked.retest_all_(self.tau_param, self.eps_param, lay.row_groups)  # O(n)
             self._forget_("constrained")
@@ -190,15 +191,17 @@ class FBetaRegularizer(ReparamRegularizer):
         if problem is not None:  # a sample's row serves every column
             slots = slots.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
         if tracked is not None:  # the loss sees e*
-            eps, share = tracked.threshold(self.eps_param)
+            eps, share = tracked.threshold(self.eps_param, at)
             if problem is None:
                 share = share.view(())
+        elif at is not None:
+            eps = eps.index_select(0, at)
         return batch_lagrangian(
             eps,
             tau,
             u,
             lam,
-            self.mu,
+            mu,
             is_pos,
             slots,
             beta=self.beta,

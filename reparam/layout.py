@@ -206,9 +206,9 @@ class ProblemLayout(nn.Module):
         broadcast view (no O(n) index)."""
         return x.expand(self.tau_group.shape[0]) if x.shape[0] == 1 else x[self.groups]
 
-    def batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        r"""``(problem (B, P), scale (K,), eps_weight (K,))`` of a batch, for the mean over the
-        ``K`` problems of each problem's Lagrangian (docs/method.md sec. 12):
+    def batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        r"""``(problem (B, C), scale, eps_weight, at)`` of a batch, for the mean over the ``K``
+        problems of each problem's Lagrangian (docs/method.md sec. 12):
 
         .. math:: L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}
                   \frac{b_k}{m_k} + \frac{N}{B n_k} \sum_{e \in B_k} \ell_e\Big]
@@ -217,12 +217,18 @@ class ProblemLayout(nn.Module):
         in the batch, so ``E[b_k N / (B m_k)] = 1``: ``eps_k`` is pulled down only while its group
         is in the batch (with no groups, ``b_k = B``, ``m_k = N``: ``beta^2 eps_k`` at every step).
         ``problem``: the problem of each (sample, class column), ``-1`` where the sample's group
-        has no positive of the class or the sample is in no group."""
+        has no positive of the class or the sample is in no group.
+
+        No groups: ``scale`` and ``eps_weight`` per problem ``(K,)``, ``at`` ``None``. Groups: only
+        the batch's problems, ``O(B)`` (no term is ``O(K)``, ``K`` being one per image): the batch's
+        ``E = B C`` entries' problems in ``E`` slots (:func:`batch_slots`), ``at`` the problem of
+        each slot, ``scale`` and ``eps_weight`` per slot, ``problem`` the entries' slots; the
+        problems of the batch get the same values as over all ``K``, the others weigh 0."""
         k, n_pos = self.n_problems, self.n_pos
         if not self.grouped:
             problem = torch.arange(k, device=idx.device).expand(idx.numel(), k)
             f = self.n_total / (idx.numel() * k)
-            return problem, n_pos.reciprocal() * f, torch.full_like(n_pos, 1 / k)
+            return problem, n_pos.reciprocal() * f, torch.full_like(n_pos, 1 / k), None
         g = self.sample_group.index_select(0, idx).long() + 1
         problem = self.problem_of.index_select(1, g).t()
         if self._comm.world == 1:
@@ -230,27 +236,36 @@ class ProblemLayout(nn.Module):
         else:  # sharded: the mean over the processes of their losses is the global batch's
             total = self._comm.sum((g > 0).sum().reshape(1))[0]
             f = self.n_valid * self._comm.world / (total.clamp_min(1) * k)
-        kept = (problem >= 0).to(n_pos.dtype).reshape(-1)
-        present = torch.zeros_like(n_pos).index_add_(0, problem.clamp_min(0).reshape(-1), kept)
-        return problem, f / n_pos, f * present / self.problem_size
+        slot, at = batch_slots(problem.reshape(-1))
+        kept = (slot >= 0).to(n_pos.dtype)
+        present = torch.zeros_like(kept).index_add_(0, slot.clamp_min(0), kept)
+        scale = f / n_pos.index_select(0, at)
+        return slot.view_as(problem), scale, f * present / self.problem_size.index_select(0, at), at
 
     def batch_entries(
         self, u: Tensor, idx: Tensor, rows: Tensor, batch: int
-    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | float, Tensor | None]:
-        """``(u, problem, is_pos, touched, scale, eps_weight)``: the batch's entries for
+    ) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor | float, Tensor | None, Tensor | None]:
+        """``(u, problem, is_pos, touched, scale, eps_weight, at)``: the batch's entries for
         ``lagrangian.batch_lagrangian``. One problem (the hot path): the samples themselves,
-        scalars (``scale = N / (n B)``, ``problem`` and ``eps_weight`` ``None``). Else one entry
-        per (sample, class column), each in its problem (:meth:`batch_problems`), flattened;
-        ``touched``: the samples that are a positive (of one problem at most). ``rows``: the
-        samples' rows (``-1``: a negative); ``batch``: ``B`` of the scale."""
+        scalars (``scale = N / (n B)``, ``problem``, ``eps_weight`` and ``at`` ``None``). Else one
+        entry per (sample, class column), each in its problem (:meth:`batch_problems`; groups: its
+        slot, ``at`` the slots' problems), flattened; ``touched``: the samples that are a
+        positive (of one problem at most). ``rows``: the samples' rows (``-1``: a negative);
+        ``batch``: ``B`` of the scale."""
         if self.one_problem:
             is_pos = rows >= 0
-            return u, None, is_pos, is_pos, self.n_total / (self.n_pos_list[0] * batch), None
-        problem, scale, eps_weight = self.batch_problems(idx)
+            scale = self.n_total / (self.n_pos_list[0] * batch)
+            return u, None, is_pos, is_pos, scale, None, None
+        problem, scale, eps_weight, at = self.batch_problems(idx)
         row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
-        is_pos = (rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == problem)
+        entry_problem = problem  # (groups: the entries' slots, whose problems are at[slot])
+        if at is not None:
+            of_slot = at.index_select(0, problem.clamp_min(0).reshape(-1)).view_as(problem)
+            entry_problem = torch.where(problem >= 0, of_slot, -1)
+        is_pos = (rows >= 0).unsqueeze(1) & (row_problem.unsqueeze(1) == entry_problem)
         touched = is_pos.any(1)
-        return u.reshape(-1), problem.reshape(-1), is_pos.reshape(-1), touched, scale, eps_weight
+        u, problem, is_pos = u.reshape(-1), problem.reshape(-1), is_pos.reshape(-1)
+        return u, problem, is_pos, touched, scale, eps_weight, at
 
     def split(
         self, k: int, labels: Tensor, scores: Tensor, score_epoch: Tensor, seen: Tensor | None
@@ -267,3 +282,17 @@ class ProblemLayout(nn.Module):
         pos = labels.index_select(0, members) == self.classes[j]
         u = scores[:, j].index_select(0, members)
         return u[pos & seen], u[~pos & seen]
+
+
+def batch_slots(problem: Tensor) -> tuple[Tensor, Tensor]:
+    """``(slot, at)``: the ``E`` entries' problems (``-1``: none) numbered by the distinct
+    problems among them, in fixed shapes: ``slot`` per entry (``-1`` kept), ``at`` the problem of
+    each of ``E`` slots (those no entry uses: 0, and weight 0 where they are read). A sort, no
+    host read (compiled: one graph)."""
+    key, order = torch.sort(problem)
+    first = torch.ones_like(key, dtype=torch.bool)
+    first[1:] = key[1:] != key[:-1]
+    slot_sorted = torch.cumsum(first, 0) - 1
+    slot = torch.empty_like(slot_sorted).scatter_(0, order, slot_sorted)
+    at = torch.zeros_like(key).scatter_(0, slot_sorted, key.clamp_min(0))
+    return torch.where(problem >= 0, slot, -1), at

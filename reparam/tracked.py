@@ -46,8 +46,9 @@ class TrackedThreshold(Schedule):
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
         self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
 
-    def threshold(self, eps: Tensor) -> tuple[Tensor, Tensor]:
-        r"""``(e*, share)`` per problem from the tracked active set ``A_j`` (O(P)):
+    def threshold(self, eps: Tensor, at: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        r"""``(e*, share)`` per problem from the tracked active set ``A_j`` (O(P); ``at``: of the
+        problems ``at`` only, O(len(at))):
 
         .. math:: r_j = \frac{\epsilon_j + \sum_{A_j} \tau_i}{1 + |A_j|}
                   = \epsilon_j + \frac{\sum_{A_j} o_i}{1 + |A_j|},\quad e^*_j = \max(0, r_j),
@@ -58,16 +59,21 @@ class TrackedThreshold(Schedule):
         Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (docs/method.md sec. 4).
         Autograd carries ``share`` to ``eps``: the block's move with ``eps`` is in the offsets,
         not in this derivative (by design)."""
-        sums = self.active_sums.to(eps.dtype)
+        sums = self.active_sums if at is None else self.active_sums.index_select(0, at)
+        eps = eps if at is None else eps.index_select(0, at)
+        sums = sums.to(eps.dtype)
         denom = 1 + sums[:, 1]
         share = 1 / denom
         r = eps * share + (eps * (1 - share) + sums[:, 0] / denom).detach()
         return r.clamp_min(0), (r.detach() > 0).to(r.dtype) * share
 
-    def root(self, eps: Tensor) -> Tensor:
-        """The threshold ``r`` per problem, not clamped (``A = {tau_i > r}``), detached."""
-        sums = self.active_sums.to(eps.dtype)
-        return eps.detach() + sums[:, 0] / (1 + sums[:, 1])
+    def root(self, eps: Tensor, at: Tensor | None = None) -> Tensor:
+        """The threshold ``r`` per problem, not clamped (``A = {tau_i > r}``), detached (``at``:
+        of the problems ``at`` only)."""
+        sums = self.active_sums if at is None else self.active_sums.index_select(0, at)
+        eps = eps.detach() if at is None else eps.detach().index_select(0, at)
+        sums = sums.to(eps.dtype)
+        return eps + sums[:, 0] / (1 + sums[:, 1])
 
     def seen(
         self, raw: tuple[Tensor, ...], project: Project, groups: Tensor | None = None
@@ -165,7 +171,7 @@ class TrackedThreshold(Schedule):
         _add_per_problem(self.active_sums[:, 0], group, moved, one, self._row_comm)
         eps_rows = _of_rows(eps.detach(), rows, groups)
         values = torch.where(was, t + eps_rows, t)
-        now = (values > self.root(eps).index_select(0, group)) & kept | (was & ~kept)
+        now = (values > self.root(eps, group)) & kept | (was & ~kept)
         offset = torch.where(was, t, values - eps_rows)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)

@@ -70,10 +70,11 @@ CELLS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
 # checks): graph breaks (docs/method.md sec. 11b)
 NOT_TRACED_WHOLE = ("fbeta-inline-exact", "fbeta-inline-soft")
 # the cells a sharded state supports (tests/reparam/test_sharded.py)
-SHARDED = (  # the cases of tests/reparam/test_sharded.py (the groups are not sharded)
+SHARDED = (  # the cases of tests/reparam/test_sharded.py (groups: blocks of whole groups)
     "fbeta-tracked-sparse",
     "fbeta-epoch-sparse",
     "fbeta-classes",
+    "fbeta-groups",
     "precision-at-recall-epoch",
     "recall-at-precision-epoch",
     "roc-auc-epoch",

@@ -309,6 +309,8 @@ def errors(rank: int, k: int, out: str) -> None:
     other = (shard.start + shard.stop) % N
     catch("owner_idx", lambda: reg(torch.zeros(2), torch.tensor([shard.start, other])))
     catch("dense", lambda: FBetaRegularizer(shard.local_labels(y), shard=shard, tau_update="dense"))
+    split = shard.local_labels(torch.arange(N) // 16)  # group 7 is [112, 128): in both blocks
+    catch("split", lambda: FBetaRegularizer(shard.local_labels(y), groups=split, shard=shard))
     saved = [None] * k
     dist.all_gather_object(saved, reg.state_dict())
     catch("other_rank", lambda: reg.load_state_dict(saved[(rank + 1) % k]))
