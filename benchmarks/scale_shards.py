@@ -19,8 +19,8 @@ per process and as a fraction of one process's. ``--compile``: the regularizer's
 (owner sampling one graph per part; global sampling breaks at the routing), 30 warm-up steps,
 written as ``scale_shards_compiled.md``. ``--groups M``: the per-group layout (what ``target:
 pixels`` builds): groups of ``M`` consecutive samples (an image's pixels; ``n`` rounded down to a
-multiple of ``M``), the blocks whole groups (``Shard(..., unit=M)``), one problem per group;
-written as ``scale_shards_groups.md``.
+multiple of ``M``, and at least 4 groups), the blocks whole groups (``Shard(..., unit=M)``), one problem per group;
+written as ``scale_shards_groups<M>.md``.
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         _child(a.child)
         return 0
     unit = max(a.groups, 1)
-    sizes = [n // unit * unit for n in (10**4, 10**7, 10**8) if n <= a.max_n]
+    # (groups: whole groups, at least 4 of them, so that 4 processes each own one)
+    sizes = [max(n // unit, 4) * unit for n in (10**4, 10**7, 10**8) if n <= a.max_n]
     results = []
     for world, sampling in SETUPS:
         for n in sizes:
@@ -145,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             print(world, sampling, n, {k: f"{v:.4g}" for k, v in r.items()}, flush=True)
     text = _report(results, a)
     a.out.mkdir(parents=True, exist_ok=True)
-    name = "scale_shards" + ("_compiled" if a.compile else "") + ("_groups" if a.groups else "")
+    name = (
+        "scale_shards"
+        + ("_compiled" if a.compile else "")
+        + (f"_groups{a.groups}" if a.groups else "")
+    )
     (a.out / f"{name}.md").write_text(text)
     _plot(results, a.out / f"{name}.png")
     print(text)
@@ -176,7 +181,7 @@ def _report(results: list, a: argparse.Namespace) -> str:
         "sampling",
         "n",
         "step (ms)",
-        "step / step at 1e4",
+        f"step / step at {results[0][2]:.0e}",
         "epoch end (s)",
         "peak memory per process (MiB)",
         "state per process (MiB)",
