@@ -98,6 +98,7 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         ("fbeta_groups", 3, "owner"),
         pytest.param("fbeta_groups", 3, "global", marks=pytest.mark.slow),
         pytest.param("fbeta_groups_epoch", 2, "owner", marks=pytest.mark.slow),
+        pytest.param("fbeta_groups_compiled", 2, "owner", marks=pytest.mark.slow),  # fullgraph
         # reg.compile(): owner sampling traces whole (fullgraph), global breaks at the routing
         pytest.param("fbeta_compiled", 2, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta_compiled", 2, "global", marks=pytest.mark.slow),
