@@ -95,8 +95,7 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         ("roc", 2, "global"),
         # per group: each group's samples in one block (Shard unit), its problem at its owner
         ("fbeta_groups", 2, "global"),
-        ("fbeta_groups", 3, "owner"),
-        pytest.param("fbeta_groups", 3, "global", marks=pytest.mark.slow),
+        pytest.param("fbeta_groups", 3, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta_groups_epoch", 2, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta_groups_compiled", 2, "owner", marks=pytest.mark.slow),  # fullgraph
         # reg.compile(): owner sampling traces whole (fullgraph), global breaks at the routing
