@@ -40,6 +40,13 @@ def write_layout(root: Path, n: int = 3, hw=(36, 48), seed: int = 0) -> Path:
     return root
 
 
+def write_cache(tmp: Path, task: str, n: int, hw: tuple[int, int]) -> Path:
+    """A cache built from :func:`write_layout`'s frames (``tmp/cache``)."""
+    root = write_layout(tmp / "camvid", n=n, hw=hw)
+    camvid.prepare(camvid.Options(root=root, out=tmp / "cache", task=task, size=hw), log=quiet)
+    return tmp / "cache"
+
+
 def nearest(a: np.ndarray, size=SIZE) -> np.ndarray:
     return np.asarray(Image.fromarray(a).resize((size[1], size[0]), Image.Resampling.NEAREST))
 

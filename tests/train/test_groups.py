@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data_prep import camvid
-from tests.data_prep.test_camvid import write_layout
+from tests.data_prep.test_camvid import write_cache
 from train import config as C
 from train.__main__ import main
 from train.evaluation import per_image_iou
@@ -121,13 +120,7 @@ def test_selected_epoch():
 
 @pytest.fixture(scope="module")
 def camvid_cache(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("camvid")
-    root = write_layout(tmp / "camvid", n=4, hw=(32, 48))
-    out = tmp / "cache"
-    camvid.prepare(
-        camvid.Options(root=root, out=out, task="all", size=(32, 48)), log=lambda *_: None
-    )
-    return out
+    return write_cache(tmp_path_factory.mktemp("camvid"), task="all", n=4, hw=(32, 48))
 
 
 @pytest.mark.parametrize("weighting", ["none", "dro"])

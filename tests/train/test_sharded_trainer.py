@@ -52,6 +52,17 @@ def _final(run: Path) -> tuple[dict, dict]:
     return checkpoint.load(main), checkpoint.load(shard)
 
 
+def _assert_equal_ends(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
+    """Two runs' last checkpoints (:func:`_final`): the model and both blocks bit for bit."""
+    (main_a, shard_a), (main_b, shard_b) = a, b
+    for x, y in ((main_a["regularizer"], main_b["regularizer"]), (shard_a, shard_b)):
+        y = y.get("regularizer", y)
+        for name, value in x.get("regularizer", x).items():
+            assert torch.equal(value, y[name]), name
+    for name, value in main_a["model"].items():
+        assert torch.equal(value, main_b["model"][name]), name
+
+
 @pytest.mark.parametrize("mode", ["owner", "global"])
 def test_sharded_stop_and_resume_is_exact(digits_smnist, tmp_path, mode):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -65,12 +76,7 @@ def test_sharded_stop_and_resume_is_exact(digits_smnist, tmp_path, mode):
     (main_a, shard_a), (main_b, shard_b) = _final(whole), _final(parts)
     assert main_a["regularizer"]["shard_layout"].tolist() == [600, 0, 2]
     assert shard_a["regularizer"]["shard_layout"].tolist() == [600, 1, 2]
-    for a, b in ((main_a["regularizer"], main_b["regularizer"]), (shard_a, shard_b)):
-        b = b.get("regularizer", b)
-        for name, value in a.get("regularizer", a).items():
-            assert torch.equal(value, b[name]), name
-    for name, value in main_a["model"].items():
-        assert torch.equal(value, main_b["model"][name]), name
+    _assert_equal_ends((main_a, shard_a), (main_b, shard_b))
 
 
 def test_the_shards_of_an_unfinished_checkpoint_are_skipped_and_named(digits_smnist, tmp_path):
@@ -140,16 +146,9 @@ def test_another_process_count_reshards_and_a_missing_shard_is_an_error(digits_s
 @pytest.fixture(scope="module")
 def camvid_sky(tmp_path_factory) -> Path:
     """A CamVid-layout cache of 8 small frames (the sky task)."""
-    from data_prep import camvid
-    from tests.data_prep.test_camvid import write_layout
+    from tests.data_prep.test_camvid import write_cache
 
-    tmp = tmp_path_factory.mktemp("camvid")
-    root = write_layout(tmp / "camvid", n=8, hw=(24, 32))
-    out = tmp / "cache"
-    camvid.prepare(
-        camvid.Options(root=root, out=out, task="sky", size=(24, 32)), log=lambda *_: None
-    )
-    return out
+    return write_cache(tmp_path_factory.mktemp("camvid"), task="sky", n=8, hw=(24, 32))
 
 
 def test_the_per_image_fbeta_sharded_stops_resumes_and_reshards(camvid_sky, tmp_path):
@@ -189,12 +188,7 @@ def test_the_per_image_fbeta_sharded_stops_resumes_and_reshards(camvid_sky, tmp_
     pixels = 8 * 24 * 32
     assert main_a["regularizer"]["shard_layout"].tolist() == [pixels, 0, 2, 24 * 32]
     assert int(main_a["regularizer"]["sparse_tau.step"]) == 4  # 2 epochs of 2 steps
-    for a, b in ((main_a["regularizer"], main_b["regularizer"]), (shard_a, shard_b)):
-        b = b.get("regularizer", b)
-        for name, value in a.get("regularizer", a).items():
-            assert torch.equal(value, b[name]), name
-    for name, value in main_a["model"].items():
-        assert torch.equal(value, main_b["model"][name]), name
+    _assert_equal_ends((main_a, shard_a), (main_b, shard_b))
     one = _train(["--resume", str(alone)], processes=1)
     assert one.returncode == 0, one.stderr[-3000:]
     assert f"state of {pixels} samples from 2 to 1 process(es)" in one.stdout + one.stderr
