@@ -13,7 +13,7 @@ drift of a shared machine hits all alike; ``--compile`` adds the defaults with `
 Prints the median step per ``n`` and the ratio to the first (target: <= 1.2). On the CPU also
 one step at S-MNIST's size taken apart (median us and dispatched operations of each part, at a
 steady step); ``--against REF`` adds the same for ``reparam`` at git revision ``REF``, interleaved
-in one process (docs/results.md compares revision ``2a53c72``: ``--against 2a53c72 --no-sizes``).
+in one process.
 """
 
 from __future__ import annotations

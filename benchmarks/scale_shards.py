@@ -181,7 +181,7 @@ def _report(results: list, a: argparse.Namespace) -> str:
         "sampling",
         "n",
         "step (ms)",
-        f"step / step at {results[0][2]:.0e}",
+        "step / step at the smallest n",
         "epoch end (s)",
         "peak memory per process (MiB)",
         "state per process (MiB)",

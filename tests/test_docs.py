@@ -63,6 +63,26 @@ def test_docs_state_the_present_not_the_history():
     assert not found, "history belongs in CHANGELOG.md:\n" + "\n".join(found)
 
 
+STALE = (
+    "first version",
+    "at revision",
+    "not measured here",
+    "no measurement yet",
+    "next performance work",
+)
+
+
+def test_no_page_speaks_of_an_older_state():
+    """Phrases that date a page (a measurement of an older revision, one promised for later):
+    what the code does now is measured, or the line goes (its history to CHANGELOG.md)."""
+    found = []
+    for f in _tracked("README.md", "docs"):
+        if f.endswith(".md"):
+            text = re.sub(r"\s+", " ", (ROOT / f).read_text()).lower()
+            found += [f"{f}: {phrase!r}" for phrase in STALE if phrase in text]
+    assert not found, "\n".join(found)
+
+
 def test_the_readme_is_a_front_page():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
 

@@ -10,9 +10,15 @@ from benchmarks import scale_shards
 pytestmark = pytest.mark.slow  # four multi-process runs
 
 
-def test_scale_shards_measures_every_setup(tmp_path):
-    assert scale_shards.main(["--max-n", "1e4", "--steps", "2", "--out", str(tmp_path)]) == 0
-    lines = (tmp_path / "scale_shards.md").read_text().splitlines()
+@pytest.mark.parametrize("groups", [0, 2500])
+def test_scale_shards_measures_every_setup(tmp_path, groups):
+    """The plain layout, and groups of 2500 samples (``--groups``: 4 groups at 1e4)."""
+    extra = ["--groups", str(groups)] if groups else []
+    assert (
+        scale_shards.main(["--max-n", "1e4", "--steps", "2", "--out", str(tmp_path), *extra]) == 0
+    )
+    name = f"scale_shards_groups{groups}" if groups else "scale_shards"
+    lines = (tmp_path / f"{name}.md").read_text().splitlines()
     rows = [
         [c.strip() for c in line.strip("|").split("|")]
         for line in lines
@@ -23,7 +29,7 @@ def test_scale_shards_measures_every_setup(tmp_path):
         assert ratio == "1.00"  # the ratio to the smallest n is 1 at the smallest n
         # the per-sample state split K ways (+ the per-class buffers and Adam's state of eps)
         assert 1 / int(world) <= float(share) <= 1 / int(world) + 0.01
-    assert (tmp_path / "scale_shards.png").stat().st_size > 0
+    assert (tmp_path / f"{name}.png").stat().st_size > 0
 
 
 def test_the_compiled_arm_runs_the_compiled_step():
