@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import textwrap
@@ -105,3 +106,31 @@ def test_the_entry_points_apply_the_cure(tmp_path):
         print(tuple(img.shape), tuple(mask.shape))
         """)
     assert out == "(3, 8, 8) (8, 8)"
+
+
+def test_the_environment_imports_them_as_a_user_types_them(tmp_path):
+    """In the project's environment (``.ci/setup`` writes the hook's ``.pth``), a fresh interpreter
+    started outside the checkout, with no cure called and nothing on ``PYTHONPATH``, imports
+    torchvision, smp, timm and lightning as typed; starting it imports no torch."""
+    site = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not (Path(site) / "fbeta_reparam_torchvision.pth").is_file():
+        pytest.skip("not the environment .ci/setup builds (no fbeta_reparam_torchvision.pth)")
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+
+    def run(code: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr[-3000:]
+        return proc.stdout.strip()
+
+    assert run("import sys; print('torch' in sys.modules)") == "False"
+    imports = "import torchvision, segmentation_models_pytorch, timm"
+    if importlib.util.find_spec("lightning") is not None:
+        imports += ", lightning"
+    assert run(f"{imports}; print('ok')") == "ok"

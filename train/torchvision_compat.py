@@ -40,6 +40,9 @@ def ensure_torchvision_importable(
     else done) or ``"schemas"`` (``_C`` failed; the two schemas were defined).
     """
     global _fragment
+    # applied here: the environment's finder that would apply it at torchvision's first import
+    # (train/torchvision_hook.py) steps aside, so the lookup below does not come back to it
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "cures_torchvision", False)]
     if "torchvision" in sys.modules:
         return "imported"
     spec = importlib.util.find_spec("torchvision")
