@@ -74,6 +74,13 @@ def project_onto_c(
     Raises:
         ValueError: non-tensor or integer input, NaN/inf, mismatched shapes/dtypes/devices,
             ``groups`` of the wrong dtype/shape or out of range, unknown ``method``.
+
+    Examples:
+        >>> import torch
+        >>> from projections import project_onto_c
+        >>> eps, tau = project_onto_c(torch.tensor(0.5), torch.tensor([2.0, 1.0, 0.0]))
+        >>> eps.item(), tau.tolist()
+        (1.25, [1.25, 1.0, 0.0])
     """
     if comm is not None and comm.world > 1:
         e = projection_root(eps, tau, groups=groups, comm=comm).clamp_min(0)
@@ -108,6 +115,14 @@ def project_onto_c_(
     Runs under ``torch.no_grad()``, so it is not part of any graph -- the per-epoch step of
     Algorithm 3 (docs/method.md sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
     project_onto_c(eps, tau)``.
+
+    Examples:
+        >>> import torch
+        >>> from projections import project_onto_c_
+        >>> eps, tau = torch.tensor(0.5), torch.tensor([2.0, 1.0, 0.0])
+        >>> _ = project_onto_c_(eps, tau)
+        >>> eps.item(), tau.tolist()
+        (1.25, [1.25, 1.0, 0.0])
     """
     e, t = project_onto_c(eps, tau, method=method, groups=groups)
     eps.copy_(e)
@@ -127,7 +142,16 @@ def projection_root(
     """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd;
     ``e* = max(0, r)``. ``comm`` as for :func:`project_onto_c`: over several processes, by
     :func:`projections.collective.root_over`, one problem (``eps`` 0-dim) or each group's in
-    turn (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes)."""
+    turn (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes).
+
+    Examples:
+        >>> import torch
+        >>> from projections import projection_root
+        >>> tau = torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.0, -1.0]])
+        >>> r = projection_root(torch.tensor([0.5, -3.0]), tau)
+        >>> [round(v, 4) for v in r.tolist()]  # e* = max(0, r): 1.25 and 0
+        [1.25, -0.6667]
+    """
     if comm is not None and comm.world > 1:
         if groups is None and eps.dim() != 0:
             raise ValueError(

@@ -68,6 +68,14 @@ def soft_project_onto_c(
 
     Returns:
         ``(eps_s, tau_s)``, feasible for C, same dtype/device/shapes as the inputs.
+
+    Examples:
+        >>> import torch
+        >>> from projections import soft_project_onto_c
+        >>> eps, tau = torch.tensor(0.5), torch.tensor([2.0, 1.0, 0.0])
+        >>> e, t = soft_project_onto_c(eps, tau, strength=0.1)
+        >>> round(e.item(), 4), [round(v, 4) for v in t.tolist()]
+        (1.2538, [1.2538, 1.0, 0.0])
     """
     method = _checks.check_method(method, SOFT_METHODS)
     if sort_backend not in SORT_BACKENDS:

@@ -74,6 +74,18 @@ class FBetaRegularizer(ReparamRegularizer):
 
     After every ``end_epoch_`` ``reg.decision_threshold`` holds the exact F-beta-optimal threshold
     of the remembered scores per problem, and ``stats()`` the F-beta of ``u > threshold``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import FBetaRegularizer
+        >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))
+        >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> loss = reg(scores, torch.tensor([0, 2]))
+        >>> loss.backward(); opt.step(); reg.after_step_()
+        >>> reg.end_epoch_()
+        >>> int(reg.epoch), reg.n_problems, reg.tau_update
+        (1, 1, 'sparse_adam_ahead')
     """
 
     _constrained_names = ("eps_param", "tau_param")

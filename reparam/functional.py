@@ -197,6 +197,15 @@ def certified_fbeta_bound(
 
     ``None`` (no certificate) when no feasible ``eps > 0`` exists, i.e. ``mean u_pos < 1``.
     ``comm``: the scores spread over processes (``reparam.sharding``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import functional as F
+        >>> u_pos, u_neg = torch.tensor([2.0, 1.5, 1.0]), torch.tensor([-2.0, -1.5, 0.5])
+        >>> round(F.certified_fbeta_bound(u_pos, u_neg, beta=1.0), 4)
+        0.8
+        >>> F.certified_fbeta_bound(torch.tensor([0.5, 0.5]), u_neg, beta=1.0) is None
+        True
     """
     eps = best_feasible_eps(u_pos, comm)
     if eps is None or float(eps) <= 0:
@@ -211,7 +220,15 @@ def certified_fbeta_bound(
 
 def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL) -> float:
     """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)
-    (``comm``: counted over processes)."""
+    (``comm``: counted over processes).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import functional as F
+        >>> u_pos, u_neg = torch.tensor([2.0, 1.5, 1.0]), torch.tensor([-2.0, -1.5, 0.5])
+        >>> round(F.fbeta_of_decisions(u_pos, u_neg, beta=1.0), 4)  # tp = 3, fp = 1, fn = 0
+        0.8571
+    """
     counts = torch.stack([(u_pos > 0).sum(), (u_neg > 0).sum()]).cpu()
     counts = comm.sum(torch.cat([counts, torch.tensor([u_pos.numel()])]))
     tp, fp, n_pos = (float(c) for c in counts)
@@ -248,7 +265,15 @@ def best_fbeta_threshold(
 
     ``comm`` (``reparam.sharding``): the scores are spread over processes; the bucket counts are
     summed over them and the candidates left are gathered (the same result on every process, and
-    the same as one process's on all the scores)."""
+    the same as one process's on all the scores).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import functional as F
+        >>> u_pos, u_neg = torch.tensor([2.0, 1.5, 1.0]), torch.tensor([-2.0, -1.5, 0.5])
+        >>> F.best_fbeta_threshold(u_pos, u_neg, beta=1.0)
+        (0.75, 1.0)
+    """
     n_pos = comm.total(u_pos.numel())
     if n_pos == 0:
         return 0.0, fbeta_of_decisions(u_pos, u_neg, beta, comm)

@@ -10,6 +10,15 @@ class ShapeHead(nn.Module):
 
     ``a`` of shape ``(B, C)`` or a feature map ``(B, C, ...)`` (globally average-pooled). Returns
     ``(B,)`` for ``num_scores = 1``, else ``(B, num_scores)``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import ShapeHead
+        >>> head = ShapeHead(8)
+        >>> head(torch.ones(4, 8)).shape
+        torch.Size([4])
+        >>> ShapeHead(8, num_scores=3)(torch.ones(4, 8, 5, 5)).shape  # a pooled feature map
+        torch.Size([4, 3])
     """
 
     def __init__(self, in_features: int, num_scores: int = 1) -> None:

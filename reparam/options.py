@@ -38,7 +38,16 @@ FBETA_PRESETS = (None, "paper")
 def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
     """The options a preset sets (``FBETA_DEFAULTS``' keys; ``given`` may name any of them), each
     one given as ``None`` or not given taking the preset's value; the trainer's config uses it too,
-    so a saved config pins what the constructor resolves."""
+    so a saved config pins what the constructor resolves.
+
+    Examples:
+        >>> from reparam import resolve_preset
+        >>> r = resolve_preset("paper", projection="inline")  # given: overrides the preset
+        >>> r["projection"], r["dual_lr_mu"], r["cap_scores"]
+        ('inline', 1e-05, False)
+        >>> resolve_preset(None)["projection"]
+        'inline'
+    """
     base = PAPER_PRESET if _checks.choice("preset", preset, FBETA_PRESETS) else FBETA_DEFAULTS
     return {key: value if given.get(key) is None else given[key] for key, value in base.items()}
 
@@ -57,7 +66,17 @@ def resolve_options(
     else ``"dense"``. ``sparse`` overrides that choice for ``"auto"``: ``True``, sparse whatever the
     schedule (the trainer's objective on every pixel); ``False``, dense (the trainer with an
     optimizer other than Adam, or fp16: the sparse rule is Adam's and reads the unscaled
-    gradient). The trainer's config writes the result, so a saved config pins the run."""
+    gradient). The trainer's config writes the result, so a saved config pins the run.
+
+    Examples:
+        >>> from reparam import resolve_options
+        >>> r = resolve_options()  # the library's defaults
+        >>> r["tau_update"], r["projection"]
+        ('sparse_adam_ahead', 'tracked')
+        >>> r = resolve_options("paper")
+        >>> r["tau_update"], r["projection"], r["dual_lr_lambda"]
+        ('dense', 'epoch', 0.001)
+    """
     out = resolve_preset(preset, **given)
     tau_update = _checks.choice("tau_update", tau_update, ("auto", *TAU_UPDATES))
     library = preset is None and given.get("projection") is None

@@ -26,30 +26,65 @@ from .sharding import LOCAL, LocalComm
 
 
 def hinge_fp(u_neg: Tensor) -> Tensor:
-    """``max(0, 1 + u)`` elementwise: the upper bound of ``1[u > 0]``."""
+    """``max(0, 1 + u)`` elementwise: the upper bound of ``1[u > 0]``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> R.hinge_fp(torch.tensor([-2.0, 0.0, 1.0])).tolist()
+        [0.0, 1.0, 2.0]
+    """
     return torch.relu(1 + u_neg)
 
 
 def capped(u: Tensor) -> Tensor:
     """``min(u, 1)``: with ``tau <= 1`` the dualized ``tau_i <= u_i`` is the same constraint as
     ``tau_i <= min(u_i, 1)``, whose Lagrangian term ``-lambda_i min(u_i, 1)`` stops pulling a
-    positive's score up once it reaches 1 (docs/method.md sec. 8)."""
+    positive's score up once it reaches 1 (docs/method.md sec. 8).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> R.capped(torch.tensor([2.0, 0.5, -0.5])).tolist()
+        [1.0, 0.5, -0.5]
+    """
     return torch.clamp(u, max=1)
 
 
 def tp_lower(u_pos: Tensor) -> Tensor:
-    """``sum min(1, u_i)``: the lower bound of the true positives."""
+    """``sum min(1, u_i)``: the lower bound of the true positives.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> R.tp_lower(torch.tensor([2.0, 0.5, -0.5])).item()  # 1 + 0.5 - 0.5
+        1.0
+    """
     return capped(u_pos).sum()
 
 
 def fp_upper(u_neg: Tensor) -> Tensor:
-    """``sum max(0, 1 + u_j)``: the upper bound of the false positives."""
+    """``sum max(0, 1 + u_j)``: the upper bound of the false positives.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> R.fp_upper(torch.tensor([-2.0, 0.0, 1.0])).item()  # 0 + 1 + 2
+        3.0
+    """
     return hinge_fp(u_neg).sum()
 
 
 def certified_recall(u_pos: Tensor, comm: LocalComm = LOCAL) -> float | None:
     """``max(0, mean min(1, u_i)) <= recall(u > 0)``; ``None`` without positives (``comm``: the
-    scores spread over processes, ``reparam.sharding``)."""
+    scores spread over processes, ``reparam.sharding``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> round(R.certified_recall(torch.tensor([2.0, 0.5, -0.5])), 4)  # tp- / n = 1 / 3
+        0.3333
+    """
     n = comm.total(u_pos.numel())
     if n == 0:
         return None
@@ -57,7 +92,15 @@ def certified_recall(u_pos: Tensor, comm: LocalComm = LOCAL) -> float | None:
 
 
 def certified_precision(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | None:
-    """``tp- / (tp- + fp+) <= precision(u > 0)`` when ``tp- > 0``, else ``None`` (no certificate)."""
+    """``tp- / (tp- + fp+) <= precision(u > 0)`` when ``tp- > 0``, else ``None`` (no certificate).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5, -0.5]), torch.tensor([-2.0, 0.0, 1.0])
+        >>> R.certified_precision(u_pos, u_neg)  # tp- = 1, fp+ = 3
+        0.25
+    """
     sums = torch.stack([tp_lower(u_pos.double()), fp_upper(u_neg.double())]).cpu()
     tp, fp = (float(v) for v in comm.sum(sums))
     if tp <= 0:
@@ -68,7 +111,15 @@ def certified_precision(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -
 def recall_precision(
     u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL
 ) -> tuple[float | None, float | None]:
-    """True recall and precision of the decisions ``u > 0`` (``None`` where undefined)."""
+    """True recall and precision of the decisions ``u > 0`` (``None`` where undefined).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5, -0.5]), torch.tensor([-2.0, 0.0, 1.0])
+        >>> [round(v, 4) for v in R.recall_precision(u_pos, u_neg)]  # tp = 2, fp = 1
+        [0.6667, 0.6667]
+    """
     counts = torch.stack([(u_pos > 0).sum(), (u_neg > 0).sum()]).cpu()
     counts = comm.sum(torch.cat([counts, torch.tensor([u_pos.numel()])]))
     tp, fp, n = (float(c) for c in counts)
@@ -80,7 +131,15 @@ def recall_precision(
 def roc_auc(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | None:
     """Exact ROC-AUC (Mann-Whitney): ``P(u_pos > u_neg) + P(u_pos = u_neg) / 2`` over all pairs,
     from average ranks (O((n + m) log(n + m))); ``None`` without positives or negatives.
-    ``comm`` with several processes: :func:`_roc_auc_over` (a sample sort, O((n + m) / K) each)."""
+    ``comm`` with several processes: :func:`_roc_auc_over` (a sample sort, O((n + m) / K) each).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5, -0.5]), torch.tensor([-2.0, 0.0, 1.0])
+        >>> round(R.roc_auc(u_pos, u_neg), 4)  # 6 of the 9 pairs ordered right
+        0.6667
+    """
     if comm.world > 1:
         return _roc_auc_over(u_pos, u_neg, comm)
     n, m = u_pos.numel(), u_neg.numel()
@@ -129,7 +188,14 @@ def _roc_auc_over(u_pos: Tensor, u_neg: Tensor, comm: LocalComm) -> float | None
 
 
 def fpr_grid(k: int) -> Tensor:
-    """The midpoint grid of false-positive rates ``t_k = (k - 1/2) / K``, ``k = 1..K``."""
+    """The midpoint grid of false-positive rates ``t_k = (k - 1/2) / K``, ``k = 1..K``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> R.fpr_grid(4).tolist()
+        [0.125, 0.375, 0.625, 0.875]
+    """
     return (torch.arange(1, k + 1, dtype=torch.float64) - 0.5) / k
 
 
@@ -139,6 +205,14 @@ def certified_auc(tpr_lower: Tensor, fpr_upper: Tensor) -> float:
     For each threshold ``k`` the curve passes through ``(F_k, T_k)`` with ``F_k <= fpr_upper_k``
     and ``T_k >= tpr_lower_k``; the curve is non-decreasing, so ``R(f) >= max{tpr_lower_k :
     fpr_upper_k <= f}`` and ``AUC = int_0^1 R >= `` the area under that staircase.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tpr_lower = torch.tensor([0.5, 0.75, 1.0])
+        >>> fpr_upper = torch.tensor([0.0, 0.25, 0.5])
+        >>> R.certified_auc(tpr_lower, fpr_upper)
+        0.8125
     """
     f = fpr_upper.detach().double().clamp(0, 1)
     t = tpr_lower.detach().double().clamp(0, 1)
@@ -156,7 +230,17 @@ def precision_at_recall_minibatch(
 ) -> Tensor:
     r"""``L_B`` of (8a) on a batch: ``scale [sum_{B-} max(0, 1 + u_j) + sum_{B+} ((lambda_i - nu)
     tau_i - lambda_i min(u_i, 1))] + nu r`` with ``scale = N / (n B)``; ``tau_b``, ``lam_b`` are the rows of
-    the batch's samples (any value for negatives), ``is_pos`` marks the positives."""
+    the batch's samples (any value for negatives), ``is_pos`` marks the positives.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tau_b, lam_b, nu = torch.tensor([0.5, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor(0.5)
+        >>> u, is_pos = torch.tensor([2.0, -0.5]), torch.tensor([True, False])
+        >>> loss = R.precision_at_recall_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8)
+        >>> round(loss.item(), 4)
+        0.15
+    """
     terms = torch.where(is_pos, (lam_b - nu) * tau_b - lam_b * capped(u), hinge_fp(u))
     return scale * terms.sum() + nu * recall
 
@@ -171,7 +255,17 @@ def recall_at_precision_minibatch(
     precision: float,
 ) -> Tensor:
     r"""``L_B`` of (8b): ``scale [sum_{B+} ((lambda_i - 1 - nu (1 - a)) tau_i - lambda_i min(u_i, 1))
-    + nu a sum_{B-} max(0, 1 + u_j)]``."""
+    + nu a sum_{B-} max(0, 1 + u_j)]``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tau_b, lam_b, nu = torch.tensor([0.5, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor(0.5)
+        >>> u, is_pos = torch.tensor([2.0, -0.5]), torch.tensor([True, False])
+        >>> loss = R.recall_at_precision_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8)
+        >>> round(loss.item(), 4)
+        -0.85
+    """
     a = precision
     pos = (lam_b - 1 - nu * (1 - a)) * tau_b - lam_b * capped(u)
     return scale * torch.where(is_pos, pos, nu * a * hinge_fp(u)).sum()
@@ -189,7 +283,18 @@ def roc_auc_minibatch(
 ) -> Tensor:
     r"""``L_B`` of (8c): ``(1/K) sum_k [scale_pos sum_{B+} ((lambda_ik - 1) tau_ik - lambda_ik
     min(z_ik, 1)) + nu_k scale_neg sum_{B-} max(0, 1 + z_jk) - nu_k t_k]`` with ``z = u + b`` ``(B, K)``,
-    ``scale_pos = N / (n B)``, ``scale_neg = N / (m B)``."""
+    ``scale_pos = N / (n B)``, ``scale_neg = N / (m B)``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tau = torch.tensor([[1.0, 0.5], [0.0, 0.0]])
+        >>> lam = torch.tensor([[0.5, 0.5], [0.0, 0.0]])
+        >>> z, is_pos = torch.tensor([[2.0, 0.5], [-1.0, -0.5]]), torch.tensor([True, False])
+        >>> nu, grid = torch.tensor([0.5, 0.5]), R.fpr_grid(2)
+        >>> round(R.roc_auc_minibatch(tau, lam, nu, z, is_pos, 1.0, 1.0, grid).item(), 4)
+        -0.875
+    """
     pos = scale_pos * ((lam_b - 1) * tau_b - lam_b * capped(z))
     terms = torch.where(is_pos[:, None], pos, scale_neg * nu * hinge_fp(z))
     return (terms.sum() - (nu * grid).sum()) / grid.numel()
@@ -201,7 +306,16 @@ def roc_auc_minibatch(
 def precision_at_recall_lagrangian(
     tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor, u_neg: Tensor, recall: float
 ) -> Tensor:
-    r"""(8a): ``(1/n) fp+(u) + (1/n) sum lambda_i (tau_i - min(u_i, 1)) + nu (r - mean tau)``."""
+    r"""(8a): ``(1/n) fp+(u) + (1/n) sum lambda_i (tau_i - min(u_i, 1)) + nu (r - mean tau)``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tau, lam, nu = torch.tensor([1.0, 0.5]), torch.tensor([0.5, 0.5]), torch.tensor(0.5)
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5]), torch.tensor([-2.0, 0.0])
+        >>> round(R.precision_at_recall_lagrangian(tau, lam, nu, u_pos, u_neg, 0.8).item(), 4)
+        0.525
+    """
     n = u_pos.numel()
     return (
         fp_upper(u_neg) / n + (lam * (tau - capped(u_pos))).sum() / n + nu * (recall - tau.mean())
@@ -212,7 +326,16 @@ def recall_at_precision_lagrangian(
     tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor, u_neg: Tensor, precision: float
 ) -> Tensor:
     r"""(8b): ``-mean tau + (1/n) sum lambda_i (tau_i - min(u_i, 1)) + nu (a fp+(u)/n - (1 - a)
-    mean tau)``."""
+    mean tau)``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tau, lam, nu = torch.tensor([1.0, 0.5]), torch.tensor([0.5, 0.5]), torch.tensor(0.5)
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5]), torch.tensor([-2.0, 0.0])
+        >>> round(R.recall_at_precision_lagrangian(tau, lam, nu, u_pos, u_neg, 0.8).item(), 4)
+        -0.625
+    """
     n, a = u_pos.numel(), precision
     constraint = a * fp_upper(u_neg) / n - (1 - a) * tau.mean()
     return -tau.mean() + (lam * (tau - capped(u_pos))).sum() / n + nu * constraint
@@ -229,7 +352,17 @@ def roc_auc_lagrangian(
 ) -> Tensor:
     r"""(8c), the mean over grid points ``k`` of
     ``-mean_i tau_ik + (1/n) sum_i lambda_ik (tau_ik - min(u_i + b_k, 1)) + nu_k (fp+(u + b_k)/m - t_k)``.
-    ``tau``, ``lam``: ``(n, K)``; ``nu``, ``offsets``, ``grid``: ``(K,)``."""
+    ``tau``, ``lam``: ``(n, K)``; ``nu``, ``offsets``, ``grid``: ``(K,)``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> tau, lam = torch.tensor([[1.0, 0.5], [0.5, 0.5]]), torch.full((2, 2), 0.5)
+        >>> nu, offsets, grid = torch.tensor([0.5, 0.5]), torch.tensor([0.0, 0.5]), R.fpr_grid(2)
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5]), torch.tensor([-2.0, 0.0])
+        >>> round(R.roc_auc_lagrangian(tau, lam, nu, offsets, u_pos, u_neg, grid).item(), 4)
+        -0.6875
+    """
     n, m = u_pos.numel(), u_neg.numel()
     z_pos = u_pos[:, None] + offsets[None, :]
     fpr_bound = hinge_fp(u_neg[:, None] + offsets[None, :]).sum(0) / m
@@ -264,6 +397,15 @@ def best_rescaled_precision_margin(
     ``comm`` with several processes: each evaluation sums the processes' ``tp`` and ``fp``
     (one all-reduce of the lanes; about 1,400 per call), the range and spread of the scores are
     every process's.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> u_pos, u_neg = torch.tensor([2.0, 1.5]), torch.tensor([-2.0, -1.0])
+        >>> round(R.best_rescaled_precision_margin(u_pos, u_neg, 0.5), 4)  # separable: g >= 0
+        0.5
+        >>> round(R.best_rescaled_precision_margin(-u_pos, -u_neg, 0.5), 4)  # reversed: g < 0
+        -0.5
     """
     p = np.sort(u_pos.detach().double().cpu().numpy().ravel())
     q = np.sort(u_neg.detach().double().cpu().numpy().ravel())
@@ -366,7 +508,16 @@ def threshold_at_recall(
     ``comm`` with several processes (``reparam.sharding``): the value-bucket search of
     ``functional.best_fbeta_threshold`` with precision in place of F-beta (a cut below the
     floor on ``tp`` is worth ``-1``): bucket counts summed over the processes, the few candidates
-    gathered; the same cut as the sort of all the scores."""
+    gathered; the same cut as the sort of all the scores.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5, -0.5]), torch.tensor([-2.0, 0.0, 1.0])
+        >>> t = R.threshold_at_recall(u_pos, u_neg, 0.6)  # keeps 2.0, 0.5 and the negative 1.0
+        >>> t.threshold, round(t.recall, 4), round(t.precision, 4), t.met
+        (0.25, 0.6667, 0.6667, True)
+    """
     if comm.world > 1:
         n = comm.total(u_pos.numel())
         if n == 0:
@@ -401,7 +552,15 @@ def threshold_at_precision(
     ``met=False``. ``comm`` with several processes: the value-bucket search
     (``functional.best_cut``) with the recall of a feasible cut as its value (``-1`` for a cut
     below the precision), then, if none is feasible, with the precision; the same cut as the
-    sort of all the scores."""
+    sort of all the scores.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> u_pos, u_neg = torch.tensor([2.0, 0.5, -0.5]), torch.tensor([-2.0, 0.0, 1.0])
+        >>> R.threshold_at_precision(u_pos, u_neg, 1.0)
+        RateThreshold(threshold=1.5, recall=0.3333333333333333, precision=1.0, met=True)
+    """
     if comm.world > 1:
         n = comm.total(u_pos.numel())
         if n == 0:

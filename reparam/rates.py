@@ -64,6 +64,18 @@ class PrecisionAtRecall(PointRateObjective):
         **options: the options every rate objective takes (``positive_class``, ``projection``,
             ``inline_strength``, ``dual_lr_lambda``, ``dual_lr_nu``, ``nu_max``, ``nu_init``,
             ``lambda_init``; see ``RateObjective``). The stationary ``lambda_init`` is ``nu_init``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import PrecisionAtRecall
+        >>> reg = PrecisionAtRecall(torch.tensor([0, 1, 1, 0, 1]), recall=0.8)
+        >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> loss = reg(scores, torch.tensor([0, 2]))
+        >>> loss.backward(); opt.step(); reg.after_step_()
+        >>> reg.end_epoch_()
+        >>> int(reg.epoch), reg.recall, tuple(reg.nu.shape)
+        (1, 0.8, (1,))
     """
 
     def __init__(self, shape_labels: object, *, recall: float, **options: Any) -> None:
@@ -128,6 +140,18 @@ class RecallAtPrecision(PointRateObjective):
     ``nu_max`` (caps ``nu``: the objective becomes a penalty) or a lower target. Same arguments as
     :class:`PrecisionAtRecall`, with ``precision`` the target ``a`` in (0, 1) (the stationary
     ``lambda_init`` is ``1 + nu_init (1 - a)``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import RecallAtPrecision
+        >>> reg = RecallAtPrecision(torch.tensor([0, 1, 1, 0, 1]), precision=0.8)
+        >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> loss = reg(scores, torch.tensor([0, 2]))
+        >>> loss.backward(); opt.step(); reg.after_step_()
+        >>> reg.end_epoch_()
+        >>> int(reg.epoch), reg.precision, reg.infeasible_suspected
+        (1, 0.8, False)
     """
 
     def __init__(self, shape_labels: object, *, precision: float, **options: Any) -> None:
@@ -256,6 +280,18 @@ class ROCAUC(RateObjective):
 
     Args: as :class:`PrecisionAtRecall`, with ``grid`` = ``K >= 1`` instead of the target, and
     ``offset_init`` the initial ``b_k`` (the stationary ``lambda_init`` is 1).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import ROCAUC
+        >>> reg = ROCAUC(torch.tensor([0, 1, 1, 0, 1]), grid=4)
+        >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> loss = reg(scores, torch.tensor([0, 2]))
+        >>> loss.backward(); opt.step(); reg.after_step_()
+        >>> reg.end_epoch_()
+        >>> int(reg.epoch), tuple(reg.nu.shape), tuple(reg.offsets.shape)
+        (1, (4,), (4,))
     """
 
     def __init__(

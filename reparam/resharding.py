@@ -55,7 +55,17 @@ def overlapping(n_total: int, start: int, stop: int, world: int, unit: int = 1) 
 def needed_blocks(reg: nn.Module, world: int, unit: int | None = None) -> list[int]:
     """The ranks of a state saved by ``world`` processes in blocks of whole ``unit`` samples
     (``None``: ``reg``'s own unit) that :func:`reshard_state` needs for ``reg``'s block
-    (unsharded ``reg``: all of them)."""
+    (unsharded ``reg``: all of them).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import FBetaRegularizer, needed_blocks
+        >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))  # unsharded
+        >>> needed_blocks(reg, 2)
+        [0, 1]
+        >>> needed_blocks(reg, 1)
+        [0]
+    """
     shard = getattr(reg, "shard", None)
     start, stop = (0, reg.n_samples) if shard is None else shard.bounds()
     if unit is None:
@@ -82,7 +92,19 @@ def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> 
     from ``saved``: saved rank -> that rank's state, every saved block that overlaps ``reg``'s
     (``overlapping``); others are ignored. ``ValueError`` when one is missing or the states are of
     another training set. A key the saved blocks lack is left out (``load_state_dict`` reports
-    it, or a load hook fills it in, as a sparse ``tau``'s fresh moments)."""
+    it, or a load hook fills it in, as a sparse ``tau``'s fresh moments).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import FBetaRegularizer, reshard_state
+        >>> labels = torch.tensor([0, 1, 1, 0, 1])
+        >>> reg, reg2 = FBetaRegularizer(labels), FBetaRegularizer(labels)
+        >>> _ = reg.lam.fill_(0.5)  # some saved state differing from reg2's
+        >>> reg2.load_state_dict(reshard_state(reg2, {0: reg.state_dict()}))
+        <All keys matched successfully>
+        >>> torch.equal(reg2.lam, reg.lam)
+        True
+    """
     if not saved:
         raise ValueError("saved must hold at least one saved block, got none")
     layouts = {r: saved_world(s) for r, s in saved.items()}

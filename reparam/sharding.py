@@ -60,6 +60,19 @@ class Shard:
             the pixels of one image, ``H W``, so that no group is split between processes);
             ``n_total`` must be a multiple of it. Process ``r`` owns the units
             ``[floor(r M / K), floor((r + 1) M / K))`` of the ``M = N / unit``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import Shard
+        >>> shard = Shard(10, rank=1, world=2)  # no process group needed to build one
+        >>> shard.bounds()
+        (5, 10)
+        >>> shard.owner(torch.tensor([0, 4, 5, 9]))
+        tensor([0, 0, 1, 1])
+        >>> shard.local_labels(torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 1, 0]))
+        tensor([0, 0, 1, 1, 0])
+        >>> Shard(12, 1, 2, unit=4).bounds()  # 3 whole units of 4: rank 1 owns the last 2
+        (4, 12)
     """
 
     n_total: int
