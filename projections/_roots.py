@@ -2,17 +2,19 @@ r"""Root finders for the threshold of Pi_C (docs/method.md sec. 4). Pure tensor 
 
 Pi_C maps (delta, gamma) to (e*, min(gamma, e*)) with e* = max(0, r) and r the unique root of
 
-.. math::  h(e) = e - \delta - \sum_i \max(\gamma_i - e, 0),
+$$
+h(e) = e - \delta - \sum_i \max(\gamma_i - e, 0),
+$$
 
 an increasing, concave, piecewise-linear function. Everything here computes r only; the
-differentiable projection is rebuilt from r's active set in :mod:`projections.exact`.
+differentiable projection is rebuilt from r's active set in ``projections.exact``.
 
 Two exact methods:
 
-* :func:`root_sort` -- sort descending, cumsum, one comparison (O(n log n), batched over rows):
+* ``root_sort`` -- sort descending, cumsum, one comparison (O(n log n), batched over rows):
   ``r = (delta + g_(1) + ... + g_(k)) / (k + 1)`` with ``k`` the largest index such that
   ``g_(k) > (delta + g_(1) + ... + g_(k-1)) / k`` (equivalently ``> (delta + S_k)/(k+1)``).
-* :func:`root_linear` -- no sort, expected O(n) on any input: Newton steps on ``h`` alternate
+* ``root_linear`` -- no sort, expected O(n) on any input: Newton steps on ``h`` alternate
   with quickselect-style random pivots, and every decided coordinate is dropped (compaction).
 """
 
@@ -53,12 +55,12 @@ def root_sort(delta: Tensor, gamma: Tensor) -> Tensor:
 
 @torch.no_grad()
 def root_top_prefix(delta: Tensor, gamma: Tensor, m: int) -> tuple[Tensor, Tensor]:
-    """:func:`root_sort` on the ``m`` largest coordinates only (``topk``, no full sort).
+    """``root_sort`` on the ``m`` largest coordinates only (``topk``, no full sort).
 
     delta (B,), gamma (B, n) -> (r, exact), both (B,). If the maximum of ``A_0..A_m`` is reached
     before ``A_m``, then ``k* < m`` and ``r`` is the exact root. Otherwise ``r = A_m``, a lower
     bound of the root (``r = max_k A_k``) whose ``m`` coordinates all lie above it: the Newton
-    iteration of :func:`root_linear` starts there with ``k_lo = m``.
+    iteration of ``root_linear`` starts there with ``k_lo = m``.
     """
     g = torch.topk(gamma, m, dim=-1, sorted=True).values
     avgs = _top_averages(delta, g)
@@ -71,7 +73,7 @@ def root_sort_grouped(delta: Tensor, gamma: Tensor, groups: Tensor) -> Tensor:
     """Root per group: delta (G,), gamma (n,), groups (n,) -> (G,).
 
     One sort by (group ascending, gamma descending) -- two stable sorts -- then ``r_g = max(delta_g,
-    max_k A_k)`` as in :func:`root_sort`, with a segmented cumsum accumulated in float64 (so a
+    max_k A_k)`` as in ``root_sort``, with a segmented cumsum accumulated in float64 (so a
     group of huge values does not swamp the running sum of the next one).
     """
     num_groups, n = delta.shape[0], gamma.shape[0]
@@ -93,7 +95,7 @@ def root_sort_grouped(delta: Tensor, gamma: Tensor, groups: Tensor) -> Tensor:
 
 
 class _GroupOps:
-    """Per-group bookkeeping of :func:`root_linear` on float64 tensors (G,), for G groups."""
+    """Per-group bookkeeping of ``root_linear`` on float64 tensors (G,), for G groups."""
 
     def __init__(self, grp: Tensor, num_groups: int) -> None:
         self.grp, self.num_groups = grp, num_groups

@@ -1,8 +1,10 @@
 r"""The root of h for one long vector at about the cost of one pass (docs/projection.md, method "tree").
 
-Same problem as :mod:`projections._roots`: the root ``r`` of
+Same problem as ``projections._roots``: the root ``r`` of
 
-.. math::  h(e) = e - \delta - \sum_i \max(\gamma_i - e, 0),
+$$
+h(e) = e - \delta - \sum_i \max(\gamma_i - e, 0),
+$$
 
 given by the top-i averages ``A_k = (delta + g_(1) + ... + g_(k)) / (k + 1)`` of the values sorted
 descending: ``r = max(delta, max_k A_k)``. Two facts make a search without a full sort exact:
@@ -38,7 +40,7 @@ masks (CPU): where two masks differ are the values between two points, gathered 
 second sum pass -- ``S(r') = S(p) - (their sum)`` -- and if the first point lay above the root
 (``r' < p``) the root lies among them, with every coordinate above ``p`` known: ``r = L`` of those
 values after ``c(p)`` larger ones. From the sample this takes one sum and two to five counts;
-after ``NEWTON_STEPS`` the randomized linear method of :mod:`projections._roots` finishes from the
+after ``NEWTON_STEPS`` the randomized linear method of ``projections._roots`` finishes from the
 last lower bound, so inputs made to defeat Newton stay linear.
 
 Counts on CPU use numpy (``np.count_nonzero(a > p)``: boolean output is several times faster
@@ -184,7 +186,7 @@ class _Passes:
         return vals.cpu().numpy()
 
     def children(self, level, idx: np.ndarray, size: int) -> np.ndarray:
-        """The positions in ``level`` of what :meth:`take_blocks` returns, in its order."""
+        """The positions in ``level`` of what ``take_blocks`` returns, in its order."""
         g = len(level) // size
         short = idx.size > 0 and idx[-1] == g
         child = ((idx[:-1] if short else idx)[:, None] * size + np.arange(size)).ravel()

@@ -3,11 +3,11 @@ projection's root over such rows.
 
 A communicator reduces over the processes that hold the rows: ``sum``, ``min``, ``max`` (new
 tensors, the same on every process), ``cat`` (every process's rows in rank order) and ``total``
-(of a count). :data:`LOCAL` is one process: every reduction is the identity, so code written
-against a communicator runs unchanged, and exactly as before, in one process. :class:`ProcessComm`
+(of a count). ``LOCAL`` is one process: every reduction is the identity, so code written
+against a communicator runs unchanged, and exactly as before, in one process. ``ProcessComm``
 reduces over a ``torch.distributed`` group.
 
-:func:`root_over` is the root of ``project_onto_c`` (``projections.exact``) for one problem whose
+``root_over`` is the root of ``project_onto_c`` (``projections.exact``) for one problem whose
 ``tau`` is spread over the processes: ``project_onto_c(..., comm=ProcessComm())`` and
 ``projection_root(..., comm=...)`` call it.
 """
@@ -168,7 +168,9 @@ def root_over(eps: Tensor, tau: Tensor, comm: LocalComm) -> Tensor:
     r"""The projection's root ``r`` (docs/method.md sec. 4 and 13: ``e* = max(0, r)``, the active set
     ``A = {tau_i > r}``) of one problem whose rows ``tau`` are spread over the processes:
 
-    .. math:: g(r) = \epsilon + \sum_i \max(0, \tau_i - r) - r = 0,
+    $$
+    g(r) = \epsilon + \sum_i \max(0, \tau_i - r) - r = 0,
+    $$
 
     ``g`` continuous and strictly decreasing. The candidates start as the values in
     ``(eps, max tau]`` (``g(eps) >= 0 >= g(max(eps, max tau))``); each round sorts them into

@@ -1,12 +1,13 @@
 r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (docs/method.md sec. 4).
 
-.. math::
-    \Pi_C(\delta, \gamma) = \arg\min_{(e, t) \in C} (e - \delta)^2 + \lVert t - \gamma \rVert^2
-                         = (e^*, \min(\gamma, e^*)),\qquad e^* = \max(0, r),\ h(r) = 0.
+$$
+\Pi_C(\delta, \gamma) = \arg\min_{(e, t) \in C} (e - \delta)^2 + \lVert t - \gamma \rVert^2
+                     = (e^*, \min(\gamma, e^*)),\qquad e^* = \max(0, r),\ h(r) = 0.
+$$
 
 The root ``r`` is found without autograd (by sort or in expected linear time, see
-:mod:`projections._roots`, and for one long row near the cost of a pass, :mod:`projections._tree`);
-:func:`_apply_threshold` then rebuilds ``e*`` from ``r``'s active set
+``projections._roots``, and for one long row near the cost of a pass, ``projections._tree``);
+``_apply_threshold`` then rebuilds ``e*`` from ``r``'s active set
 ``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of docs/method.md sec. 4 a.e.:
 ``d e*/d delta = d e*/d gamma_i = 1 / (|A| + 1)`` for ``i in A`` when ``r > 0`` (0 otherwise);
 clipped coordinates follow ``e*``, the others pass through with identity.
@@ -64,7 +65,7 @@ def project_onto_c(
         comm: the processes over which the coordinates of one problem are spread
             (``projections.collective``; docs/method.md sec. 13): ``tau`` is this process's part,
             ``eps`` (0-dim) the same on every process, and the root is found over all of them
-            (:func:`projections.collective.root_over`; no autograd). ``None`` or one process
+            (``projections.collective.root_over``; no autograd). ``None`` or one process
             (``LOCAL``): every coordinate is here.
 
     Returns:
@@ -110,7 +111,7 @@ def project_onto_c(
 def project_onto_c_(
     eps: Tensor, tau: Tensor, *, method: str = "auto", groups: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """In-place :func:`project_onto_c` (e.g. on ``nn.Parameter``s, once per epoch); returns them.
+    """In-place ``project_onto_c`` (e.g. on ``nn.Parameter``s, once per epoch); returns them.
 
     Runs under ``torch.no_grad()``, so it is not part of any graph -- the per-epoch step of
     Algorithm 3 (docs/method.md sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
@@ -140,8 +141,8 @@ def projection_root(
     _checked: bool = False,
 ) -> Tensor:
     """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd;
-    ``e* = max(0, r)``. ``comm`` as for :func:`project_onto_c`: over several processes, by
-    :func:`projections.collective.root_over`, one problem (``eps`` 0-dim) or each group's in
+    ``e* = max(0, r)``. ``comm`` as for ``project_onto_c``: over several processes, by
+    ``projections.collective.root_over``, one problem (``eps`` 0-dim) or each group's in
     turn (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes).
 
     Examples:
@@ -229,7 +230,7 @@ def _project_vector(eps: object, tau: object) -> tuple[Tensor, Tensor] | None:
 
 
 def _project_tree(eps: Tensor, tau: Tensor) -> tuple[Tensor, Tensor]:
-    """One row without autograd: the root by :func:`root_tree`, whose passes use the output
+    """One row without autograd: the root by ``root_tree``, whose passes use the output
     buffer as scratch memory, then one pass ``min(tau, e*)`` into that buffer."""
     x = tau.detach() if tau.requires_grad else tau
     if x.dim() != 1 or not x.is_contiguous():

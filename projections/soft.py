@@ -3,15 +3,18 @@ r"""Differentiable ("soft") projection onto C: the relu form of docs/method.md s
 ``Pi_C(delta, gamma) = (e*, min(gamma, e*))``: once the threshold is known the projection is one
 relu, ``min(gamma, e) = gamma - relu(gamma - e)``. Here the threshold is smooth in the inputs:
 
-.. math::
-    e_s = s \,\mathrm{softplus}(o_s / s), \qquad \tau_s = \gamma - \mathrm{relu}(\gamma - e_s),
+$$
+e_s = s \,\mathrm{softplus}(o_s / s), \qquad \tau_s = \gamma - \mathrm{relu}(\gamma - e_s),
+$$
 
 so ``(e_s, tau_s)`` is always feasible (``tau_s <= e_s``, ``e_s > 0``), and ``o_s -> r`` (the root
 of docs/method.md sec. 4) as the strength ``s -> 0``. Two ways to get ``o_s``:
 
 * ``method="smooth"`` (no sort, O(n) per Newton step): ``o_s`` is the root of the smoothed
 
-  .. math::  h_s(e) = e - \delta - s \sum_i \mathrm{softplus}((\gamma_i - e) / s),
+  $$
+  h_s(e) = e - \delta - s \sum_i \mathrm{softplus}((\gamma_i - e) / s),
+  $$
 
   increasing and concave; ``h_s <= h`` so ``o_s >= r``, and ``o_s - r <= s n log 2``. Newton from the
   exact root (a left point) converges monotonically. Gradients by the implicit function theorem:
@@ -55,10 +58,10 @@ def soft_project_onto_c(
     groups: Tensor | None = None,
     sort_backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    r"""Smooth surrogate of :func:`projections.project_onto_c` (docs/method.md sec. 5); exact as ``strength -> 0``.
+    r"""Smooth surrogate of ``projections.project_onto_c`` (docs/method.md sec. 5); exact as ``strength -> 0``.
 
     Args:
-        eps, tau, groups: as in :func:`projections.project_onto_c` (batched ``(...,)``/``(..., n)``
+        eps, tau, groups: as in ``projections.project_onto_c`` (batched ``(...,)``/``(..., n)``
             or grouped ``(G,)``/``(n,)``/``(n,)``).
         strength: smoothing ``s >= 0`` in the units of ``tau`` (``0`` returns the exact projection).
         method: ``"smooth"`` (softplus-smoothed root, no sort) or ``"sort"`` (differentiable sort,

@@ -30,7 +30,7 @@ def shape_labels(x: object) -> Tensor:
 
 def groups(x: object, n: int) -> Tensor:
     """The group of every sample as an int64 CPU tensor ``(N,)`` (``-1``: in no group), as
-    :func:`shape_labels` accepts them; ``N`` must match the shape labels' and some sample must be
+    ``shape_labels`` accepts them; ``N`` must match the shape labels' and some sample must be
     in a group."""
     t = _int_vector("groups", x, "group ids")
     if t.numel() != n:

@@ -58,7 +58,7 @@ class MisuseMonitor(nn.Module):
         self.register_buffer("input_faults", faults, persistent=False)
 
     def count_forward(self, batch: int, n: int, duties: Duties) -> None:
-        """A forward call of ``batch`` samples (``n``: samples per epoch): :meth:`on_forward`, or
+        """A forward call of ``batch`` samples (``n``: samples per epoch): ``on_forward``, or
         inside ``torch.compile`` a count on the device."""
         if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
             self.calls_since.add_(batch)
@@ -80,7 +80,7 @@ class MisuseMonitor(nn.Module):
         non-finite score or an index out of range becomes a negative with a score of ``-1e6``
         (its loss term and every gradient of it are 0; the state takes nothing from it), and is
         counted in ``input_faults`` (with ``batches``, the forward call of the first) for
-        :meth:`check_device_` to report. O(B), no host read."""
+        ``check_device_`` to report. O(B), no host read."""
         ok = finite & in_range
         with torch.no_grad():
             counts = torch.stack([(~finite).sum(), (~in_range).sum()])

@@ -81,7 +81,7 @@ class ReparamRegularizer(ShapeObjective):
     def compile(self, **kwargs: object) -> None:
         """``torch.compile`` the whole per-step path, each part one graph
         (``fullgraph=True``, no graph break; docs/method.md sec. 11b): the forward (``L_B``, the score memory, the counters
-        and the input masks; AOTAutograd compiles its backward with it) and :meth:`after_step_`
+        and the input masks; AOTAutograd compiles its backward with it) and ``after_step_``
         (the sparse ``tau`` step, the tracked active set). The
         epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile`` (for
         example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop the

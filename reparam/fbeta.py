@@ -61,10 +61,10 @@ class FBetaRegularizer(ReparamRegularizer):
             ``FBETA_DEFAULTS``) or the paper's Algorithm 3 (``"paper"``, ``PAPER_PRESET``).
         tau_update: who steps ``tau`` (docs/method.md sec. 11): ``"dense"`` (a parameter your
             optimizer steps, O(n) per step) or ``"sparse_adam_ahead"`` (``reg.sparse_tau`` steps
-            the batch's rows in :meth:`after_step_` on dense Adam's trajectory, O(B); not with
+            the batch's rows in ``after_step_`` on dense Adam's trajectory, O(B); not with
             ``"inline"``). ``"auto"``: sparse with the library's defaults, else dense
             (``reparam.resolve_options``).
-        tau_lr: the sparse step size (``None``: 1e-2, and :meth:`attach` makes it follow the lr of
+        tau_lr: the sparse step size (``None``: 1e-2, and ``attach`` makes it follow the lr of
             the optimizer's group that steps ``eps``).
         groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``. Given, the
             objective is the mean over the groups of each group's F-beta (per image of a

@@ -3,10 +3,11 @@ r"""The math of the F-beta S-measure regularizer as plain tensor functions (docs
 Scale-free LP (3') (docs/method.md sec. 2), for one positive shape class with ``n`` positives ``S+`` and the
 negatives ``S-`` (one-vs-rest), scores ``u = w . a(x) + b``:
 
-.. math::
-    \min\ \beta^2 \epsilon + \tfrac1n \sum_{j \in S^-} \phi(\epsilon + u_j)
-    \quad\text{s.t.}\quad \tau_i \le \epsilon,\ \tau_i \le u_i\ (i \in S^+),\
-    \tfrac1n \textstyle\sum_{S^+} \tau_i = 1,\ \epsilon \ge 0.                      \qquad (3')
+$$
+\min\ \beta^2 \epsilon + \tfrac1n \sum_{j \in S^-} \phi(\epsilon + u_j)
+\quad\text{s.t.}\quad \tau_i \le \epsilon,\ \tau_i \le u_i\ (i \in S^+),\
+\tfrac1n \textstyle\sum_{S^+} \tau_i = 1,\ \epsilon \ge 0.                      \qquad (3')
+$$
 
 It has the optimal value of the paper's LP (3) (``sum tau = 1``): multiplying every variable of (3)
 by ``n`` maps one onto the other (docs/method.md sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
@@ -37,9 +38,10 @@ def minibatch_lagrangian(
 ) -> Tensor:
     r"""The minibatch estimate ``L_B`` of docs/method.md sec. 3 for one positive class.
 
-    .. math::
-        L_B = \beta^2 \epsilon + \frac{N}{nB}\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i
-              - \lambda_i u_i) + \sum_{j \in B^-} \phi(\epsilon + u_j)\Big]
+    $$
+    L_B = \beta^2 \epsilon + \frac{N}{nB}\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i
+          - \lambda_i u_i) + \sum_{j \in B^-} \phi(\epsilon + u_j)\Big]
+    $$
 
     with ``scale = N / (n B)``. Over the batches of an epoch it averages to the full Lagrangian
     (4') plus ``mu`` (the ``-mu`` of (4') is a constant).
@@ -56,9 +58,9 @@ def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
     ``e >= max u``), so a solution of ``g(e) = n`` exists iff ``mean u >= 1``. With ``u`` ascending
     and ``k`` values below ``e``: ``g(e) = u_1 + ... + u_k + (n - k) e = n`` gives
     ``e_k = (n - S_k) / (n - k)``, valid when ``u_k <= e_k <= u_{k+1}``; the smallest valid one
-    (:func:`_best_feasible_eps_sorted` evaluates every ``k`` after one sort).
+    (``_best_feasible_eps_sorted`` evaluates every ``k`` after one sort).
 
-    Expected O(n) without a sort: the values go to ``M`` value buckets (:func:`_bucket_index`,
+    Expected O(n) without a sort: the values go to ``M`` value buckets (``_bucket_index``,
     monotone, so each bucket is a range of consecutive sorted positions); one pass counts each
     bucket and sums it in float64, which gives ``k`` and ``S_k`` before every bucket. Bucket ``c``
     holds values in ``[lb_c, ub_c]`` (its value range widened by half a bucket against the index's
@@ -146,9 +148,9 @@ def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
 
 
 def _feasible_eps_scan(window: Tensor, k0: float, s0: float, n: int, top: Tensor) -> Tensor:
-    """:func:`_best_feasible_eps_sorted`'s candidates ``e_k`` for the ``k`` of ``window`` (all
+    """``_best_feasible_eps_sorted``'s candidates ``e_k`` for the ``k`` of ``window`` (all
     values at sorted positions ``k0 ..``, ``s0`` the sum of those below) and the cut just above it;
-    the checks against the values outside it pass (:func:`best_feasible_eps`): ``-inf``, ``inf``."""
+    the checks against the values outside it pass (``best_feasible_eps``): ``-inf``, ``inf``."""
     w = torch.sort(window).values.double()
     m = w.numel()
     size = m + 1 if k0 + m < n else m  # k = n is no cut (e >= max u: g = sum u)
@@ -164,7 +166,7 @@ def _feasible_eps_scan(window: Tensor, k0: float, s0: float, n: int, top: Tensor
 
 
 def _best_feasible_eps_sorted(u_pos: Tensor) -> Tensor | None:
-    """:func:`best_feasible_eps` by one sort, O(n log n): every ``e_k`` checked (the reference of
+    """``best_feasible_eps`` by one sort, O(n log n): every ``e_k`` checked (the reference of
     the bucket path, and its fallback for small or degenerate inputs)."""
     n = u_pos.numel()
     if n == 0:
@@ -192,8 +194,10 @@ def certified_fbeta_bound(
 ) -> float | None:
     r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (docs/method.md sec. 2).
 
-    .. math:: F_\beta(u > 0) \ge \frac{1 + \beta^2}{1 + v},\quad
-              v = \beta^2 \epsilon + \tfrac1n \sum_{S^-} \max(0, \epsilon + u_j)
+    $$
+    F_\beta(u > 0) \ge \frac{1 + \beta^2}{1 + v},\quad
+          v = \beta^2 \epsilon + \tfrac1n \sum_{S^-} \max(0, \epsilon + u_j)
+    $$
 
     ``None`` (no certificate) when no feasible ``eps > 0`` exists, i.e. ``mean u_pos < 1``.
     ``comm``: the scores spread over processes (``reparam.sharding``).
@@ -245,10 +249,10 @@ def best_fbeta_threshold(
 
     Keeping the ``k`` highest scores, ``tp`` of them positive, gives
     ``F = (1 + b^2) tp / ((1 + b^2) tp + b^2 (n_pos - tp) + (k - tp)) = (1 + b^2) tp / (k + b^2 n_pos)``
-    (``tp`` and ``k`` exact integers in float64; :func:`_best_fbeta_threshold_sorted` evaluates
+    (``tp`` and ``k`` exact integers in float64; ``_best_fbeta_threshold_sorted`` evaluates
     every cut after one sort).
 
-    Expected O(n) without a sort: the scores go to ``M`` value buckets (:func:`_bucket_index`,
+    Expected O(n) without a sort: the scores go to ``M`` value buckets (``_bucket_index``,
     monotone: equal scores share a bucket, buckets are ordered as their scores, so each is a
     range of consecutive cuts). One pass counts each bucket's positives and negatives; the counts
     above each bucket give ``F`` exactly at every bucket's lowest cut (keep it whole), ``F_best``
@@ -289,7 +293,7 @@ def best_fbeta_threshold(
 
 
 def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, masked: float = 0.0):
-    """The bucket search of :func:`best_fbeta_threshold` for any ``value(tp, k)`` (float64
+    """The bucket search of ``best_fbeta_threshold`` for any ``value(tp, k)`` (float64
     tensors: the positives and the scores kept) that grows with ``tp`` at a fixed count of
     negatives kept and falls with ``k`` at a fixed ``tp`` (F-beta; precision with a floor on
     ``tp``, which is ``-1`` below it): ``(t, value, tp, k)`` of the best cut, or what
@@ -341,10 +345,10 @@ def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, mask
 def _fbeta_scan(
     parts: list[Tensor], groups: list[Tensor], k0: Tensor, tp0: Tensor, value, masked: float
 ) -> tuple[float, float, float, float]:
-    """:func:`_best_fbeta_threshold_sorted`'s scan on the candidate scores (positives, negatives)
+    """``_best_fbeta_threshold_sorted``'s scan on the candidate scores (positives, negatives)
     in their groups -- ordered value ranges holding all the scores of their range, with ``k0``,
     ``tp0`` scores above each: the threshold and its F-beta. The score below the best cut is a
-    candidate too (:func:`best_fbeta_threshold`), so it is the next one here."""
+    candidate too (``best_fbeta_threshold``), so it is the next one here."""
     x, g = torch.cat(parts), torch.cat(groups)
     is_pos = torch.arange(x.numel(), device=x.device) < parts[0].numel()
     x, order = torch.sort(x, descending=True)  # by group too: the groups are ordered value ranges
@@ -364,7 +368,7 @@ def _fbeta_scan(
 
 
 def _best_fbeta_threshold_sorted(u_pos: Tensor, u_neg: Tensor, beta: float) -> tuple[float, float]:
-    """:func:`best_fbeta_threshold` by one sort, O(n log n): every cut evaluated (the reference of
+    """``best_fbeta_threshold`` by one sort, O(n log n): every cut evaluated (the reference of
     the bucket path, and its fallback for small or degenerate inputs). The scores are sorted in
     their own dtype (the order and the ties are those of any wider one) and ``tp`` is counted
     exactly (float64 cumulative count of the positives' positions)."""
@@ -386,7 +390,7 @@ def _best_fbeta_threshold_sorted(u_pos: Tensor, u_neg: Tensor, beta: float) -> t
 def _fbeta_candidates(
     counts: Tensor, k0: Tensor, tp0: Tensor, m: int, value, best: float
 ) -> tuple[Tensor, Tensor, Tensor, float]:
-    """One bucketing round of :func:`best_fbeta_threshold`: from the positives' and negatives'
+    """One bucketing round of ``best_fbeta_threshold``: from the positives' and negatives'
     counts ``(2, G m)`` (``m`` buckets per group, ascending) and the scores above each group
     (``k0``, ``tp0``), the candidate buckets (mask), the scores above each of them (the next
     round's ``k0``, ``tp0``) and ``F_best`` raised by the cuts below whole buckets."""

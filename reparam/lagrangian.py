@@ -4,18 +4,21 @@ node"; sec. 12 for several problems).
 
 For one problem, with ``scale = N / (n B)``, ``phi(z) = max(0, z)`` and ``phi'(z) = 1[z > 0]``:
 
-.. math::
-    L_B = \beta^2 \epsilon + s\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i - \lambda_i u_i)
-          + \sum_{j \in B^-} \phi(\epsilon + u_j)\Big],
+$$
+L_B = \beta^2 \epsilon + s\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i - \lambda_i u_i)
+      + \sum_{j \in B^-} \phi(\epsilon + u_j)\Big],
+$$
 
-    \partial_{u_i} = -s\lambda_i\ (i \in B^+),\quad \partial_{u_j} = s\,\phi'(\epsilon + u_j)\
-    (j \in B^-),\quad \partial_\epsilon = \beta^2 + s \textstyle\sum_{B^-} \phi',\quad
-    \partial_{\tau_k} = s \textstyle\sum_{i \in B^+: slot_i = k} (\mu + \lambda_k).
+$$
+\partial_{u_i} = -s\lambda_i\ (i \in B^+),\quad \partial_{u_j} = s\,\phi'(\epsilon + u_j)\
+(j \in B^-),\quad \partial_\epsilon = \beta^2 + s \textstyle\sum_{B^-} \phi',\quad
+\partial_{\tau_k} = s \textstyle\sum_{i \in B^+: slot_i = k} (\mu + \lambda_k).
+$$
 
 The forward computes the value and these derivatives per unit of incoming gradient in 16 tensor
 operations on ``B``-long vectors (one problem, docs/method.md sec. 11); the backward multiplies them by the incoming gradient (and, for a
 dense ``tau``, adds the batch's rows into an ``(n,)`` zero vector). The projection modes that reach
-this path and ``cap_scores`` change the formula as documented at :func:`batch_lagrangian`.
+this path and ``cap_scores`` change the formula as documented at ``batch_lagrangian``.
 ``tests/reparam/test_lagrangian.py`` checks value and gradients against the autograd composition of
 the same formula and runs ``gradcheck`` in float64.
 """
@@ -71,8 +74,9 @@ def batch_lagrangian(
     are per problem ``(K,)`` and entry ``e`` of the batch belongs to problem ``problem[e]``
     (``-1``: it counts nowhere). The value is
 
-    .. math::
-        \sum_k \beta^2 w_k \epsilon_k + \sum_e s_{k(e)}\,\ell_e(\epsilon_{k(e)}, \mu_{k(e)})
+    $$
+    \sum_k \beta^2 w_k \epsilon_k + \sum_e s_{k(e)}\,\ell_e(\epsilon_{k(e)}, \mu_{k(e)})
+    $$
 
     (``w = eps_weight``, ``\ell_e`` the entry's term above), with the same closed-form
     derivatives per problem; with one problem, ``w = 1`` and a scalar ``s``, it is the form above.
@@ -96,7 +100,7 @@ def batch_lagrangian(
 
 
 class _Step(NamedTuple):
-    """What :class:`_BatchLagrangian` takes besides the differentiable ``eps``, ``tau``, ``u``."""
+    """What ``_BatchLagrangian`` takes besides the differentiable ``eps``, ``tau``, ``u``."""
 
     lam: Tensor
     mu: Tensor
@@ -111,7 +115,7 @@ class _Step(NamedTuple):
 
 
 class _BatchLagrangian(torch.autograd.Function):
-    """Forward: :func:`lagrangian_terms`' value and derivatives; backward: those times the
+    """Forward: ``lagrangian_terms``' value and derivatives; backward: those times the
     incoming gradient."""
 
     @staticmethod
@@ -166,7 +170,7 @@ def lagrangian_terms(
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
 ) -> Terms:
-    """The forward math of :func:`batch_lagrangian` as one pure function: ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
+    """The forward math of ``batch_lagrangian`` as one pure function: ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
     gradient ``g``, ``dL/deps`` (shaped like ``eps``), and ``dL/du = f d_u``, ``dL/dtau = f d_tau``
     per batch entry (``f``: a float, ``scale`` or 1; one multiplication of ``g``)."""
     if problem is None:
@@ -184,7 +188,7 @@ def _rows(tau: Tensor, lam: Tensor, slots: Tensor | None) -> tuple[Tensor, Tenso
 
 
 def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
-    """:func:`lagrangian_terms` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
+    """``lagrangian_terms`` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
     float): 16 operations on ``B``-long vectors; without clipping (``share`` ``None``), ``d_u`` and
     ``d_tau`` per unit of ``scale`` (the backward multiplies the incoming gradient by it once)."""
     clip = share is not None
@@ -220,7 +224,7 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
 
 
 def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, w):
-    """:func:`lagrangian_terms` for ``K`` problems: entry ``e`` in problem ``problem[e]`` (``-1``:
+    """``lagrangian_terms`` for ``K`` problems: entry ``e`` in problem ``problem[e]`` (``-1``:
     none, weight 0), ``eps``, ``mu``, ``scale``, ``eps_weight`` (``w``) per problem ``(K,)``."""
     clip = share is not None
     t, lam_b = _rows(tau, lam, slots)

@@ -12,7 +12,7 @@ during training.
 Sharded with groups, every group's samples are in one process's block (``reparam.Shard``'s
 ``unit``), so each problem's rows are on one process, its **owner**: the problems are numbered
 over all processes (the same on each), the per-problem work of the epoch end runs at the owner
-alone, and :meth:`ProblemLayout.replicate` makes its results equal on every process.
+alone, and ``ProblemLayout.replicate`` makes its results equal on every process.
 """
 
 from __future__ import annotations
@@ -210,8 +210,10 @@ class ProblemLayout(nn.Module):
         r"""``(problem (B, C), scale, eps_weight, at)`` of a batch, for the mean over the ``K``
         problems of each problem's Lagrangian (docs/method.md sec. 12):
 
-        .. math:: L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}
-                  \frac{b_k}{m_k} + \frac{N}{B n_k} \sum_{e \in B_k} \ell_e\Big]
+        $$
+        L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}
+              \frac{b_k}{m_k} + \frac{N}{B n_k} \sum_{e \in B_k} \ell_e\Big]
+        $$
 
         with ``b_k`` of problem ``k``'s ``m_k`` samples (its group's; all ``N`` with no groups)
         in the batch, so ``E[b_k N / (B m_k)] = 1``: ``eps_k`` is pulled down only while its group
@@ -221,7 +223,7 @@ class ProblemLayout(nn.Module):
 
         No groups: ``scale`` and ``eps_weight`` per problem ``(K,)``, ``at`` ``None``. Groups: only
         the batch's problems, ``O(B)`` (no term is ``O(K)``, ``K`` being one per image): the batch's
-        ``E = B C`` entries' problems in ``E`` slots (:func:`batch_slots`), ``at`` the problem of
+        ``E = B C`` entries' problems in ``E`` slots (``batch_slots``), ``at`` the problem of
         each slot, ``scale`` and ``eps_weight`` per slot, ``problem`` the entries' slots; the
         problems of the batch get the same values as over all ``K``, the others weigh 0."""
         k, n_pos = self.n_problems, self.n_pos
@@ -248,7 +250,7 @@ class ProblemLayout(nn.Module):
         """``(u, problem, is_pos, touched, scale, eps_weight, at)``: the batch's entries for
         ``lagrangian.batch_lagrangian``. One problem (the hot path): the samples themselves,
         scalars (``scale = N / (n B)``, ``problem``, ``eps_weight`` and ``at`` ``None``). Else one
-        entry per (sample, class column), each in its problem (:meth:`batch_problems`; groups: its
+        entry per (sample, class column), each in its problem (``batch_problems``; groups: its
         slot, ``at`` the slots' problems), flattened; ``touched``: the samples that are a
         positive (of one problem at most). ``rows``: the samples' rows (``-1``: a negative);
         ``batch``: ``B`` of the scale."""

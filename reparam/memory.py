@@ -3,8 +3,8 @@ recorded in, written by the forward pass, read by the epoch end's dual step and 
 extra pass over the data is needed.
 
 The buffers are the objective's (``scores`` ``(N, P)``, ``score_epoch`` ``(N,)``, ``-1``: never
-scored); these functions write them: :func:`remember_` per forward call, :func:`merge_` across
-data-parallel processes. :class:`Memo` keeps what the epoch end computes from them once.
+scored); these functions write them: ``remember_`` per forward call, ``merge_`` across
+data-parallel processes. ``Memo`` keeps what the epoch end computes from them once.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Memo:
     first entry is their kind. ``end_epoch_`` and ``stats()`` read each problem's split of the
     scores and the constrained variables several times, ``O(N)`` / ``O(n)`` each: the scores are
     fixed while they run, the constrained variables until a projection writes them (which
-    :meth:`forget` their kind). ``values`` is ``None`` outside a window: an attribute from the
+    ``forget`` their kind). ``values`` is ``None`` outside a window: an attribute from the
     start, so a compiled step that reads it is guarded on a value, not on its presence."""
 
     def __init__(self) -> None:

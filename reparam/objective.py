@@ -5,8 +5,8 @@ The reparameterized objectives (F-beta, P@R, R@P, ROC-AUC) and the minibatch alt
 every optimizer step and ``reg.end_epoch_()`` per epoch. This base owns the training set's labels
 and problems (``reg.layout``), the **score memory** (each sample's last score and its epoch, which
 the dual steps and ``stats()`` read: no extra pass over the data), the epoch counters,
-:meth:`merge_scores_`, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
-:meth:`attach` and :meth:`epochs`. A subclass provides ``_loss``, ``_end_epoch_body_``,
+``merge_scores_``, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
+``attach`` and ``epochs``. A subclass provides ``_loss``, ``_end_epoch_body_``,
 ``_after_step_body_`` and ``_objective_stats``.
 """
 
@@ -206,7 +206,7 @@ class ShapeObjective(ShardedRows, nn.Module):
     # --- conveniences ---------------------------------------------------------------------------
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
-        """Run :meth:`after_step_` after every ``optimizer.step()`` (a step post-hook).
+        """Run ``after_step_`` after every ``optimizer.step()`` (a step post-hook).
 
         Checks first that the optimizer steps this regularizer's parameters (``ValueError``
         otherwise). Returns the hook's handle (``.remove()`` detaches it). The explicit call
@@ -224,7 +224,7 @@ class ShapeObjective(ShardedRows, nn.Module):
     def epochs(self, last: int) -> Iterator[int]:
         """``for epoch in reg.epochs(E): <the epoch's steps>``: yields the epoch numbers from the
         next one (``epoch + 1``, so a restored regularizer continues where it stopped) to ``last``
-        and calls :meth:`end_epoch_` after each epoch's body (not when the body breaks or raises).
+        and calls ``end_epoch_`` after each epoch's body (not when the body breaks or raises).
         The explicit call remains the alternative."""
         for e in range(int(self.epoch) + 1, int(last) + 1):
             yield e

@@ -1,6 +1,6 @@
 """F-beta's options and their one resolution (docs/method.md sec. 3b, 11): the presets, the
 library's defaults and ``tau_update="auto"``. ``FBetaRegularizer`` and the trainer's config both
-call :func:`resolve_options`, so a saved config pins what the constructor resolves."""
+call ``resolve_options``, so a saved config pins what the constructor resolves."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def resolve_options(
     sparse: bool | None = None,
     **given: object,
 ) -> dict[str, object]:
-    """Every option the constructor resolves: the preset's (:func:`resolve_preset`) and
+    """Every option the constructor resolves: the preset's (``resolve_preset``) and
     ``tau_update``, the one place where ``"auto"`` is resolved. ``"auto"`` is
     ``"sparse_adam_ahead"`` (O(B) per step) with the library's schedule (``preset`` and
     ``projection`` left at ``None``), whose projection is then ``"tracked"`` (inline's O(B) form),

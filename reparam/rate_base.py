@@ -7,9 +7,10 @@ With ``dual_every="step"`` every batch, before its loss, steps ``nu`` on its unb
 the violation and puts each of its positives' blocks at their saddle point given the fresh score
 ``z_i``:
 
-.. math::
-    \nu \leftarrow \mathrm{clip}(\nu + \eta_{\nu,\mathrm{step}}\, \mathrm{violation}_B),\qquad
-    \tau_i = \min(z_i, 1),\qquad \lambda_i = c(\nu)
+$$
+\nu \leftarrow \mathrm{clip}(\nu + \eta_{\nu,\mathrm{step}}\, \mathrm{violation}_B),\qquad
+\tau_i = \min(z_i, 1),\qquad \lambda_i = c(\nu)
+$$
 
 (``L`` is linear in ``tau_i`` with the coefficient ``lambda_i - c(nu)``).
 """
@@ -116,7 +117,7 @@ class RateObjective(ReparamRegularizer):
         """``nu`` per constraint; with ``dual_every="epoch"`` also ``tau`` (parameter, 1) and
         ``lambda`` (``lambda_init``, else ``stationary_lambda``) per positive, ``(n,)`` or
         ``(n, columns)``. With ``"step"`` a positive's block is at its saddle whenever the loss
-        reads it, so there is no per-sample state (:meth:`_saddle_rows`). Called by the subclass."""
+        reads it, so there is no per-sample state (``_saddle_rows``). Called by the subclass."""
         self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
         if self._saddle:
             if self._lambda_init is not None:
@@ -181,7 +182,7 @@ class RateObjective(ReparamRegularizer):
         """``(is_pos (B,), tau rows, lambda rows, scale N / (n B))`` for the batch with scores
         ``z`` (``u``, or ``u + b_k``; ``slots``: its rows of ``tau``, ``-1`` for a negative).
 
-        ``dual_every="step"`` (:meth:`_saddle_rows`): ``nu`` steps, and each positive's rows are
+        ``dual_every="step"`` (``_saddle_rows``): ``nu`` steps, and each positive's rows are
         its block's saddle. ``"epoch"``: the stored rows; the box's projection is separable, so
         mode ``"inline"`` projects the batch's rows only (O(B); the same values and gradients as
         projecting all of ``tau``)."""
@@ -222,7 +223,7 @@ class RateObjective(ReparamRegularizer):
         return self.nu.clone()
 
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
-        """The batch's unbiased estimate of :meth:`_violation` (shaped like ``nu``)."""
+        """The batch's unbiased estimate of ``_violation`` (shaped like ``nu``)."""
         raise NotImplementedError
 
     def _stationary_lambda(self) -> Tensor:
@@ -263,7 +264,7 @@ class PointRateObjective(RateObjective):
 
     ``decision_threshold`` (buffer ``(1,)``): at every epoch end, the cut ``t`` whose decisions
     ``u > t`` on the remembered training scores meet the target with the best other rate
-    (:meth:`_select_threshold`; ``0`` until the first epoch end). The hinge bounds count a positive
+    (``_select_threshold``; ``0`` until the first epoch end). The hinge bounds count a positive
     fully only at ``u >= 1``, so the certified target at ``u > 0`` leaves the true rate there
     above it; the threshold makes the training decision tight.
     """

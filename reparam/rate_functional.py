@@ -3,9 +3,10 @@ r"""The math of the rate objectives as plain tensor functions (docs/method.md se
 Scores ``u`` of a linear head; positives ``S+`` (``n`` of them) and negatives ``S-`` (``m``). The
 hinge bounds of Eban et al. hold for every ``u``:
 
-.. math::
-    tp(u) = \sum_{S^+} 1[u_i > 0] \ge tp^-(u) := \sum_{S^+} \min(1, u_i),\qquad
-    fp(u) = \sum_{S^-} 1[u_j > 0] \le fp^+(u) := \sum_{S^-} \max(0, 1 + u_j).
+$$
+tp(u) = \sum_{S^+} 1[u_i > 0] \ge tp^-(u) := \sum_{S^+} \min(1, u_i),\qquad
+fp(u) = \sum_{S^-} 1[u_j > 0] \le fp^+(u) := \sum_{S^-} \max(0, 1 + u_j).
+$$
 
 Recall and precision are monotone in ``tp`` and ``fp``, which makes the certified bounds below
 sound. The full Lagrangians (8a-c) here are the references the minibatch estimates of
@@ -131,7 +132,7 @@ def recall_precision(
 def roc_auc(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | None:
     """Exact ROC-AUC (Mann-Whitney): ``P(u_pos > u_neg) + P(u_pos = u_neg) / 2`` over all pairs,
     from average ranks (O((n + m) log(n + m))); ``None`` without positives or negatives.
-    ``comm`` with several processes: :func:`_roc_auc_over` (a sample sort, O((n + m) / K) each).
+    ``comm`` with several processes: ``_roc_auc_over`` (a sample sort, O((n + m) / K) each).
 
     Examples:
         >>> import torch
@@ -154,7 +155,7 @@ def roc_auc(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | No
 
 
 def _roc_auc_over(u_pos: Tensor, u_neg: Tensor, comm: LocalComm) -> float | None:
-    """:func:`roc_auc` of scores spread over processes, exactly: the scores are split into value
+    """``roc_auc`` of scores spread over processes, exactly: the scores are split into value
     ranges of about equal counts (a histogram of 4096 buckets summed over the processes; equal
     values share a bucket, so no tie straddles two ranges), each range is routed to one process
     (``comm.route``: O((n + m) / K) received per process), and every process counts, for its
@@ -384,7 +385,9 @@ def best_rescaled_precision_margin(
 ) -> float | None:
     r"""How well the *direction* of the current scores can certify precision ``a``: the largest
 
-    .. math:: g(c, d) = \big[(1 - a)\, tp^-(c u + d) - a\, fp^+(c u + d)\big] / n
+    $$
+    g(c, d) = \big[(1 - a)\, tp^-(c u + d) - a\, fp^+(c u + d)\big] / n
+    $$
 
     over rescalings ``c > 0`` and shifts ``d`` of the scores (the LP (8b) restricted to the heads
     ``c (w, b) + (0, d)``). ``g >= 0`` iff some rescaled head meets the precision under the hinge

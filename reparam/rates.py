@@ -15,9 +15,10 @@ block, ``tau_i = min(u_i, 1)`` and ``lambda_i = c(nu)`` (``L`` is linear in ``ta
 coefficient ``lambda_i - c(nu)``). Once per epoch, on the remembered scores (the paper's schedule, and
 with ``"step"`` the correction):
 
-.. math::
-    \lambda_i \leftarrow \max(0, \lambda_i + \eta_\lambda (\tau_i - \min(u_i, 1))),\qquad
-    \nu \leftarrow \min(\nu_{\max}, \max(0, \nu + \eta_\nu\, \mathrm{violation})).
+$$
+\lambda_i \leftarrow \max(0, \lambda_i + \eta_\lambda (\tau_i - \min(u_i, 1))),\qquad
+\nu \leftarrow \min(\nu_{\max}, \max(0, \nu + \eta_\nu\, \mathrm{violation})).
+$$
 
 P@R and R@P also learn a decision threshold (the cut of the remembered scores that meets the target)
 and calibrate one on held-out scores (docs/rates.md).
@@ -50,10 +51,11 @@ INFEASIBLE_CHECK_EVERY = 5
 class PrecisionAtRecall(PointRateObjective):
     r"""Best precision at recall ``>= recall`` (8a of docs/method.md sec. 8); always feasible.
 
-    .. math::
-        \min\ \tfrac1n fp^+(u)\quad\text{s.t.}\quad \tau_i \le u_i,\ \mathrm{mean}_{S^+}\tau \ge r,
-        \ \tau \le 1;\qquad
-        L = \tfrac1n fp^+(u) + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i) + \nu (r - \mathrm{mean}\,\tau)
+    $$
+    \min\ \tfrac1n fp^+(u)\quad\text{s.t.}\quad \tau_i \le u_i,\ \mathrm{mean}_{S^+}\tau \ge r,
+    \ \tau \le 1;\qquad
+    L = \tfrac1n fp^+(u) + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i) + \nu (r - \mathrm{mean}\,\tau)
+    $$
 
     Minibatch: ``L_B = (N/(nB)) [sum_{B-} max(0, 1 + u_j) + sum_{B+} ((lambda_i - nu) tau_i -
     lambda_i min(u_i, 1))] + nu r`` (``E[L_B] = L``). Dual step: ``nu <- max(0, nu + eta (r - mean tau))``.
@@ -120,11 +122,12 @@ class PrecisionAtRecall(PointRateObjective):
 class RecallAtPrecision(PointRateObjective):
     r"""Best recall at precision ``>= precision`` (8b of docs/method.md sec. 8).
 
-    .. math::
-        \max\ \mathrm{mean}_{S^+}\tau\quad\text{s.t.}\quad \tau_i \le u_i,\
-        a\, fp^+(u) \le (1 - a) \textstyle\sum \tau,\ \tau \le 1;\qquad
-        L = -\mathrm{mean}\,\tau + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i)
-            + \nu\,(a\, fp^+(u)/n - (1 - a)\,\mathrm{mean}\,\tau)
+    $$
+    \max\ \mathrm{mean}_{S^+}\tau\quad\text{s.t.}\quad \tau_i \le u_i,\
+    a\, fp^+(u) \le (1 - a) \textstyle\sum \tau,\ \tau \le 1;\qquad
+    L = -\mathrm{mean}\,\tau + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i)
+        + \nu\,(a\, fp^+(u)/n - (1 - a)\,\mathrm{mean}\,\tau)
+    $$
 
     Minibatch: ``L_B = (N/(nB)) [sum_{B+} ((lambda_i - 1 - nu (1 - a)) tau_i - lambda_i min(u_i, 1)) +
     nu a sum_{B-} max(0, 1 + u_j)]``. Dual step on the remembered scores.
@@ -138,7 +141,7 @@ class RecallAtPrecision(PointRateObjective):
     head still turning toward a feasible direction can be flagged too (on separable toys the
     scores certified the target after up to ~200 steps): the margin in ``stats()`` tells. Remedies:
     ``nu_max`` (caps ``nu``: the objective becomes a penalty) or a lower target. Same arguments as
-    :class:`PrecisionAtRecall`, with ``precision`` the target ``a`` in (0, 1) (the stationary
+    ``PrecisionAtRecall``, with ``precision`` the target ``a`` in (0, 1) (the stationary
     ``lambda_init`` is ``1 + nu_init (1 - a)``).
 
     Examples:
@@ -243,7 +246,7 @@ class RecallAtPrecision(PointRateObjective):
         return self._suspected(int(self.epoch), int(self.batches))
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
-        """As :meth:`PrecisionAtRecall._objective_stats` (the violation is the precision one),
+        """As ``PrecisionAtRecall._objective_stats`` (the violation is the precision one),
         plus ``certifiable_margin`` (the best rescaled margin, ``>= 0``: the direction of the
         scores can meet the target) and ``infeasible_suspected``."""
         margin = float(self.certifiable_margin)
@@ -269,16 +272,17 @@ class ROCAUC(RateObjective):
     ``nn.Parameter`` owned here: the head keeps one output) and has its own ``tau_k`` (``tau``
     is ``(n, K)``), ``lambda_k`` and ``nu_k``:
 
-    .. math::
-        \max\ \tfrac1K \textstyle\sum_k \mathrm{mean}_i \tau_{ik}\quad\text{s.t.}\quad
-        \tau_{ik} \le u_i + b_k,\ fp^+(u + b_k)/m \le t_k,\ \tau \le 1.
+    $$
+    \max\ \tfrac1K \textstyle\sum_k \mathrm{mean}_i \tau_{ik}\quad\text{s.t.}\quad
+    \tau_{ik} \le u_i + b_k,\ fp^+(u + b_k)/m \le t_k,\ \tau \le 1.
+    $$
 
     Minibatch: ``L_B = (1/K) sum_k [(N/(nB)) sum_{B+} ((lambda_ik - 1) tau_ik - lambda_ik min(u_i +
     b_k, 1)) + nu_k (N/(mB)) sum_{B-} max(0, 1 + u_j + b_k) - nu_k t_k]``. ``stats()`` reports the
     exact AUC of the remembered scores (Mann-Whitney), a certified lower bound on it from the
     grid points, and the true TPR / FPR at the learned thresholds ``u + b_k > 0``.
 
-    Args: as :class:`PrecisionAtRecall`, with ``grid`` = ``K >= 1`` instead of the target, and
+    Args: as ``PrecisionAtRecall``, with ``grid`` = ``K >= 1`` instead of the target, and
     ``offset_init`` the initial ``b_k`` (the stationary ``lambda_init`` is 1).
 
     Examples:

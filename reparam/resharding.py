@@ -54,7 +54,7 @@ def overlapping(n_total: int, start: int, stop: int, world: int, unit: int = 1) 
 
 def needed_blocks(reg: nn.Module, world: int, unit: int | None = None) -> list[int]:
     """The ranks of a state saved by ``world`` processes in blocks of whole ``unit`` samples
-    (``None``: ``reg``'s own unit) that :func:`reshard_state` needs for ``reg``'s block
+    (``None``: ``reg``'s own unit) that ``reshard_state`` needs for ``reg``'s block
     (unsharded ``reg``: all of them).
 
     Examples:

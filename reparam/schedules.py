@@ -1,15 +1,15 @@
 r"""The projection's schedule (docs/method.md sec. 3b): where ``Pi_C`` is applied to the constrained
 variables, one small module per schedule, a child ``reg.schedule`` of the regularizer.
 
-* :class:`EpochEnd` (``"epoch"``, Algorithm 3 of the paper): the loss sees the raw parameters; the
+* ``EpochEnd`` (``"epoch"``, Algorithm 3 of the paper): the loss sees the raw parameters; the
   epoch end projects them in place.
-* :class:`Inline` (``"inline"``): the loss sees ``Pi_C`` of the raw parameters, with autograd
+* ``Inline`` (``"inline"``): the loss sees ``Pi_C`` of the raw parameters, with autograd
   through it: the exact projection (``strength = 0``) or the smooth one of docs/method.md sec. 5.
 * ``reparam.tracked.TrackedThreshold`` (``"tracked"``, F-beta's default): the loss sees the exact
   projection's threshold over an active set kept in step in ``O(B)`` per step.
 
-A schedule says what the loss takes (:meth:`Schedule.view`, with autograd), what the loss sees
-(:meth:`Schedule.seen`, detached: ``reg.eps`` / ``reg.tau``), whether the per-step path traces whole
+A schedule says what the loss takes (``Schedule.view``, with autograd), what the loss sees
+(``Schedule.seen``, detached: ``reg.eps`` / ``reg.tau``), whether the per-step path traces whole
 under ``torch.compile`` and whether the epoch end projects. What a schedule needs of the
 objective comes in as arguments: the raw variables and the objective's projection ``project``.
 """

@@ -7,13 +7,13 @@ remembered scores and epochs, and for its positives ``tau``, ``lambda``, the spa
 moments and the tracked active set's share. What is ``O(P)`` (``eps``, ``mu``, ``nu``, the
 active set's sums, the step count) stays replicated and equal on every process.
 
-A batch reaches its rows in one of two ways (:class:`Shard` ``sampling``):
+A batch reaches its rows in one of two ways (``Shard`` ``sampling``):
 
 * ``"owner"``: each process draws its batches from the samples it owns (as web-scale loaders read
   their own shards); no exchange per step, ``O(B)`` local work.
 * ``"global"``: any sampler (``DistributedSampler``); the batch's scores and indices go to their
   owners with one ``all_to_all`` and their gradients come back with another in the backward pass
-  (:class:`_AllToAll`): ``O(B)`` traffic per process and step.
+  (``_AllToAll``): ``O(B)`` traffic per process and step.
 
 Either way process ``r``'s loss is ``L_r = beta^2 eps + N / (n B) sum_{e in R_r} l_e`` over the
 entries ``R_r`` it owns (``B``: the per-process batch size), so the mean of the ``L_r`` is the
@@ -24,7 +24,7 @@ gradient is ``1/K`` of its owner's, the share of the average.
 The epoch end runs on the shards with collectives of ``O(1)`` or ``O(buckets)`` size: sums and
 means by ``all_reduce``; the projection's root (``projections.projection_root`` with the
 processes' communicator), the F-beta-optimal
-threshold and the certified bound (``reparam.functional`` with a :class:`ProcessComm`) by value
+threshold and the certified bound (``reparam.functional`` with a ``ProcessComm``) by value
 buckets whose counts are summed over the processes, the few candidates left gathered at the end.
 """
 
@@ -146,7 +146,7 @@ class Shard:
 
 
 def block(n_total: int, rank: int, world: int, unit: int = 1) -> tuple[int, int]:
-    """``[start, stop)``: the samples process ``rank`` of ``world`` owns (:class:`Shard`): whole
+    """``[start, stop)``: the samples process ``rank`` of ``world`` owns (``Shard``): whole
     units of ``unit`` samples."""
     units = n_total // unit
     return rank * units // world * unit, (rank + 1) * units // world * unit
@@ -154,7 +154,7 @@ def block(n_total: int, rank: int, world: int, unit: int = 1) -> tuple[int, int]
 
 class ShardedRows:
     """What ``ShapeObjective`` adds for a sharded state (a mixin): the shard and its collectives
-    (``self._comm``: :data:`LOCAL` when not sharded, so the unsharded path is unchanged), the
+    (``self._comm``: ``LOCAL`` when not sharded, so the unsharded path is unchanged), the
     batch's way to its owners, and reductions of the per-sample state over the processes."""
 
     def _init_shard(self, shard: Shard | None, n_here: int) -> None:
@@ -249,7 +249,7 @@ class ShardedRows:
     @torch.compiler.disable  # the one graph break of a compiled step (sizes are the data's)
     def _routed(self, scores: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
         """Sampling ``"global"``: the batch checked before it leaves (the owner checks it again),
-        then routed (:func:`route`); eager also inside ``torch.compile``: how many entries each
+        then routed (``route``); eager also inside ``torch.compile``: how many entries each
         process receives is data (``ReparamRegularizer.compile`` compiles without ``fullgraph``)."""
         shard = self.shard
         _checks.batch(scores, idx, self.classes, self.n_samples, self.shape_labels.device)

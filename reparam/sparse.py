@@ -63,9 +63,9 @@ def sparse_step_(
 ) -> Tensor | None:
     """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
     and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
-    the step of each row's last touch; ``ahead`` and ``coef``, the tables of :func:`_ahead_table`
-    and :func:`_coefficients` on the state's device, ``None``: made here), from the gradient
-    summed in ``acc`` (:func:`accumulate_`), which is zero again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not
+    the step of each row's last touch; ``ahead`` and ``coef``, the tables of ``_ahead_table``
+    and ``_coefficients`` on the state's device, ``None``: made here), from the gradient
+    summed in ``acc`` (``accumulate_``), which is zero again on ``rows`` afterwards. ``rows`` may repeat and may list rows that are not
     ``touched`` (their update is zero). In place; no host synchronization. Row-paired state
     (``[g, count]``, ``[m, v]``) halves the scattered reads and writes of a step.
 
@@ -181,8 +181,8 @@ class SparseTau(nn.Module):
     count, each row's ``last`` touch; ``state_dict`` keys ``sparse_tau.*``) and the probe that
     collects a batch's gradient; the rows themselves (``tau``) are its host's, passed in.
 
-    Per forward, :meth:`probe` gives the zeros to add to the batch's rows; after the optimizer's
-    step, :meth:`step_` steps the rows the backward passes since the last step touched. ``lr`` is
+    Per forward, ``probe`` gives the zeros to add to the batch's rows; after the optimizer's
+    step, ``step_`` steps the rows the backward passes since the last step touched. ``lr`` is
     a plain attribute (``attach`` makes it follow the optimizer's group). ``comm``: the processes
     over which the rows are spread (``projections.collective``; ``LOCAL``: one process)."""
 
@@ -249,7 +249,7 @@ class SparseTau(nn.Module):
 
     def _collect_(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """The pending forwards' ``(rows, touched, grad)`` (a large batch on the CPU: its
-        touched entries, :func:`touched_only`), their probes' gradients cleared; ``None``
+        touched entries, ``touched_only``), their probes' gradients cleared; ``None``
         when none is pending."""
         if len(self._pending) == 0:  # len(): torch 2.11's dynamo does not trace a list's truth
             return None
@@ -271,7 +271,7 @@ class SparseTau(nn.Module):
         return tuple(torch.cat([part[k] for part in parts]) for k in range(3))
 
     def accumulate_pending_(self) -> None:
-        """The pending gradients into the accumulator (:func:`accumulate_`)."""
+        """The pending gradients into the accumulator (``accumulate_``)."""
         collected = self._collect_()
         if collected is not None and self.grad.shape[0] > 0:  # (a shard may hold no row)
             rows, touched, grad = collected
@@ -280,7 +280,7 @@ class SparseTau(nn.Module):
 
     @property
     def pending(self) -> bool:
-        """Whether :meth:`step_` has rows to step (several processes: always, every process
+        """Whether ``step_`` has rows to step (several processes: always, every process
         steps at every step: the tracked sums are summed over them)."""
         return len(self._pending) > 0 or len(self._accumulated) > 0 or self._comm.world > 1
 
@@ -315,7 +315,7 @@ class SparseTau(nn.Module):
         self._accumulated.append((rows, touched))
 
     def step_(self, tau: Tensor, tracked: Callable[..., None] | None = None) -> None:
-        """The sparse step (:func:`sparse_step_`) on the rows of ``tau`` the backward passes since
+        """The sparse step (``sparse_step_``) on the rows of ``tau`` the backward passes since
         the last call touched; ``tracked(rows, touched, step)`` runs it instead when the host
         keeps a tracked active set in step with it (``reparam.tracked``)."""
         self.accumulate_pending_()

@@ -50,10 +50,12 @@ class TrackedThreshold(Schedule):
         r"""``(e*, share)`` per problem from the tracked active set ``A_j`` (O(P); ``at``: of the
         problems ``at`` only, O(len(at))):
 
-        .. math:: r_j = \frac{\epsilon_j + \sum_{A_j} \tau_i}{1 + |A_j|}
-                  = \epsilon_j + \frac{\sum_{A_j} o_i}{1 + |A_j|},\quad e^*_j = \max(0, r_j),
-                  \quad \mathrm{share}_j = \frac{\partial e^*_j}{\partial \epsilon_j}
-                  = \frac{\partial e^*_j}{\partial \tau_i} = \frac{1[r_j > 0]}{1 + |A_j|}
+        $$
+        r_j = \frac{\epsilon_j + \sum_{A_j} \tau_i}{1 + |A_j|}
+              = \epsilon_j + \frac{\sum_{A_j} o_i}{1 + |A_j|},\quad e^*_j = \max(0, r_j),
+              \quad \mathrm{share}_j = \frac{\partial e^*_j}{\partial \epsilon_j}
+              = \frac{\partial e^*_j}{\partial \tau_i} = \frac{1[r_j > 0]}{1 + |A_j|}
+        $$
 
         (``o_i = tau_i - eps_j`` the stored offsets): the exact projection's threshold and
         Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (docs/method.md sec. 4).

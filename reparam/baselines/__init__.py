@@ -1,17 +1,17 @@
 """Alternatives to the reparameterized regularizer, for comparison studies (docs/method.md sec. 9).
 
-* LP layer (Meng et al., NeurIPS 2021): :func:`solve_lp` (Mangasarian's Newton method on an
+* LP layer (Meng et al., NeurIPS 2021): ``solve_lp`` (Mangasarian's Newton method on an
   exterior penalty, batched, unrolled or active-set gradients) and the minibatch LP losses
-  :func:`auc_lp_loss`, :func:`fbeta_lp_loss`;
-* surrogates: :func:`soft_fbeta_loss`, :func:`pairwise_squared_hinge_auc_loss`;
-* Newton losses (Petersen et al., NeurIPS 2024): :func:`newton_loss` (Hessian),
-  :func:`inject_fisher` (empirical Fisher);
-* optional peers, imported lazily: Cooper (:func:`cooper_fbeta_problem`) and LibAUC
-  (:func:`libauc_aucm_pesg`);
-* the paper's per-step projection of F-beta: :class:`FullProjectionsFBeta`;
+  ``auc_lp_loss``, ``fbeta_lp_loss``;
+* surrogates: ``soft_fbeta_loss``, ``pairwise_squared_hinge_auc_loss``;
+* Newton losses (Petersen et al., NeurIPS 2024): ``newton_loss`` (Hessian),
+  ``inject_fisher`` (empirical Fisher);
+* optional peers, imported lazily: Cooper (``cooper_fbeta_problem``) and LibAUC
+  (``libauc_aucm_pesg``);
+* the paper's per-step projection of F-beta: ``FullProjectionsFBeta``;
 * all of them behind the protocol of ``reparam``'s regularizers (``reg(scores, idx)``,
-  ``after_step_``, ``end_epoch_``, ``stats``): :class:`LPFBeta`, :class:`LPAUC`, :class:`SoftFBeta`,
-  :class:`PairwiseAUC`, :class:`CooperFBeta`, :class:`LibAUCMargin` (:mod:`reparam.baselines.objectives`).
+  ``after_step_``, ``end_epoch_``, ``stats``): ``LPFBeta``, ``LPAUC``, ``SoftFBeta``,
+  ``PairwiseAUC``, ``CooperFBeta``, ``LibAUCMargin`` (``reparam.baselines.objectives``).
 
 >>> import torch
 >>> from reparam.baselines import auc_lp_loss, soft_fbeta_loss

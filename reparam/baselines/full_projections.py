@@ -16,7 +16,7 @@ from ..schedules import Schedule
 
 
 class EveryStep(Schedule):
-    """The schedule of :class:`FullProjectionsFBeta`: the loss takes the raw parameters, which the
+    """The schedule of ``FullProjectionsFBeta``: the loss takes the raw parameters, which the
     projection after every step keeps in ``C`` (nothing is left to project at the epoch end); the
     exact projection reads values, so the step does not trace whole."""
 
@@ -26,12 +26,12 @@ class EveryStep(Schedule):
 
 class FullProjectionsFBeta(FBetaRegularizer):
     """``FBetaRegularizer`` with a dense ``tau`` whose ``(eps, tau)`` are projected onto ``C`` in
-    place after every optimizer step (:meth:`after_step_`); the epoch end takes the dual step on
+    place after every optimizer step (``after_step_``); the epoch end takes the dual step on
     them (they are in ``C`` already).
 
     Args:
-        shape_labels: as for :class:`reparam.FBetaRegularizer`.
-        **options: the options of :class:`reparam.FBetaRegularizer` but ``projection`` and
+        shape_labels: as for ``reparam.FBetaRegularizer``.
+        **options: the options of ``reparam.FBetaRegularizer`` but ``projection`` and
             ``tau_update``, which this schedule fixes (``preset="paper"``: the paper's steps).
     """
 

@@ -6,15 +6,17 @@ Newton method for linear programming" (JOTA 2004); see docs/method.md sec. 9 and
 
 Problem (standard form, batched over leading dimensions):
 
-.. math::
-    \min_z\ c^\top z \quad\text{s.t.}\quad A z \le b,\ z \ge 0,
-    \qquad A \in \mathbb{R}^{m\times n}.                                                     \qquad (P)
+$$
+\min_z\ c^\top z \quad\text{s.t.}\quad A z \le b,\ z \ge 0,
+\qquad A \in \mathbb{R}^{m\times n}.                                                     \qquad (P)
+$$
 
 Write the constraints as :math:`\hat A z \le \hat b` with :math:`\hat A = [A; -I]`,
 :math:`\hat b = [b; 0]`. The solver minimizes the *exterior penalty of (P)*
 
-.. math::
-    g(y) = \epsilon\, c^\top y + \tfrac12 \|\max(0, \hat A y - \hat b)\|^2             \qquad (*)
+$$
+g(y) = \epsilon\, c^\top y + \tfrac12 \|\max(0, \hat A y - \hat b)\|^2             \qquad (*)
+$$
 
 over :math:`y \in \mathbb{R}^n` (no constraints, n variables however many constraints). (*) is the
 Lagrangian dual of the Tikhonov-regularized dual LP
@@ -30,8 +32,10 @@ Newton iteration (a fixed number of unrolled steps, no line search): with the ge
 :math:`H(y) = \hat A^\top \mathrm{diag}(1[\hat A y > \hat b]) \hat A` and the modification
 :math:`\rho I`,
 
-.. math:: y \leftarrow y - \lambda\,(H(y) + \rho I)^{-1} \nabla g(y),\qquad
-          \nabla g(y) = \epsilon c + \hat A^\top \max(0, \hat A y - \hat b).
+$$
+y \leftarrow y - \lambda\,(H(y) + \rho I)^{-1} \nabla g(y),\qquad
+      \nabla g(y) = \epsilon c + \hat A^\top \max(0, \hat A y - \hat b).
+$$
 
 Gradients w.r.t. ``A, b, c``: ``backward="unroll"`` differentiates through every Newton step and
 the recovery (the step functions of the active sets have zero derivative a.e.); ``"active_set"``
@@ -53,7 +57,7 @@ BACKWARDS = ("unroll", "active_set")
 
 @dataclass
 class LPSolution:
-    """What :func:`solve_lp` returns (all batched over the same leading dimensions).
+    """What ``solve_lp`` returns (all batched over the same leading dimensions).
 
     ``z`` ``(..., n)`` primal solution; ``v`` ``(..., m)`` multipliers of ``A z <= b`` (``>= 0``);
     ``value`` ``(...,)`` ``c^T z``; ``y`` ``(..., n)`` the last Newton iterate of the penalty
@@ -96,7 +100,7 @@ def solve_lp(
         backward: ``"unroll"`` or ``"active_set"`` (see the module docstring).
 
     Returns:
-        :class:`LPSolution`. ``v`` is :math:`\max(0, A y - b)/\epsilon` with ``"unroll"`` and the
+        ``LPSolution``. ``v`` is :math:`\max(0, A y - b)/\epsilon` with ``"unroll"`` and the
         active set's least-norm multipliers with ``"active_set"`` (equal at convergence).
 
     Raises:
@@ -130,8 +134,8 @@ def solve_lp(
 def solve_lp_trace(A: Tensor, b: Tensor, c: Tensor, **options: float) -> tuple[Tensor, Tensor]:
     """The objective value ``c^T z_k`` and the largest constraint violation after each Newton step.
 
-    ``options``: ``eps``, ``rho``, ``steps``, ``step_size`` as in :func:`solve_lp` (same defaults).
-    ``z_k`` is the primal recovered from iterate ``k`` (as :func:`solve_lp` would return with
+    ``options``: ``eps``, ``rho``, ``steps``, ``step_size`` as in ``solve_lp`` (same defaults).
+    ``z_k`` is the primal recovered from iterate ``k`` (as ``solve_lp`` would return with
     ``steps=k``). Returns ``(values, violations)``, each ``(..., steps)``: what the convergence
     measurement of docs/baselines.md is made of. No autograd.
     """
@@ -219,9 +223,10 @@ class _ActiveSetLP(torch.autograd.Function):
     multipliers supported on the active set. For ``p = K^{-1} gz``, ``q = K^{-1} c``,
     ``h = D_r gv``, ``t = K^{-1} A^T h``:
 
-    .. math::
-        \bar A = D_r(b - Az)p^\top - D_r A p\, z^\top - h q^\top + D_r A q\, t^\top + D_r A t\, q^\top,\quad
-        \bar b = D_r A p,\quad \bar c = -t.
+    $$
+    \bar A = D_r(b - Az)p^\top - D_r A p\, z^\top - h q^\top + D_r A q\, t^\top + D_r A t\, q^\top,\quad
+    \bar b = D_r A p,\quad \bar c = -t.
+    $$
     """
 
     @staticmethod
@@ -268,7 +273,7 @@ class _ActiveSetLP(torch.autograd.Function):
 def _check_options(
     eps: float = 1e-4, rho: float = 1e-3, steps: int = 30, step_size: float = 1.0
 ) -> tuple[float, float, int, float]:
-    """The Newton options of :func:`solve_lp` (the defaults of both public functions live here)."""
+    """The Newton options of ``solve_lp`` (the defaults of both public functions live here)."""
     return (
         check_positive("eps", eps),
         check_positive("rho", rho),

@@ -2,7 +2,7 @@ r"""Minibatch objectives as LPs solved by the Newton LP layer (docs/method.md se
 
 Both losses take the scores ``u`` of one minibatch and binary labels, build a standard-form LP
 ``min c^T z s.t. A z <= b, z >= 0`` whose data depend on ``u`` (through ``b`` only), solve it with
-:func:`reparam.baselines.solve_lp`, and return its optimal value. The loss is therefore the LP's optimal
+``reparam.baselines.solve_lp``, and return its optimal value. The loss is therefore the LP's optimal
 value *as a function of the scores*, and its gradient is that value differentiated through the
 solver (unrolled Newton steps or the final active set): by LP sensitivity, ``-v`` for the entries of
 ``b``, i.e. the batch's own optimal multipliers.
@@ -29,9 +29,10 @@ def auc_lp_problem(
 ) -> tuple[Tensor, Tensor, Tensor]:
     r"""The AUC LP (1) of Meng et al. in standard form, dense: one variable per (positive, negative) pair.
 
-    .. math::
-        \min_z \sum_{i \in B^+, j \in B^-} z_{ij}\quad\text{s.t.}\quad
-        u_i - u_j \ge \text{margin} - z_{ij},\ z \ge 0
+    $$
+    \min_z \sum_{i \in B^+, j \in B^-} z_{ij}\quad\text{s.t.}\quad
+    u_i - u_j \ge \text{margin} - z_{ij},\ z \ge 0
+    $$
 
     i.e. ``A = -I`` (``P x P``, ``P = |B+| |B-|``), ``b_ij = u_i - u_j - margin``, ``c = 1``; pairs
     ordered positive-major. Its optimum is ``sum_ij max(0, margin - u_i + u_j)``: the pairwise hinge.
@@ -59,16 +60,17 @@ def auc_lp_loss(
 ) -> Tensor:
     r"""Optimal value of the minibatch AUC LP (1) of Meng et al., differentiated through the solver.
 
-    .. math::
-        \ell(u) = \frac{1}{|B^+||B^-|}\min_{z \ge 0} \Big\{\sum_{ij} z_{ij} :
-        z_{ij} \ge \text{margin} - (u_i - u_j)\Big\} = \text{mean}_{ij}\max(0, \text{margin} - u_i + u_j)
+    $$
+    \ell(u) = \frac{1}{|B^+||B^-|}\min_{z \ge 0} \Big\{\sum_{ij} z_{ij} :
+    z_{ij} \ge \text{margin} - (u_i - u_j)\Big\} = \text{mean}_{ij}\max(0, \text{margin} - u_i + u_j)
+    $$
 
     ``margin`` is the paper's :math:`\epsilon` of (1) (0.01 in its experiments); ``eps``/``rho``/
-    ``steps`` are the Newton solver's (:func:`reparam.baselines.solve_lp`). The number of constraints is
+    ``steps`` are the Newton solver's (``reparam.baselines.solve_lp``). The number of constraints is
     ``|B+| |B-|``. ``solver="diagonal"`` runs the *same* Newton iteration exploiting ``A = -I`` (the
     Hessian is diagonal, O(|B+||B-|) per step: Meng et al.'s sparse implementation taken to its
     limit); ``"dense"`` hands the explicit ``P x P`` matrix to the generic layer (O(P^3) per step;
-    for checks and the benchmark only). ``backward`` as in :func:`reparam.baselines.solve_lp` (for the
+    for checks and the benchmark only). ``backward`` as in ``reparam.baselines.solve_lp`` (for the
     diagonal solver, ``"active_set"`` differentiates the final active set's closed-form solution).
     The count-based AUC estimate of the paper is ``1 - mean(relu(margin - z) / margin)`` for the
     ``z`` of the LP; this function returns the LP value. ``reduction``: ``"mean"`` over pairs or
@@ -130,10 +132,11 @@ def fbeta_lp_problem(
     where ``tau_i = eps - zeta_i`` (so ``zeta >= 0`` is exactly ``tau_i <= eps``) and ``xi_j`` is the
     hinge ``max(0, eps + u_j)``:
 
-    .. math::
-        \min\ \beta^2 \epsilon + \tfrac1n \sum_j \xi_j\ [+\ M s]\quad\text{s.t.}\quad
-        \epsilon - \zeta_i \le u_i,\quad \epsilon - \xi_j \le -u_j,\quad
-        -\epsilon + \tfrac1n\sum_i \zeta_i\ [-\ s] \le -1.
+    $$
+    \min\ \beta^2 \epsilon + \tfrac1n \sum_j \xi_j\ [+\ M s]\quad\text{s.t.}\quad
+    \epsilon - \zeta_i \le u_i,\quad \epsilon - \xi_j \le -u_j,\quad
+    -\epsilon + \tfrac1n\sum_i \zeta_i\ [-\ s] \le -1.
+    $$
 
     The last row is ``mean tau >= 1`` (same optimum as ``= 1``: the objective does not involve
     ``tau``). Without ``s`` (``infeasibility_cost=None``) this is (3') exactly, infeasible when
@@ -180,11 +183,12 @@ def fbeta_lp_loss(
 ) -> Tensor:
     r"""Optimal value ``f*_B`` of LP (3') on the minibatch (scores as data), through the LP layer.
 
-    .. math::
-        f^*_B(u) = \min_{(\epsilon, \tau) \in C,\ \mathrm{mean}_{B^+}\tau = 1,\ \tau_i \le u_i}
-        \beta^2 \epsilon + \tfrac1{|B^+|} \sum_{j \in B^-} \max(0, \epsilon + u_j)
+    $$
+    f^*_B(u) = \min_{(\epsilon, \tau) \in C,\ \mathrm{mean}_{B^+}\tau = 1,\ \tau_i \le u_i}
+    \beta^2 \epsilon + \tfrac1{|B^+|} \sum_{j \in B^-} \max(0, \epsilon + u_j)
+    $$
 
-    (standard form in :func:`fbeta_lp_problem`). Lower is better: ``(1 + beta^2)/(1 + f*_B)`` is
+    (standard form in ``fbeta_lp_problem``). Lower is better: ``(1 + beta^2)/(1 + f*_B)`` is
     the certified F-beta bound of docs/method.md sec. 2 on the batch. Its gradient is the batch's
     optimal multipliers: ``-lambda_i / n``-like on the positives (``tau_i <= u_i``), the hinge
     indicators ``/ n`` on the negatives, recomputed from scratch on every batch (contrast with
@@ -196,7 +200,7 @@ def fbeta_lp_loss(
     a feasibility-restoring direction (measured: it pushes the positives' scores down). Check
     ``scores[labels].mean() >= 1`` first, or pass ``infeasibility_cost=M``: the elastic LP, always
     feasible and exact for ``M > f*``, on which the Newton method converges more slowly
-    (docs/baselines.md). Solver options as in :func:`reparam.baselines.solve_lp`.
+    (docs/baselines.md). Solver options as in ``reparam.baselines.solve_lp``.
 
     Raises:
         ValueError: bad scores/labels (no positive), options out of range.

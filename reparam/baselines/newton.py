@@ -4,14 +4,16 @@ information for learning with differentiable algorithms", NeurIPS 2024); docs/me
 A hard-to-optimize loss ``l(y)`` of a network output ``y`` (``(B, m)``) is replaced, for the step at
 hand, by the quadratic ``1/2 ||y - z*||^2`` around one regularized Newton step of ``l`` in ``y``:
 
-.. math:: z^* = y - (H + \lambda I)^{-1} \nabla_y l(y),
+$$
+z^* = y - (H + \lambda I)^{-1} \nabla_y l(y),
+$$
 
 so the network's gradient descent on the new loss moves ``y`` along that Newton step (its gradient at
 ``y`` is ``y - z* = (H + lambda I)^{-1} grad l``). Two curvature sources:
 
-* **Hessian** (:func:`newton_loss`): ``H`` the Hessian of ``l`` in ``y``, in full, block-diagonal by
+* **Hessian** (``newton_loss``): ``H`` the Hessian of ``l`` in ``y``, in full, block-diagonal by
   rows, or the paper's empirical Hessian (the mean of the row blocks, one ``m x m`` matrix);
-* **empirical Fisher** (:func:`inject_fisher`): an identity in the forward pass whose backward
+* **empirical Fisher** (``inject_fisher``): an identity in the forward pass whose backward
   replaces the incoming gradient ``g`` (``(B, m)``) by ``g (F + lambda I)^{-1}``,
   ``F = g^T g * B``. With ``l = mean_i l_i`` the rows of ``g`` are ``grad l_i / B``, so ``F`` is the
   paper's ``(1/B) sum_i grad l_i grad l_i^T`` (its Algorithm 2 writes exactly ``g.T @ g * B``).
@@ -94,7 +96,7 @@ def newton_loss(
     r"""The Hessian Newton loss ``1/2 ||y - z*.detach()||^2``, ``z* = y - (H + lambda I)^{-1} grad l(y)``.
 
     Its value is ``1/2 ||step||^2`` and its gradient in ``y`` is exactly the regularized Newton step
-    of ``loss_fn`` at ``y`` (:func:`newton_step`, same ``hessian`` options): a gradient step of size
+    of ``loss_fn`` at ``y`` (``newton_step``, same ``hessian`` options): a gradient step of size
     ``eta`` on the network's output is a damped Newton step on the original loss. ``loss_fn`` maps a
     ``(B, m)`` tensor to a scalar; it is evaluated on a detached copy, so only this quadratic
     is differentiated into the network. See docs/method.md sec. 9.
@@ -107,7 +109,7 @@ def newton_loss(
 def fisher_step(g: Tensor, tikhonov: float) -> Tensor:
     r"""``g (F + lambda I)^{-1}`` with ``F = g^T g * B`` for a ``(B, m)`` gradient ``g``.
 
-    The backward of :func:`inject_fisher` (differentiable itself, so double backward works).
+    The backward of ``inject_fisher`` (differentiable itself, so double backward works).
     """
     g = _check_output(g, name="g")
     lam = check_positive("tikhonov", tikhonov, allow_zero=True)

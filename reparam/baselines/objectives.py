@@ -2,13 +2,13 @@ r"""The alternatives behind the regularizers' protocol (docs/method.md sec. 9), 
 loop, one trainer config and one comparison script run them all:
 ``loss = task + alpha * reg(scores, idx)``, ``reg.after_step_()``, ``reg.end_epoch_()``, ``reg.stats()``.
 
-* :class:`BatchLossObjective` wraps any minibatch loss ``loss(u, y)`` on the shape node's scores
-  (``y`` = 1 for the positive shape class): :class:`LPFBeta`, :class:`LPAUC` (the LP layer),
-  :class:`SoftFBeta`, :class:`PairwiseAUC` (surrogates), optionally through a Newton loss
+* ``BatchLossObjective`` wraps any minibatch loss ``loss(u, y)`` on the shape node's scores
+  (``y`` = 1 for the positive shape class): ``LPFBeta``, ``LPAUC`` (the LP layer),
+  ``SoftFBeta``, ``PairwiseAUC`` (surrogates), optionally through a Newton loss
   (``newton="hessian" | "fisher"``, for the non-convex surrogates);
-* :class:`CooperFBeta`: LP (3') as a Cooper problem with per-sample indexed multipliers, its dual
+* ``CooperFBeta``: LP (3') as a Cooper problem with per-sample indexed multipliers, its dual
   ascent run after every optimizer step (simultaneous GDA);
-* :class:`LibAUCMargin`: LibAUC's AUC-margin loss; ``a, b`` are parameters for the user's
+* ``LibAUCMargin``: LibAUC's AUC-margin loss; ``a, b`` are parameters for the user's
   optimizer, ``alpha`` takes PESG's projected ascent step after every optimizer step.
 
 They inherit ``reparam``'s score memory, so ``stats()`` reports the true F-beta, precision, recall

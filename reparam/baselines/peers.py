@@ -49,10 +49,11 @@ def cooper_fbeta_problem(
 ) -> Any:
     r"""LP (3') as a Cooper ``ConstrainedMinimizationProblem`` over the whole training set.
 
-    .. math::
-        \min_{W, \epsilon, \tau}\ \beta^2\epsilon + \tfrac1n\sum_{S^-}\max(0, \epsilon + u_j)
-        \ \text{s.t.}\ \tau_i - u_i \le 0,\ \tau_i - \epsilon \le 0\ (i \in S^+),\ -\epsilon \le 0,
-        \ \mathrm{mean}_{S^+}\tau - 1 = 0
+    $$
+    \min_{W, \epsilon, \tau}\ \beta^2\epsilon + \tfrac1n\sum_{S^-}\max(0, \epsilon + u_j)
+    \ \text{s.t.}\ \tau_i - u_i \le 0,\ \tau_i - \epsilon \le 0\ (i \in S^+),\ -\epsilon \le 0,
+    \ \mathrm{mean}_{S^+}\tau - 1 = 0
+    $$
 
     ``shape_labels`` ``(N,)`` 0/1 over the data set. The returned object owns ``eps`` and ``tau``
     (``nn.Parameter``\ s, in ``primal_parameters()``) and its ``compute_cmp_state(scores, idx)``
@@ -60,7 +61,7 @@ def cooper_fbeta_problem(
     per-sample violations are scaled by ``N / (n B)`` so that Cooper's Lagrangian is the minibatch
     estimate of (4') (docs/method.md sec. 3) with Cooper's indexed multipliers as ``lambda_i``;
     ``mean tau - 1`` is exact (``tau`` is a parameter). Build the optimizer with
-    :func:`cooper_optimizer`.
+    ``cooper_optimizer``.
     """
     _require("cooper")
     labels = torch.as_tensor(shape_labels)
@@ -101,7 +102,7 @@ def _cooper_problem_class() -> type:
     cooper = _require("cooper")
 
     class FBetaLPProblem(cooper.ConstrainedMinimizationProblem):
-        """LP (3') with per-sample indexed multipliers (see :func:`cooper_fbeta_problem`)."""
+        """LP (3') with per-sample indexed multipliers (see ``cooper_fbeta_problem``)."""
 
         def __init__(self, labels: Tensor, beta: float, eps_init: float, tau_init: float):
             super().__init__()
@@ -169,9 +170,10 @@ def libauc_aucm_pesg(
     ``AUCMLoss`` (``v1``, ``p`` the positive ratio, ``a, b, alpha`` its own parameters, ``h`` the
     scores, which LibAUC expects in ``[0, 1]``: pass ``torch.sigmoid(logits)``):
 
-    .. math::
-        (1-p)\,\mathbb{E}[(h - a)^2 1_{y=1}] + p\,\mathbb{E}[(h - b)^2 1_{y=0}]
-        + 2\alpha\big(p(1-p)m + \mathbb{E}[p h 1_{y=0} - (1-p) h 1_{y=1}]\big) - p(1-p)\alpha^2,
+    $$
+    (1-p)\,\mathbb{E}[(h - a)^2 1_{y=1}] + p\,\mathbb{E}[(h - b)^2 1_{y=0}]
+    + 2\alpha\big(p(1-p)m + \mathbb{E}[p h 1_{y=0} - (1-p) h 1_{y=1}]\big) - p(1-p)\alpha^2,
+    $$
 
     whose min over ``a, b`` and max over ``alpha >= 0`` is
     ``p(1-p) [Var_+ h + Var_- h + max(0, m - (mean_+ h - mean_- h))^2]``, the class-mean form of

@@ -17,10 +17,13 @@ def soft_fbeta_loss(
 ) -> Tensor:
     r"""``1 - soft F-beta`` of one minibatch, with sigmoid counts.
 
-    .. math::
-        p_i = \sigma(u_i / T),\quad tp = \sum_{B^+} p_i,\quad fp = \sum_{B^-} p_j,\quad fn = |B^+| - tp,
+    $$
+    p_i = \sigma(u_i / T),\quad tp = \sum_{B^+} p_i,\quad fp = \sum_{B^-} p_j,\quad fn = |B^+| - tp,
+    $$
 
-        \ell = 1 - \frac{(1 + \beta^2)\, tp}{(1 + \beta^2)\, tp + \beta^2 fn + fp}
+    $$
+    \ell = 1 - \frac{(1 + \beta^2)\, tp}{(1 + \beta^2)\, tp + \beta^2 fn + fp}
+    $$
 
     As ``T -> 0`` the counts become those of the decisions ``u > 0`` (docs/method.md sec. 1). The
     denominator is ``> 0`` whenever the batch has a positive (``tp > 0``), which is required.
@@ -44,7 +47,9 @@ def pairwise_squared_hinge_auc_loss(
 ) -> Tensor:
     r"""Mean over the batch's (positive, negative) pairs of the squared hinge on the score gap.
 
-    .. math:: \ell = \frac{1}{|B^+||B^-|}\sum_{i \in B^+}\sum_{j \in B^-} \max(0, m - (u_i - u_j))^2
+    $$
+    \ell = \frac{1}{|B^+||B^-|}\sum_{i \in B^+}\sum_{j \in B^-} \max(0, m - (u_i - u_j))^2
+    $$
 
     (the pairwise surrogate of ``1 - AUC``; LibAUC's AUC-margin loss is its min-max reformulation
     with class means, docs/baselines.md). ``O(|B+| |B-|)`` memory.
