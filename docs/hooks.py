@@ -80,11 +80,13 @@ def _api_index() -> str:
 
 
 def _kind(package: str, name: str) -> str:
-    if name.isupper():
-        return "constant"
-    if (ROOT / package.replace(".", "/") / f"{name}.py").is_file():
+    folder = ROOT / package.replace(".", "/")
+    if (folder / f"{name}.py").is_file():
         return "module"
-    return "class" if name[0].isupper() else "function"
+    defined = re.compile(rf"^class {re.escape(name)}\b", re.M)
+    if any(defined.search(f.read_text()) for f in folder.rglob("*.py")):
+        return "class"  # (ROCAUC is a class, not a constant)
+    return "constant" if name.isupper() else "function"
 
 
 def _rewrite(markdown: str, source: str, page: str) -> str:

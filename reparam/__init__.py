@@ -19,6 +19,7 @@ from .fbeta import FBetaRegularizer
 from .functional import certified_fbeta_bound
 from .head import ShapeHead
 from .options import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, resolve_options, resolve_preset
+from .rate_functional import RateThreshold
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 from .resharding import needed_blocks, reshard_state
 from .sharding import Shard
@@ -32,6 +33,7 @@ __all__ = [
     "ROCAUC",
     "FBetaRegularizer",
     "PrecisionAtRecall",
+    "RateThreshold",
     "RecallAtPrecision",
     "ReparamRegularizer",
     "ShapeHead",

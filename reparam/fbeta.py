@@ -49,8 +49,9 @@ class FBetaRegularizer(ReparamRegularizer):
             ``Pi_C(eps, tau)``, differentiated through). ``None``: the preset's.
         inline_strength: with ``projection="inline"``, ``> 0`` uses the smooth
             ``soft_project_onto_c`` of that strength (docs/method.md sec. 5); ``0``: the exact one.
-        dual_lr_lambda, dual_lr_mu: constant dual step sizes (``None``: the preset's); plain
-            attributes, so a decaying schedule is ``reg.dual_lr_lambda = c / epoch`` in your loop.
+        dual_lr_lambda: ``lambda``'s constant dual step (``None``: the preset's; 0.1 by default);
+            a plain attribute: a decaying schedule is ``reg.dual_lr_lambda = c / epoch``.
+        dual_lr_mu: ``mu``'s constant dual step (``None``: the preset's; 0.1 by default).
         mu_init: initial ``mu``; default ``-beta^2`` (the optimal ``mu`` on separable data).
         lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init`` makes every ``tau_i``
             stationary, so the positives are pulled up from the first step).
@@ -81,8 +82,7 @@ class FBetaRegularizer(ReparamRegularizer):
         >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))
         >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
         >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
-        >>> loss = reg(scores, torch.tensor([0, 2]))
-        >>> loss.backward(); opt.step(); reg.after_step_()
+        >>> reg(scores, torch.tensor([0, 2])).backward(); opt.step(); reg.after_step_()
         >>> reg.end_epoch_()
         >>> int(reg.epoch), reg.n_problems, reg.tau_update
         (1, 1, 'sparse_adam_ahead')
@@ -134,25 +134,12 @@ class FBetaRegularizer(ReparamRegularizer):
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
         dense = tau_update == "dense"
-        if self.sharded and dense:
-            raise ValueError(
-                f"shard: a sharded F-beta needs a sparse tau update (a dense tau is O(n) per "
-                f"step), got tau_update={tau_update!r} (tau_update='auto' is dense once "
-                "projection or preset is given: pass tau_update='sparse_adam_ahead'; the "
-                "trainer: regularizer.fbeta.tau_update)"
-            )
+        _check_tau_update(tau_update, self.sharded, isinstance(self.schedule, Inline))
         lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)
         if dense:
             self._dense_tau_lr = lr  # (unused: the user's optimizer steps tau)
             self.tau_param = nn.Parameter(torch.ones(n_pos))
         else:
-            if isinstance(self.schedule, Inline):
-                raise ValueError(
-                    f"tau_update={tau_update!r} steps only the rows a batch touches, but "
-                    "projection='inline' couples every tau in each step's loss (O(n) per step): "
-                    "use projection 'tracked' (O(B)) or 'epoch' (the paper's), or "
-                    "tau_update='dense'"
-                )
             self.register_buffer("tau_param", torch.ones(n_pos))
             # tau_lr not given: attach() follows the optimizer's lr
             self.sparse_tau = SparseTau(n_pos, lr=lr, lr_given=tau_lr is not None, comm=self._comm)
@@ -341,4 +328,22 @@ class FBetaRegularizer(ReparamRegularizer):
             f"cap_scores={self.cap_scores}"
             + (f", preset={self.preset!r}" if self.preset else "")
             + sparse
+        )
+
+
+def _check_tau_update(tau_update: str, sharded: bool, inline: bool) -> None:
+    """``ValueError`` for a ``tau`` update the other options rule out."""
+    if sharded and tau_update == "dense":
+        raise ValueError(
+            f"shard: a sharded F-beta needs a sparse tau update (a dense tau is O(n) per "
+            f"step), got tau_update={tau_update!r} (tau_update='auto' is dense once "
+            "projection or preset is given: pass tau_update='sparse_adam_ahead'; the "
+            "trainer: regularizer.fbeta.tau_update)"
+        )
+    if inline and tau_update != "dense":
+        raise ValueError(
+            f"tau_update={tau_update!r} steps only the rows a batch touches, but "
+            "projection='inline' couples every tau in each step's loss (O(n) per step): "
+            "use projection 'tracked' (O(B)) or 'epoch' (the paper's), or "
+            "tau_update='dense'"
         )

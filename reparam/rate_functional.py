@@ -8,10 +8,8 @@ tp(u) = \sum_{S^+} 1[u_i > 0] \ge tp^-(u) := \sum_{S^+} \min(1, u_i),\qquad
 fp(u) = \sum_{S^-} 1[u_j > 0] \le fp^+(u) := \sum_{S^-} \max(0, 1 + u_j).
 $$
 
-Recall and precision are monotone in ``tp`` and ``fp``, which makes the certified bounds below
-sound. The full Lagrangians (8a-c) here are the references the minibatch estimates of
-``reparam.rates`` are tested against.
-"""
+Recall and precision are monotone in ``tp`` and ``fp``: the certified bounds below are sound. The
+full Lagrangians (8a-c) are the references of ``reparam.rates``' minibatch estimates' tests."""
 
 from __future__ import annotations
 
@@ -478,7 +476,8 @@ def best_rescaled_precision_margin(
 
 class RateThreshold(NamedTuple):
     """A decision threshold ``t`` (decisions ``u > t``) and the recall and precision of those
-    decisions on the scores it was chosen on; ``met``: whether the target holds there."""
+    decisions on the scores it was chosen on; ``met``: whether the target holds there (what
+    ``threshold_at_recall``, ``threshold_at_precision`` and ``calibrate`` return)."""
 
     threshold: float
     recall: float
