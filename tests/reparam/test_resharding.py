@@ -27,7 +27,7 @@ REPLICATED = ("eps_param", "mu", "epoch", "sparse_tau.step", "schedule.active_su
         pytest.param(1, 2, "fbeta", marks=pytest.mark.slow),
         # per group: blocks of whole groups, each problem's tracked sums from its owner (saved
         # mid-epoch, where only the owner's are current)
-        (3, 2, "fbeta_groups"),
+        pytest.param(3, 2, "fbeta_groups", marks=pytest.mark.slow),
         pytest.param(2, 3, "fbeta_groups", marks=pytest.mark.slow),
         pytest.param(1, 2, "fbeta_groups", marks=pytest.mark.slow),  # (2 to 1: the trainer's test)
     ],

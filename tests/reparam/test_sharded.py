@@ -91,7 +91,7 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         ("fbeta_classes", 2, "global"),  # two positive classes: two problems
         pytest.param("fbeta_classes", 3, "owner", marks=pytest.mark.slow),
         pytest.param("fbeta_classes_epoch", 3, "global", marks=pytest.mark.slow),
-        ("rap", 2, "global"),
+        pytest.param("rap", 2, "global", marks=pytest.mark.slow),
         ("roc", 2, "global"),
         # per group: each group's samples in one block (Shard unit), its problem at its owner
         ("fbeta_groups", 2, "global"),
@@ -126,6 +126,7 @@ def test_sharded_run_matches_one_process(tmp_path, kind, k, sampling):
         assert max(p["bytes"] for p in r["all"]) <= 0.55 * r["ref_bytes"]
 
 
+@pytest.mark.slow
 def test_epoch_end_selections_match_one_process(tmp_path):
     """The value-bucket searches on scores spread unevenly over 3 processes: the same threshold,
     F-beta, rate cut and projection root as one process on all the scores (exactly; the bound to
