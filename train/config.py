@@ -264,7 +264,7 @@ class TrainConfig:
     out: str | None = None  # run folder; None: runs/<experiment>/<tag>
     checkpoint: bool = True  # write checkpoints (run/checkpoints/step-N.pt)
     checkpoint_every: int | None = None  # also every N optimizer steps (None: per epoch only)
-    keep_checkpoints: int = 2  # the newest N are kept
+    keep_checkpoints: int = 1  # the newest N step-N.pt are kept (best.pt is kept apart)
     stop_after_steps: int | None = None  # stop (with a checkpoint) after N steps; --resume goes on
     precision: Literal["fp32", "bf16", "fp16"] = (
         "fp32"  # network arithmetic (autocast; fp16 scaled)

@@ -80,7 +80,9 @@ CAMVID_COLOURS: dict[str, tuple[int, int, int]] = {
 
 @dataclass
 class Predictor:
-    """A run's network, ready to map uint8 images ``(B, 3, H, W)`` at ``size`` to class maps."""
+    """A run's network, ready to map uint8 images at ``size`` to classes: ``(B, 3, H, W)`` RGB to
+    class maps ``(B, H, W)`` (segmentation), or ``(B, H, W)`` grayscale to one class per image
+    ``(B,)`` (S-MNIST)."""
 
     model: nn.Module
     size: tuple[int, int]  # the training image size (H, W)
@@ -96,7 +98,8 @@ class Predictor:
 
     @torch.inference_mode()
     def __call__(self, images: Tensor) -> Tensor:
-        """uint8 ``(B, 3, H, W)`` at ``size`` -> uint8 ``(B, H, W)`` class indices (CPU)."""
+        """uint8 images at ``size`` -> uint8 class indices (CPU): maps ``(B, H, W)`` of
+        segmentation runs, ``(B,)`` of S-MNIST runs."""
         return self.predict(images)[0]
 
     @torch.inference_mode()
@@ -115,11 +118,21 @@ def load_predictor(
     which: str = "best",
     device: str | torch.device = "cpu",
     note: Callable[[str], object] = print,
+    task: str | None = "segmentation",
 ) -> Predictor:
     """The network of run folder ``run_dir`` with the weights of checkpoint ``which`` (``best`` or
     ``last``, see the module docstring) on ``device``, in eval mode. ``note`` gets the fallback
-    message when ``best`` is missing. ``ValueError`` (one line) for every problem listed in the
-    module docstring."""
+    message when ``best`` is missing. ``task``: the kind of run expected, ``"segmentation"``
+    (``train.predict``), ``"smnist"`` (``train.classify``) or ``None`` (either: ``train.export``).
+    ``ValueError`` (one line) for every problem listed in the module docstring.
+
+    Outside the trainer, three lines give a run's predictions at its saved threshold::
+
+        from train.predict import load_predictor
+        net = load_predictor("runs/demo/<tag>", task=None)       # checkpoints/best.pt
+        classes, scores = net.predict(images)                  # uint8 images, as run.json says
+        decisions = scores > net.shape_threshold
+    """
     run = Path(run_dir)
     if which not in CHOICES:
         raise ValueError(f"--checkpoint must be one of {CHOICES}, got {which!r}")
@@ -131,10 +144,17 @@ def load_predictor(
         cfg = config_mod.load(run / "config.yaml")
     except ValueError as e:
         raise ValueError(f"{run / 'config.yaml'}: {e}") from e
-    if not cfg.data.segmentation:
+    if task == "segmentation" and not cfg.data.segmentation:
         raise ValueError(
             f"--run {run} is an S-MNIST classification run (data.kind {cfg.data.kind!r}, model "
-            f"{cfg.model.name!r}); train.predict draws class maps of segmentation runs only"
+            f"{cfg.model.name!r}); train.predict draws class maps of segmentation runs only "
+            f"(python -m train.classify labels images with it)"
+        )
+    if task == "smnist" and cfg.data.segmentation:
+        raise ValueError(
+            f"--run {run} is a segmentation run (model {cfg.model.name!r}); train.classify labels "
+            f"images with S-MNIST classification runs only (python -m train.predict draws class "
+            f"maps with it)"
         )
     info = run_info.read(run)
     num_classes, size = int(info["num_classes"]), tuple(int(v) for v in info["image_size"])
@@ -273,9 +293,9 @@ def check_architecture(
 # --- images ----------------------------------------------------------------------------------
 
 
-def list_images(folder: str | Path) -> list[Path]:
+def list_images(folder: str | Path, unique_stems: bool = True) -> list[Path]:
     """The image files of ``folder`` (see the module docstring); ``ValueError`` when there are none
-    or two would write the same output name."""
+    or (``unique_stems``) two would write the same output name."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"--images {folder}: no such folder")
@@ -287,7 +307,7 @@ def list_images(folder: str | Path) -> list[Path]:
     if not paths:
         raise ValueError(f"--images {folder}: no {'/'.join(IMAGE_SUFFIXES)} files in it")
     seen: dict[str, Path] = {}
-    for p in paths:
+    for p in paths if unique_stems else []:
         if p.stem in seen:
             raise ValueError(
                 f"--images {folder}: {seen[p.stem].name} and {p.name} would both write "

@@ -48,6 +48,7 @@ def run(tmp_path_factory) -> Path:
             "train.epochs=2",
             "train.progress=false",
             "train.log_images=0",
+            "train.keep_checkpoints=2",  # both epochs' step checkpoints, to compare with best.pt
         ]
     )
     assert rc == 0
@@ -329,3 +330,24 @@ def test_shape_decisions_use_the_saved_threshold(run, images, tmp_path, capsys):
     decided = {r.split(",")[0]: int(r.split(",")[2]) for r in rows}
     assert decided == {name: int(u > t) for name, u in scores.items()}
     assert sum(decided.values()) == 1
+
+
+def test_the_exported_segmentation_program_reproduces_the_class_maps(run, tmp_path):
+    """``train.export`` of the DeepLabV3+ run: loaded back with torch alone, its class maps and shape
+    decisions are the predictor's (any batch size)."""
+    from train.export import main as export_main
+    from train.predict import load_predictor
+
+    path = tmp_path / "model.pt2"
+    assert export_main(["--run", str(run), "--out", str(path)]) == 0
+    program = torch.export.load(path).module()
+    net = load_predictor(run)
+    images = torch.randint(
+        0, 256, (3, 3, *SIZE), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+    )
+    for batch in (images, images[:1]):
+        logits, u, decision = program(batch)
+        maps, scores = net.predict(batch)
+        assert torch.equal(logits.argmax(1).to(torch.uint8), maps)
+        assert torch.allclose(u, scores, atol=1e-5)
+        assert torch.equal(decision, u > net.shape_threshold)
