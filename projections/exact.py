@@ -117,6 +117,15 @@ def project_onto_c_(
     Algorithm 3 (docs/method.md sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
     project_onto_c(eps, tau)``.
 
+    Args:
+        eps: ``(...,)`` (grouped: ``(G,)``), overwritten with ``eps_p``.
+        tau: ``(..., n)`` (grouped: ``(n,)``), overwritten with ``tau_p``.
+        method: as for ``project_onto_c``.
+        groups: as for ``project_onto_c``.
+
+    Returns:
+        ``(eps, tau)``, the inputs themselves.
+
     Examples:
         >>> import torch
         >>> from projections import project_onto_c_
@@ -144,6 +153,16 @@ def projection_root(
     ``e* = max(0, r)``. ``comm`` as for ``project_onto_c``: over several processes, by
     ``projections.collective.root_over``, one problem (``eps`` 0-dim) or each group's in
     turn (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes).
+
+    Args:
+        eps: ``(...,)``, the point's ``delta`` (grouped: ``(G,)``).
+        tau: ``(..., n)``, the point's ``gamma`` (grouped: ``(n,)``).
+        method: as for ``project_onto_c``.
+        groups: as for ``project_onto_c``.
+        comm: as for ``project_onto_c``.
+
+    Returns:
+        ``r`` of shape ``(...,)`` (grouped: ``(G,)``), detached.
 
     Examples:
         >>> import torch

@@ -61,8 +61,9 @@ def soft_project_onto_c(
     r"""Smooth surrogate of ``projections.project_onto_c`` (docs/method.md sec. 5); exact as ``strength -> 0``.
 
     Args:
-        eps, tau, groups: as in ``projections.project_onto_c`` (batched ``(...,)``/``(..., n)``
-            or grouped ``(G,)``/``(n,)``/``(n,)``).
+        eps: as in ``projections.project_onto_c``: ``(...,)``, or grouped ``(G,)``.
+        tau: as in ``projections.project_onto_c``: ``(..., n)``, or grouped ``(n,)``.
+        groups: as in ``projections.project_onto_c``: ``None`` or ``(n,)``.
         strength: smoothing ``s >= 0`` in the units of ``tau`` (``0`` returns the exact projection).
         method: ``"smooth"`` (softplus-smoothed root, no sort) or ``"sort"`` (differentiable sort,
             top-i averages, softmax choice of ``k*``: the paper's route).

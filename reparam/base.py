@@ -29,7 +29,30 @@ PROJECTION_MODES = ("tracked", "epoch", "inline")  # the schedules' names (repar
 
 
 class ReparamRegularizer(ShapeObjective):
-    """Base of the reparameterized objectives; see the module docstring. Not used directly."""
+    """Base of the reparameterized objectives; see the module docstring. Not used directly.
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set.
+        positive_classes: the shape classes with a problem of their own.
+        projection: the schedule's name, one of ``PROJECTION_MODES``.
+        inline_strength: the inline schedule's smoothing (``> 0`` only with ``"inline"``).
+        dual_lr_lambda: ``lambda``'s dual step (``>= 0``).
+        groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``.
+        shard: this process's block of the samples (``reparam.Shard``), or ``None``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import ROCAUC, FBetaRegularizer, ReparamRegularizer
+        >>> labels = torch.tensor([0, 1, 1, 0, 1])
+        >>> regs = [FBetaRegularizer(labels, projection="epoch"), ROCAUC(labels, grid=2)]
+        >>> [isinstance(r, ReparamRegularizer) for r in regs], [r.projection for r in regs]
+        ([True, True], ['epoch', 'inline'])
+        >>> reg = regs[0]
+        >>> reg(torch.tensor([0.2, 0.9]), torch.tensor([0, 2])).backward(); reg.after_step_()
+        >>> reg.end_epoch_()  # the schedule's projection onto C, then the dual step
+        >>> int(reg.projections), tuple(reg.lam.shape)  # one lambda per positive
+        (1, (3,))
+    """
 
     _constrained_names: tuple[str, ...] = ()  # the raw parameters the projection acts on, in order
     _row_state = ("tau_param", "lam")  # one entry per positive (when stored)

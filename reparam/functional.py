@@ -11,6 +11,15 @@ $$
 
 It has the optimal value of the paper's LP (3) (``sum tau = 1``): multiplying every variable of (3)
 by ``n`` maps one onto the other (docs/method.md sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
+
+Examples:
+    >>> import torch
+    >>> from reparam import functional as F
+    >>> u_pos, u_neg = torch.tensor([2.0, 1.5, 1.0]), torch.tensor([-2.0, -1.5, 0.5])
+    >>> round(F.fbeta_of_decisions(u_pos, u_neg, beta=1.0), 4)  # the F-1 of u > 0
+    0.8571
+    >>> round(F.certified_fbeta_bound(u_pos, u_neg, beta=1.0), 4)  # (3')'s bound, below it
+    0.8
 """
 
 from __future__ import annotations
@@ -201,6 +210,12 @@ def certified_fbeta_bound(
 
     ``None`` (no certificate) when no feasible ``eps > 0`` exists, i.e. ``mean u_pos < 1``.
     ``comm``: the scores spread over processes (``reparam.sharding``).
+
+    Args:
+        u_pos: the positives' scores ``(n,)``.
+        u_neg: the negatives' scores ``(m,)``.
+        beta: the ``beta`` of F-beta (``> 0``).
+        comm: the processes the scores are spread over (``LOCAL``: all of them here).
 
     Examples:
         >>> import torch

@@ -11,6 +11,10 @@ class ShapeHead(nn.Module):
     ``a`` of shape ``(B, C)`` or a feature map ``(B, C, ...)`` (globally average-pooled). Returns
     ``(B,)`` for ``num_scores = 1``, else ``(B, num_scores)``.
 
+    Args:
+        in_features: ``C``, the representation's channels (``>= 1``).
+        num_scores: the scores per sample (``>= 1``): one per positive class of the objective.
+
     Examples:
         >>> import torch
         >>> from reparam import ShapeHead

@@ -40,6 +40,10 @@ def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
     one given as ``None`` or not given taking the preset's value; the trainer's config uses it too,
     so a saved config pins what the constructor resolves.
 
+    Args:
+        preset: ``None`` (the library's ``FBETA_DEFAULTS``) or ``"paper"`` (``PAPER_PRESET``).
+        **given: options given explicitly (``None``: the preset's value).
+
     Examples:
         >>> from reparam import resolve_preset
         >>> r = resolve_preset("paper", projection="inline")  # given: overrides the preset
@@ -67,6 +71,12 @@ def resolve_options(
     schedule (the trainer's objective on every pixel); ``False``, dense (the trainer with an
     optimizer other than Adam, or fp16: the sparse rule is Adam's and reads the unscaled
     gradient). The trainer's config writes the result, so a saved config pins the run.
+
+    Args:
+        preset: ``None`` or ``"paper"`` (``resolve_preset``).
+        tau_update: ``"auto"``, ``"dense"`` or ``"sparse_adam_ahead"``.
+        sparse: ``"auto"``'s choice: ``True`` sparse, ``False`` dense, ``None`` by the schedule.
+        **given: options given explicitly, as for ``resolve_preset``.
 
     Examples:
         >>> from reparam import resolve_options

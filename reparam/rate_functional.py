@@ -8,8 +8,15 @@ tp(u) = \sum_{S^+} 1[u_i > 0] \ge tp^-(u) := \sum_{S^+} \min(1, u_i),\qquad
 fp(u) = \sum_{S^-} 1[u_j > 0] \le fp^+(u) := \sum_{S^-} \max(0, 1 + u_j).
 $$
 
-Recall and precision are monotone in ``tp`` and ``fp``: the certified bounds below are sound. The
-full Lagrangians (8a-c) are the references of ``reparam.rates``' minibatch estimates' tests."""
+Recall and precision are monotone in ``tp`` and ``fp``: the certified bounds below are sound.
+
+Examples:
+    >>> import torch
+    >>> from reparam import rate_functional as R
+    >>> u_pos, u_neg = torch.tensor([2.0, 0.5, -0.5]), torch.tensor([-2.0, 0.0, 1.0])
+    >>> R.certified_precision(u_pos, u_neg), round(R.recall_precision(u_pos, u_neg)[1], 4)
+    (0.25, 0.6667)
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ from torch import Tensor
 
 from .functional import best_cut
 from .sharding import LOCAL, LocalComm
+
+_GOLDEN = (5**0.5 - 1) / 2  # best_rescaled_precision_margin's golden-section search
 
 
 def hinge_fp(u_neg: Tensor) -> Tensor:
@@ -153,11 +162,10 @@ def roc_auc(u_pos: Tensor, u_neg: Tensor, comm: LocalComm = LOCAL) -> float | No
 
 
 def _roc_auc_over(u_pos: Tensor, u_neg: Tensor, comm: LocalComm) -> float | None:
-    """``roc_auc`` of scores spread over processes, exactly: the scores are split into value
-    ranges of about equal counts (a histogram of 4096 buckets summed over the processes; equal
-    values share a bucket, so no tie straddles two ranges), each range is routed to one process
-    (``comm.route``: O((n + m) / K) received per process), and every process counts, for its
-    positives, the negatives below them: those of the lower ranges and its own, ties a half."""
+    """``roc_auc`` over processes, exactly: value ranges of about equal counts (a 4096-bucket
+    histogram summed over the processes; ties share a bucket) are routed one to each process
+    (``comm.route``, O((n + m) / K) each), which counts, for its positives, the negatives below
+    them: those of the lower ranges and its own, ties a half."""
     n, m = comm.total(u_pos.numel()), comm.total(u_neg.numel())
     if n == 0 or m == 0:
         return None
@@ -208,8 +216,7 @@ def certified_auc(tpr_lower: Tensor, fpr_upper: Tensor) -> float:
     Examples:
         >>> import torch
         >>> from reparam import rate_functional as R
-        >>> tpr_lower = torch.tensor([0.5, 0.75, 1.0])
-        >>> fpr_upper = torch.tensor([0.0, 0.25, 0.5])
+        >>> tpr_lower, fpr_upper = torch.tensor([0.5, 0.75, 1.0]), torch.tensor([0.0, 0.25, 0.5])
         >>> R.certified_auc(tpr_lower, fpr_upper)
         0.8125
     """
@@ -222,8 +229,6 @@ def certified_auc(tpr_lower: Tensor, fpr_upper: Tensor) -> float:
 
 
 # --- minibatch Lagrangians (the training losses) ---------------------------------------------------
-
-
 def precision_at_recall_minibatch(
     tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: Tensor, is_pos: Tensor, scale: float, recall: float
 ) -> Tensor:
@@ -236,8 +241,7 @@ def precision_at_recall_minibatch(
         >>> from reparam import rate_functional as R
         >>> tau_b, lam_b, nu = torch.tensor([0.5, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor(0.5)
         >>> u, is_pos = torch.tensor([2.0, -0.5]), torch.tensor([True, False])
-        >>> loss = R.precision_at_recall_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8)
-        >>> round(loss.item(), 4)
+        >>> round(R.precision_at_recall_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8).item(), 4)
         0.15
     """
     terms = torch.where(is_pos, (lam_b - nu) * tau_b - lam_b * capped(u), hinge_fp(u))
@@ -261,8 +265,7 @@ def recall_at_precision_minibatch(
         >>> from reparam import rate_functional as R
         >>> tau_b, lam_b, nu = torch.tensor([0.5, 0.0]), torch.tensor([1.0, 0.0]), torch.tensor(0.5)
         >>> u, is_pos = torch.tensor([2.0, -0.5]), torch.tensor([True, False])
-        >>> loss = R.recall_at_precision_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8)
-        >>> round(loss.item(), 4)
+        >>> round(R.recall_at_precision_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8).item(), 4)
         -0.85
     """
     a = precision
@@ -287,8 +290,7 @@ def roc_auc_minibatch(
     Examples:
         >>> import torch
         >>> from reparam import rate_functional as R
-        >>> tau = torch.tensor([[1.0, 0.5], [0.0, 0.0]])
-        >>> lam = torch.tensor([[0.5, 0.5], [0.0, 0.0]])
+        >>> tau, lam = torch.tensor([[1.0, 0.5], [0.0, 0.0]]), torch.tensor([[0.5, 0.5], [0.0, 0.0]])
         >>> z, is_pos = torch.tensor([[2.0, 0.5], [-1.0, -0.5]]), torch.tensor([True, False])
         >>> nu, grid = torch.tensor([0.5, 0.5]), R.fpr_grid(2)
         >>> round(R.roc_auc_minibatch(tau, lam, nu, z, is_pos, 1.0, 1.0, grid).item(), 4)
@@ -300,8 +302,6 @@ def roc_auc_minibatch(
 
 
 # --- full Lagrangians (references for the minibatch estimates) ----------------------------------
-
-
 def precision_at_recall_lagrangian(
     tau: Tensor, lam: Tensor, nu: Tensor, u_pos: Tensor, u_neg: Tensor, recall: float
 ) -> Tensor:
@@ -369,9 +369,6 @@ def roc_auc_lagrangian(
     return per_k.mean()
 
 
-_GOLDEN = (5**0.5 - 1) / 2
-
-
 def best_rescaled_precision_margin(
     u_pos: Tensor,
     u_neg: Tensor,
@@ -389,15 +386,13 @@ def best_rescaled_precision_margin(
 
     over rescalings ``c > 0`` and shifts ``d`` of the scores (the LP (8b) restricted to the heads
     ``c (w, b) + (0, d)``). ``g >= 0`` iff some rescaled head meets the precision under the hinge
-    bounds; when (8b) itself is infeasible, ``g < 0`` for every direction. ``g`` is jointly concave
-    and so is ``G(c) = max_d g(c, d)``: ``G`` is maximized over a log grid of ``c`` and refined by
-    ternary search between the best point's neighbours, each ``max_d`` by ternary search over the
-    breakpoints' range; one evaluation of ``g`` costs ``O(log N)`` (sorted scores, prefix sums).
-    Accurate to ~1e-6 of the optimum (checked against HiGHS). ``n_pos`` / ``n_neg`` rescale sums
-    over a subset (the scored samples) to the whole set. ``None`` without positives or negatives.
-    ``comm`` with several processes: each evaluation sums the processes' ``tp`` and ``fp``
-    (one all-reduce of the lanes; about 1,400 per call), the range and spread of the scores are
-    every process's.
+    bounds; when (8b) itself is infeasible, ``g < 0`` for every direction. ``g`` and
+    ``G(c) = max_d g(c, d)`` are concave: ``G`` is maximized on a log grid of ``c``, refined by
+    ternary search, each ``max_d`` by ternary search over the breakpoints' range; ``g`` costs
+    ``O(log N)`` (sorted scores, prefix sums). Accurate to ~1e-6 (checked against HiGHS).
+    ``n_pos`` / ``n_neg``: the whole set's counts when the scores are a subset. ``None`` without
+    positives or negatives. ``comm`` with several processes: each ``g`` sums the processes' ``tp``
+    and ``fp`` (one all-reduce of the lanes, ~1,400 per call), over every process's scores.
 
     Examples:
         >>> import torch
@@ -472,12 +467,21 @@ def best_rescaled_precision_margin(
 
 
 # --- decision thresholds at a target rate ----------------------------------------------------------
-
-
 class RateThreshold(NamedTuple):
-    """A decision threshold ``t`` (decisions ``u > t``) and the recall and precision of those
-    decisions on the scores it was chosen on; ``met``: whether the target holds there (what
-    ``threshold_at_recall``, ``threshold_at_precision`` and ``calibrate`` return)."""
+    """A decision threshold and its rates (returned by ``threshold_at_*`` and ``calibrate``).
+
+    Attributes:
+        threshold: ``t``: the decisions are ``u > t``.
+        recall: the recall of those decisions on the scores ``t`` was chosen on.
+        precision: their precision there.
+        met: whether the target holds there.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import rate_functional as R
+        >>> R.threshold_at_recall(torch.tensor([2.0, 1.5, 0.5]), torch.tensor([1.0, -1.0]), 1.0)
+        RateThreshold(threshold=-0.25, recall=1.0, precision=0.75, met=True)
+    """
 
     threshold: float
     recall: float
@@ -506,11 +510,8 @@ def threshold_at_recall(
     """The best precision subject to recall ``>= recall``: among the cuts whose decisions ``u > t``
     keep at least ``ceil(recall n)`` positives, the one of highest precision (ties: the highest
     cut). Always met (keeping every sample has recall 1). ``O((n + m) log(n + m))``, one sort.
-
-    ``comm`` with several processes (``reparam.sharding``): the value-bucket search of
-    ``functional.best_fbeta_threshold`` with precision in place of F-beta (a cut below the
-    floor on ``tp`` is worth ``-1``): bucket counts summed over the processes, the few candidates
-    gathered; the same cut as the sort of all the scores.
+    ``comm`` with several processes (``reparam.sharding``): ``functional.best_cut``'s value-bucket
+    search with precision as the value (``-1`` below the floor on ``tp``); the same cut as the sort.
 
     Examples:
         >>> import torch
@@ -551,10 +552,9 @@ def threshold_at_precision(
     """The best recall subject to precision ``>= precision``: among the cuts whose decisions have
     precision ``tp / k >= precision``, the one keeping the most positives (ties: the highest cut).
     When no cut meets the target, the cut of highest precision (ties: the most positives), with
-    ``met=False``. ``comm`` with several processes: the value-bucket search
-    (``functional.best_cut``) with the recall of a feasible cut as its value (``-1`` for a cut
-    below the precision), then, if none is feasible, with the precision; the same cut as the
-    sort of all the scores.
+    ``met=False``. ``comm`` with several processes: ``functional.best_cut``'s value-bucket search
+    valuing a feasible cut by its recall (``-1`` below the precision), then, if none is feasible,
+    by its precision; the same cut as the sort of all the scores.
 
     Examples:
         >>> import torch

@@ -144,6 +144,11 @@ class RecallAtPrecision(PointRateObjective):
     ``PrecisionAtRecall``, with ``precision`` the target ``a`` in (0, 1) (the stationary
     ``lambda_init`` is ``1 + nu_init (1 - a)``).
 
+    Args:
+        shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
+        precision: the target ``a`` in (0, 1).
+        **options: the options of every rate objective, as for ``PrecisionAtRecall``.
+
     Examples:
         >>> import torch
         >>> from reparam import RecallAtPrecision
@@ -282,8 +287,12 @@ class ROCAUC(RateObjective):
     exact AUC of the remembered scores (Mann-Whitney), a certified lower bound on it from the
     grid points, and the true TPR / FPR at the learned thresholds ``u + b_k > 0``.
 
-    Args: as ``PrecisionAtRecall``, with ``grid`` = ``K >= 1`` instead of the target, and
-    ``offset_init`` the initial ``b_k`` (the stationary ``lambda_init`` is 1).
+    Args:
+        shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
+        grid: ``K >= 1``, the grid points (in place of ``PrecisionAtRecall``'s target).
+        offset_init: the initial ``b_k``.
+        **options: the options of every rate objective, as for ``PrecisionAtRecall`` (the
+            stationary ``lambda_init`` is 1).
 
     Examples:
         >>> import torch

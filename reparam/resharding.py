@@ -57,6 +57,11 @@ def needed_blocks(reg: nn.Module, world: int, unit: int | None = None) -> list[i
     (``None``: ``reg``'s own unit) that ``reshard_state`` needs for ``reg``'s block
     (unsharded ``reg``: all of them).
 
+    Args:
+        reg: the objective to load into (its ``shard``, or none).
+        world: the number of processes that saved the state.
+        unit: the saved blocks' unit (``None``: ``reg``'s).
+
     Examples:
         >>> import torch
         >>> from reparam import FBetaRegularizer, needed_blocks
@@ -93,6 +98,10 @@ def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> 
     (``overlapping``); others are ignored. ``ValueError`` when one is missing or the states are of
     another training set. A key the saved blocks lack is left out (``load_state_dict`` reports
     it, or a load hook fills it in, as a sparse ``tau``'s fresh moments).
+
+    Args:
+        reg: the objective to load into.
+        saved: saved rank -> that rank's ``state_dict``.
 
     Examples:
         >>> import torch

@@ -51,8 +51,8 @@ class Shard:
 
     Args:
         n_total: ``N``, the samples of the whole training set.
-        rank, world: this process and the number of processes ``K`` (``from_process_group``
-            reads them from ``torch.distributed``).
+        rank: this process (``from_process_group`` reads it from ``torch.distributed``).
+        world: the number of processes ``K`` (``from_process_group`` reads it too).
         sampling: ``"owner"`` (each batch holds only samples this process owns; the default) or
             ``"global"`` (any sample; the batch is routed to the owners, module docstring).
         group: the ``torch.distributed`` process group (``None``: the default group).

@@ -33,6 +33,16 @@ class FullProjectionsFBeta(FBetaRegularizer):
         shape_labels: as for ``reparam.FBetaRegularizer``.
         **options: the options of ``reparam.FBetaRegularizer`` but ``projection`` and
             ``tau_update``, which this schedule fixes (``preset="paper"``: the paper's steps).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import FullProjectionsFBeta
+        >>> reg = FullProjectionsFBeta(torch.tensor([0, 1, 1, 0, 1]))
+        >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> reg(scores, torch.tensor([0, 2])).backward(); opt.step(); reg.after_step_()
+        >>> int(reg.projections), bool((reg.tau <= reg.eps).all())  # projected onto C
+        (1, True)
     """
 
     _fixed_options = ("projection", "tau_update")

@@ -62,6 +62,23 @@ class LPSolution:
     ``z`` ``(..., n)`` primal solution; ``v`` ``(..., m)`` multipliers of ``A z <= b`` (``>= 0``);
     ``value`` ``(...,)`` ``c^T z``; ``y`` ``(..., n)`` the last Newton iterate of the penalty
     problem (*); ``active`` ``(..., m)`` bool, the rows of ``A z <= b`` found active.
+
+    Attributes:
+        z: ``(..., n)`` the primal solution.
+        v: ``(..., m)`` the multipliers of ``A z <= b``.
+        value: ``(...,)`` the objective ``c^T z``.
+        y: ``(..., n)`` the last Newton iterate of (*).
+        active: ``(..., m)`` bool, the active rows of ``A z <= b``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import solve_lp
+        >>> A, b, c = torch.eye(2), torch.tensor([1.0, 2.0]), torch.tensor([-1.0, -1.0])
+        >>> sol = solve_lp(A, b, c)  # min -z_1 - z_2 s.t. z_1 <= 1, z_2 <= 2
+        >>> sol.z.round(decimals=4).tolist(), sol.active.tolist()
+        ([1.0, 2.0], [True, True])
+        >>> sol.v.round(decimals=2).tolist()  # each bound is worth 1 per unit
+        [1.0, 1.0]
     """
 
     z: Tensor
@@ -85,8 +102,10 @@ def solve_lp(
     r"""Solve ``min c^T z s.t. A z <= b, z >= 0`` by ``steps`` Newton steps on the penalty (*).
 
     Args:
-        A: ``(..., m, n)`` constraint matrix; ``b``: ``(..., m)``; ``c``: ``(..., n)``. Leading
-            dimensions broadcast; any float dtype and device (half precision computes in float32).
+        A: ``(..., m, n)`` constraint matrix. Leading dimensions of ``A``, ``b``, ``c``
+            broadcast; any float dtype and device (half precision computes in float32).
+        b: ``(..., m)`` right-hand side.
+        c: ``(..., n)`` cost vector.
         eps: the penalty parameter :math:`\epsilon` of (*). The dual (hence the active set and
             the primal) is exact once ``eps`` is below a problem-dependent threshold (Mangasarian
             2004); too small makes (*) badly scaled. Default ``1e-4`` (Meng et al.'s code: ``1e-3``,
@@ -106,6 +125,14 @@ def solve_lp(
     Raises:
         ValueError: non-tensors, non-float or non-finite inputs, shapes that do not match or
             broadcast, ``eps``/``rho``/``step_size`` not ``> 0``, ``steps < 1``, unknown ``backward``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import solve_lp
+        >>> A, c = torch.eye(2), torch.tensor([-1.0, -1.0])  # min -z_1 - z_2 s.t. z <= b
+        >>> b = torch.tensor([[1.0, 2.0], [3.0, 1.0]])  # a batch of two LPs
+        >>> solve_lp(A, b, c).value.round(decimals=4).tolist()
+        [-3.0, -4.0]
     """
     A, b, c = _check_lp(A, b, c)
     eps, rho, steps, step_size = _check_options(eps, rho, steps, step_size)
@@ -138,6 +165,22 @@ def solve_lp_trace(A: Tensor, b: Tensor, c: Tensor, **options: float) -> tuple[T
     ``z_k`` is the primal recovered from iterate ``k`` (as ``solve_lp`` would return with
     ``steps=k``). Returns ``(values, violations)``, each ``(..., steps)``: what the convergence
     measurement of docs/baselines.md is made of. No autograd.
+
+    Args:
+        A: ``(..., m, n)`` constraint matrix, as in ``solve_lp``.
+        b: ``(..., m)`` right-hand side.
+        c: ``(..., n)`` cost vector.
+        **options: ``eps``, ``rho``, ``steps``, ``step_size``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import solve_lp_trace
+        >>> A, b, c = torch.eye(2), torch.tensor([1.0, 2.0]), torch.tensor([-1.0, -1.0])
+        >>> values, violations = solve_lp_trace(A, b, c)  # 30 steps
+        >>> [round(v, 4) for v in values[[0, 4, -1]].tolist()]  # steps 1, 5, 30: optimum -3
+        [-0.2, -1.0, -3.0]
+        >>> bool(violations.max() < 1e-4)
+        True
     """
     A, b, c = _check_lp(A, b, c)
     eps, rho, steps, step_size = _check_options(**options)

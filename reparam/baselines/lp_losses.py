@@ -36,6 +36,22 @@ def auc_lp_problem(
 
     i.e. ``A = -I`` (``P x P``, ``P = |B+| |B-|``), ``b_ij = u_i - u_j - margin``, ``c = 1``; pairs
     ordered positive-major. Its optimum is ``sum_ij max(0, margin - u_i + u_j)``: the pairwise hinge.
+
+    Args:
+        scores: ``(B,)`` float scores ``u`` of the batch.
+        labels: ``(B,)`` 0/1 labels (1: positive), at least one positive and one negative.
+        margin: the pairs' margin (``>= 0``).
+
+    Returns:
+        ``(A, b, c)`` of ``min c^T z s.t. A z <= b, z >= 0`` for ``reparam.baselines.solve_lp``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import auc_lp_problem
+        >>> u, y = torch.tensor([2.0, -1.0, 0.5, 1.0]), torch.tensor([1, 0, 1, 0])
+        >>> A, b, c = auc_lp_problem(u, y, margin=0.0)  # pairs (2, -1), (2, 1), (0.5, -1), (0.5, 1)
+        >>> tuple(A.shape), b.tolist()
+        ((4, 4), [3.0, 1.0, 1.5, -0.5])
     """
     scores = check_scores(scores)
     pos = check_labels(labels, scores, need_both=True)
@@ -76,8 +92,29 @@ def auc_lp_loss(
     ``z`` of the LP; this function returns the LP value. ``reduction``: ``"mean"`` over pairs or
     ``"sum"``. See docs/method.md sec. 9.
 
+    Args:
+        scores: ``(B,)`` float scores ``u`` of the batch.
+        labels: ``(B,)`` 0/1 labels (1: positive), at least one positive and one negative.
+        margin: the pairs' margin (``>= 0``).
+        solver: ``"diagonal"`` or ``"dense"``.
+        backward: ``"unroll"`` or ``"active_set"``.
+        eps: the solver's penalty parameter (``> 0``).
+        rho: the solver's Hessian modification (``> 0``).
+        steps: the solver's Newton steps (``>= 1``).
+        reduction: ``"mean"`` or ``"sum"`` over the pairs.
+
     Raises:
         ValueError: bad scores/labels (no positive or no negative), options out of range.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import auc_lp_loss
+        >>> u = torch.tensor([2.0, -1.0, 0.5, 1.0], requires_grad=True)
+        >>> loss = auc_lp_loss(u, torch.tensor([1, 0, 1, 0]))  # pair (0.5, 1): 0.01 + 0.5
+        >>> round(loss.item(), 4)
+        0.1275
+        >>> loss.backward(); u.grad  # through the solver: the violated pair's -1/4 and +1/4
+        tensor([ 0.0000,  0.0000, -0.2500,  0.2500])
     """
     solver = check_choice("solver", solver, AUC_SOLVERS)
     reduction = check_choice("reduction", reduction, REDUCTIONS)
@@ -144,6 +181,23 @@ def fbeta_lp_problem(
     optimum as (3') whenever (3') is feasible and ``M`` exceeds its optimal value ``f*`` (the
     multiplier of ``mean tau = 1`` is ``-f*``, docs/method.md sec. 3b). Rows: positives, negatives,
     the mean row; ``b`` depends on the scores, ``A`` and ``c`` do not.
+
+    Args:
+        scores: ``(B,)`` float scores ``u`` of the batch.
+        labels: ``(B,)`` 0/1 labels (1: positive), at least one positive.
+        beta: the ``beta`` of F-beta (``> 0``).
+        infeasibility_cost: ``M``, the cost of the elastic variable ``s`` (``None``: no ``s``).
+
+    Returns:
+        ``(A, b, c)`` of ``min c^T z s.t. A z <= b, z >= 0`` for ``reparam.baselines.solve_lp``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import fbeta_lp_problem
+        >>> u, y = torch.tensor([2.0, -1.0, 0.5, 1.0]), torch.tensor([1, 0, 1, 0])
+        >>> A, b, c = fbeta_lp_problem(u, y)  # z = (eps, zeta_1, zeta_2, xi_1, xi_2)
+        >>> tuple(A.shape), b.tolist(), c.tolist()
+        ((5, 5), [2.0, 0.5, 1.0, -1.0, -1.0], [1.0, 0.0, 0.0, 0.5, 0.5])
     """
     scores = check_scores(scores)
     pos = check_labels(labels, scores, need_both=False)
@@ -202,8 +256,26 @@ def fbeta_lp_loss(
     feasible and exact for ``M > f*``, on which the Newton method converges more slowly
     (docs/baselines.md). Solver options as in ``reparam.baselines.solve_lp``.
 
+    Args:
+        scores: ``(B,)`` float scores ``u`` of the batch.
+        labels: ``(B,)`` 0/1 labels (1: positive), at least one positive.
+        beta: the ``beta`` of F-beta (``> 0``).
+        infeasibility_cost: ``M`` of the elastic LP (``None``: the exact (3')).
+        backward: ``"unroll"`` or ``"active_set"``.
+        eps: the solver's penalty parameter (``> 0``).
+        rho: the solver's Hessian modification (``> 0``).
+        steps: the solver's Newton steps (``>= 1``).
+
     Raises:
         ValueError: bad scores/labels (no positive), options out of range.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import fbeta_lp_loss
+        >>> u, y = torch.tensor([2.0, -1.0, 1.5, -0.5]), torch.tensor([1, 0, 1, 0])
+        >>> f = fbeta_lp_loss(u, y)  # feasible: the positives' mean is 1.75 >= 1
+        >>> round(f.item(), 4), round(2 / (1 + f.item()), 4)  # f*_B and the F-1 it certifies
+        (1.25, 0.8889)
     """
     A, b, c = fbeta_lp_problem(scores, labels, beta=beta, infeasibility_cost=infeasibility_cost)
     return solve_lp(A, b, c, eps=eps, rho=rho, steps=steps, backward=backward).value

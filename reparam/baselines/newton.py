@@ -57,6 +57,23 @@ def newton_step(
 
     The loss must be twice differentiable; ``lambda`` must exceed the most negative curvature for
     ``H + lambda I`` to be positive definite (it is solved by LU, not Cholesky).
+
+    Args:
+        loss_fn: ``(B, m) -> scalar``, the loss ``l`` of the output.
+        y: ``(B, m)`` the output at which the step is taken.
+        tikhonov: ``lambda`` (``>= 0``).
+        hessian: ``"full"``, ``"rows"`` or ``"mean"``.
+
+    Returns:
+        ``(B, m)`` the step, detached.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import newton_step
+        >>> t = torch.tensor([[1.0], [0.0]])
+        >>> mse = lambda y: 0.5 * (y - t).square().sum()  # H = I: the step (y - t) / (1 + lambda)
+        >>> newton_step(mse, torch.tensor([[3.0], [1.0]]), tikhonov=1.0).tolist()
+        [[1.0], [0.5]]
     """
     y = _check_output(y)
     lam = check_positive("tikhonov", tikhonov, allow_zero=True)
@@ -100,6 +117,24 @@ def newton_loss(
     ``eta`` on the network's output is a damped Newton step on the original loss. ``loss_fn`` maps a
     ``(B, m)`` tensor to a scalar; it is evaluated on a detached copy, so only this quadratic
     is differentiated into the network. See docs/method.md sec. 9.
+
+    Args:
+        loss_fn: ``(B, m) -> scalar``, the loss ``l`` of the output.
+        y: ``(B, m)`` the network's output (with autograd).
+        tikhonov: ``lambda`` (``>= 0``).
+        hessian: ``"full"``, ``"rows"`` or ``"mean"`` (see ``newton_step``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import newton_loss
+        >>> t = torch.tensor([[1.0], [0.0]])
+        >>> mse = lambda y: 0.5 * (y - t).square().sum()
+        >>> y = torch.tensor([[3.0], [1.0]], requires_grad=True)
+        >>> loss = newton_loss(mse, y, tikhonov=1.0)
+        >>> loss.item()  # the MSE's value 2.5 scaled by 1 / (1 + lambda)^2
+        0.625
+        >>> loss.backward(); y.grad.tolist()  # the Newton step
+        [[1.0], [0.5]]
     """
     y = _check_output(y)
     target = y.detach() - newton_step(loss_fn, y, tikhonov=tikhonov, hessian=hessian)
@@ -110,6 +145,17 @@ def fisher_step(g: Tensor, tikhonov: float) -> Tensor:
     r"""``g (F + lambda I)^{-1}`` with ``F = g^T g * B`` for a ``(B, m)`` gradient ``g``.
 
     The backward of ``inject_fisher`` (differentiable itself, so double backward works).
+
+    Args:
+        g: ``(B, m)`` the gradient of the loss in the output.
+        tikhonov: ``lambda`` (``>= 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import fisher_step
+        >>> g = torch.tensor([[0.5], [-0.5]])  # F = (0.25 + 0.25) * 2 = 1
+        >>> fisher_step(g, tikhonov=1.0).tolist()  # g / (F + lambda)
+        [[0.25], [-0.25]]
     """
     g = _check_output(g, name="g")
     lam = check_positive("tikhonov", tikhonov, allow_zero=True)
@@ -124,6 +170,22 @@ def inject_fisher(y: Tensor, *, tikhonov: float) -> Tensor:
 
     Use as ``loss = l(inject_fisher(model(x), tikhonov=lam))``: ``l`` itself is unchanged, only the
     gradient reaching the network is. See docs/method.md sec. 9.
+
+    Args:
+        y: ``(B, m)`` the network's output.
+        tikhonov: ``lambda`` (``>= 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import inject_fisher
+        >>> y = torch.tensor([[3.0], [1.0]], requires_grad=True)
+        >>> z = inject_fisher(y, tikhonov=1.0)
+        >>> torch.equal(z, y)  # the identity forward
+        True
+        >>> (0.5 * (z - torch.tensor([[1.0], [0.0]])).square().sum()).backward()
+        >>> y.grad  # g = (2, 1), F = (4 + 1) * 2 = 10: g / 11
+        tensor([[0.1818],
+                [0.0909]])
     """
     y = _check_output(y)
     lam = check_positive("tikhonov", tikhonov, allow_zero=True)

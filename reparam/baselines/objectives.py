@@ -47,7 +47,20 @@ class BatchLossObjective(ShapeObjective):
         needs_negatives: the loss needs a negative in the batch too (else a zero loss).
         newton: ``"none"``, ``"hessian"`` (``reparam.baselines.newton_loss`` around the loss, the batch's
             scores as the ``(B, 1)`` output) or ``"fisher"`` (``reparam.baselines.inject_fisher`` on the
-            scores); ``newton_tikhonov``: its ``lambda``.
+            scores).
+        newton_tikhonov: the Newton loss's ``lambda`` (``>= 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import BatchLossObjective
+        >>> mse = lambda u, y: (u - y).square().mean()  # any loss(u, y) of the batch
+        >>> reg = BatchLossObjective(torch.tensor([0, 1, 1, 0, 1]), mse)
+        >>> loss = reg(torch.tensor([0.5, 1.0]), torch.tensor([0, 2]))  # y = (0, 1)
+        >>> round(loss.item(), 4)
+        0.125
+        >>> reg.after_step_(); reg.end_epoch_()
+        >>> reg.stats()["train_precision"]  # of u > 0 on the remembered scores
+        0.5
     """
 
     _needs_end_epoch = False  # nothing happens at an epoch end but the counting
@@ -99,7 +112,26 @@ class LPFBeta(BatchLossObjective):
     """The LP layer on LP (3') of the batch (``reparam.baselines.fbeta_lp_loss``): its optimal value, a
     function of the scores, differentiated through the unrolled Newton steps. The LP is infeasible
     on batches whose positives' mean score is below 1; ``infeasibility_cost`` (``M``) adds the
-    elastic variable that keeps it feasible (exact when ``M`` exceeds the optimum)."""
+    elastic variable that keeps it feasible (exact when ``M`` exceeds the optimum).
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set.
+        beta: the ``beta`` of F-beta (``> 0``).
+        positive_class: the shape class counted as positive.
+        infeasibility_cost: ``M``, the cost of the elastic variable (``None``: the exact LP (3')).
+        steps: the LP layer's Newton steps (``reparam.baselines.solve_lp``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import LPFBeta
+        >>> reg = LPFBeta(torch.tensor([0, 1, 1, 0, 1]))
+        >>> scores = torch.tensor([0.5, 2.0, 1.5], requires_grad=True)  # samples 0, 1, 2
+        >>> loss = reg(scores, torch.tensor([0, 1, 2]))  # f*_B: eps = 1, hinge (1 + 0.5) / 2
+        >>> round(loss.item(), 4), round(2 / (1 + loss.item()), 4)  # and the F-1 it certifies
+        (1.75, 0.7273)
+        >>> loss.backward(); scores.grad  # only the negative's hinge is active
+        tensor([0.5000, 0.0000, 0.0000])
+    """
 
     def __init__(
         self,
@@ -122,7 +154,24 @@ class LPFBeta(BatchLossObjective):
 
 
 class LPAUC(BatchLossObjective):
-    """The LP layer on the paper's pairwise AUC LP of the batch (``reparam.baselines.auc_lp_loss``)."""
+    """The LP layer on the paper's pairwise AUC LP of the batch (``reparam.baselines.auc_lp_loss``).
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set.
+        margin: the pairs' margin (``>= 0``; the paper's ``epsilon`` of its LP (1)).
+        positive_class: the shape class counted as positive.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import LPAUC
+        >>> reg = LPAUC(torch.tensor([0, 1, 1, 0, 1]))
+        >>> scores = torch.tensor([0.5, 2.0, 0.0], requires_grad=True)  # samples 0, 1, 2
+        >>> loss = reg(scores, torch.tensor([0, 1, 2]))  # pair (2, 0) violates: 0.01 + 0.5
+        >>> round(loss.item(), 4)  # mean over the 2 pairs
+        0.255
+        >>> loss.backward(); scores.grad
+        tensor([ 0.5000,  0.0000, -0.5000])
+    """
 
     def __init__(
         self, shape_labels: object, *, margin: float = 0.01, positive_class: int = 1
@@ -138,7 +187,27 @@ class LPAUC(BatchLossObjective):
 
 class SoftFBeta(BatchLossObjective):
     """``1 - soft F-beta`` of the batch with sigmoid counts at temperature ``T``
-    (``reparam.baselines.soft_fbeta_loss``), optionally through a Newton loss."""
+    (``reparam.baselines.soft_fbeta_loss``), optionally through a Newton loss.
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set.
+        beta: the ``beta`` of F-beta (``> 0``).
+        temperature: ``T`` of the sigmoid counts (``> 0``).
+        positive_class: the shape class counted as positive.
+        newton: ``"none"``, ``"hessian"`` or ``"fisher"`` (as in ``BatchLossObjective``).
+        newton_tikhonov: the Newton loss's ``lambda`` (``>= 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import SoftFBeta
+        >>> reg = SoftFBeta(torch.tensor([0, 1, 1, 0, 1]))
+        >>> loss = reg(torch.tensor([0.5, 2.0, 0.0]), torch.tensor([0, 1, 2]))
+        >>> round(loss.item(), 4)  # 1 - soft F-1 of the batch
+        0.3102
+        >>> reg = SoftFBeta(torch.tensor([0, 1, 1, 0, 1]), newton="hessian")
+        >>> round(reg(torch.tensor([0.5, 2.0, 0.0]), torch.tensor([0, 1, 2])).item(), 4)
+        0.0047
+    """
 
     def __init__(
         self,
@@ -168,7 +237,26 @@ class SoftFBeta(BatchLossObjective):
 
 class PairwiseAUC(BatchLossObjective):
     """The pairwise squared hinge on the batch's score gaps (``reparam.baselines.pairwise_squared_hinge_auc_loss``),
-    optionally through a Newton loss."""
+    optionally through a Newton loss.
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set.
+        margin: the hinge's margin ``m`` (``>= 0``).
+        positive_class: the shape class counted as positive.
+        newton: ``"none"``, ``"hessian"`` or ``"fisher"`` (as in ``BatchLossObjective``).
+        newton_tikhonov: the Newton loss's ``lambda`` (``>= 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import PairwiseAUC
+        >>> reg = PairwiseAUC(torch.tensor([0, 1, 1, 0, 1]))
+        >>> scores = torch.tensor([0.5, 2.0, 0.0], requires_grad=True)  # samples 0, 1, 2
+        >>> loss = reg(scores, torch.tensor([0, 1, 2]))  # pairs: (1 - 1.5)+^2, (1 + 0.5)^2
+        >>> loss.item()
+        1.125
+        >>> loss.backward(); scores.grad
+        tensor([ 1.5000,  0.0000, -1.5000])
+    """
 
     def __init__(
         self,
@@ -195,7 +283,27 @@ class CooperFBeta(ShapeObjective):
     parameters for the user's optimizer, the indexed multipliers take Cooper's dual ascent step
     (SGD, ``dual_lr``) after every optimizer step, on the multipliers' gradients of the same batch
     (simultaneous gradient descent-ascent), then Cooper's projection of the inequality multipliers
-    onto ``>= 0``. Needs ``pip install cooper-optim``."""
+    onto ``>= 0``. Needs ``pip install cooper-optim``.
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set.
+        beta: the ``beta`` of F-beta (``> 0``).
+        positive_class: the shape class counted as positive.
+        dual_lr: the multipliers' ascent step (``> 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import CooperFBeta
+        >>> reg = CooperFBeta(torch.tensor([0, 1, 1, 0, 1]))  # eps = tau_i = 1
+        >>> scores = torch.tensor([0.5, 2.0, 1.5], requires_grad=True)  # samples 0, 1, 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> loss = reg(scores, torch.tensor([0, 1, 2]))  # beta^2 eps + (5 / 9) (1 + 0.5)
+        >>> round(loss.item(), 4)
+        1.8333
+        >>> loss.backward(); opt.step(); reg.after_step_()  # the dual ascent step
+        >>> round(reg.stats()["eps"], 4)
+        0.8444
+    """
 
     _needs_end_epoch = False
 
@@ -262,7 +370,28 @@ class LibAUCMargin(ShapeObjective):
     parameters for the user's optimizer; ``alpha`` takes PESG's projected ascent step
     ``alpha <- max(0, alpha + alpha_lr grad)`` after every optimizer step (the network keeps the
     user's optimizer; ``reparam.baselines.libauc_aucm_pesg`` gives LibAUC's own PESG for everything).
-    Needs ``pip install --no-deps libauc``."""
+    Needs ``pip install --no-deps libauc``.
+
+    Args:
+        shape_labels: ``(N,)`` integer shape labels of the training set (their positive ratio is
+            LibAUC's ``imratio``).
+        margin: the AUC margin ``m`` (``>= 0``).
+        positive_class: the shape class counted as positive.
+        alpha_lr: ``alpha``'s ascent step (``> 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import LibAUCMargin
+        >>> reg = LibAUCMargin(torch.tensor([0, 1, 1, 0, 1]))  # a = b = alpha = 0
+        >>> scores = torch.tensor([0.0, 0.0, 0.0], requires_grad=True)  # samples 0, 1, 2
+        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
+        >>> loss = reg(scores, torch.tensor([0, 1, 2]))
+        >>> round(loss.item(), 4)  # sigmoid(0) = 1/2: 0.4 (1/4) (2/3) + 0.6 (1/4) (1/3)
+        0.1167
+        >>> loss.backward(); opt.step(); reg.after_step_()  # PESG's ascent on alpha
+        >>> round(float(reg.alpha), 4)
+        0.0413
+    """
 
     _needs_end_epoch = False
 

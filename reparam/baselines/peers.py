@@ -62,6 +62,27 @@ def cooper_fbeta_problem(
     estimate of (4') (docs/method.md sec. 3) with Cooper's indexed multipliers as ``lambda_i``;
     ``mean tau - 1`` is exact (``tau`` is a parameter). Build the optimizer with
     ``cooper_optimizer``.
+
+    Args:
+        shape_labels: ``(N,)`` 0/1 labels of the training set, at least one positive.
+        beta: the ``beta`` of F-beta (``> 0``).
+        eps_init: the initial ``eps``.
+        tau_init: the initial ``tau_i`` of every positive.
+
+    Raises:
+        ImportError: Cooper is not installed (the message gives the install command).
+        ValueError: ``shape_labels`` not a non-empty ``(N,)`` 0/1 tensor with a positive,
+            ``beta`` not ``> 0``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import cooper_fbeta_problem
+        >>> cmp = cooper_fbeta_problem(torch.tensor([0, 1, 1, 0, 1]))  # eps = tau_i = 1
+        >>> tuple(cmp.tau.shape)  # one tau per positive
+        (3,)
+        >>> state = cmp.compute_cmp_state(torch.tensor([0.5, 2.0, 1.5]), torch.tensor([0, 1, 2]))
+        >>> round(state.loss.item(), 4)  # beta^2 eps + (5 / 9) max(0, eps + 0.5)
+        1.8333
     """
     _require("cooper")
     labels = torch.as_tensor(shape_labels)
@@ -85,6 +106,23 @@ def cooper_optimizer(
     """Cooper's ``SimultaneousOptimizer``: Adam on the model's and ``cmp``'s primal parameters,
     SGD ascent (``maximize=True``, sparse-gradient friendly) on the multipliers, as Cooper's
     documentation sets up indexed multipliers. Step with ``opt.roll(compute_cmp_state_kwargs=...)``.
+
+    Args:
+        cmp: the problem (``cooper_fbeta_problem``).
+        primal_parameters: the model's parameters, stepped by the same Adam as ``eps`` and ``tau``.
+        primal_lr: Adam's learning rate (``> 0``).
+        dual_lr: the multipliers' ascent step (``> 0``).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import cooper_fbeta_problem, cooper_optimizer
+        >>> u = torch.nn.Parameter(torch.tensor([0.5, 2.0, 1.5, -1.0, 0.3]))  # a score per sample
+        >>> cmp = cooper_fbeta_problem(torch.tensor([0, 1, 1, 0, 1]))
+        >>> opt = cooper_optimizer(cmp, [u])
+        >>> idx = torch.tensor([0, 1, 2])
+        >>> _ = opt.roll(compute_cmp_state_kwargs={"scores": u[idx], "idx": idx})
+        >>> round(cmp.eps.item(), 4), round(u[0].item(), 4)  # Adam's first step, lr 1e-2
+        (0.99, 0.49)
     """
     cooper = _require("cooper")
     params = [*primal_parameters, *cmp.primal_parameters()]
@@ -181,6 +219,31 @@ def libauc_aucm_pesg(
     ``alpha``. Returns ``(loss_fn, optimizer)``; call ``optimizer.update_regularizer(decay)`` at the
     epoch ends as LibAUC's examples do. ``device``: where ``a, b, alpha`` live (LibAUC's default:
     CUDA when available).
+
+    Args:
+        params: the model's parameters (PESG steps them with ``a, b, alpha``).
+        margin: the AUC margin ``m`` (``>= 0``).
+        lr: PESG's learning rate (``> 0``).
+        epoch_decay: PESG's ``epoch_decay`` (``>= 0``), the pull towards the reference point.
+        weight_decay: PESG's weight decay (``>= 0``).
+        momentum: PESG's momentum (``>= 0``).
+        imratio: the positive ratio ``p`` (``None``: LibAUC estimates it on each batch).
+        version: ``"v1"`` or ``"v2"``, LibAUC's two forms of ``AUCMLoss``.
+        device: where ``a, b, alpha`` live (``None``: LibAUC's default).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import libauc_aucm_pesg
+        >>> u = torch.nn.Parameter(torch.zeros(4))  # a score per sample, for the example
+        >>> loss_fn, opt = libauc_aucm_pesg([u], imratio=0.5, device="cpu")
+        >>> y = torch.tensor([1.0, 0.0, 1.0, 0.0])
+        >>> loss = loss_fn(torch.sigmoid(u), y)  # a = b = alpha = 0: (1/2)^2 / 2
+        >>> round(loss.item(), 4)
+        0.125
+        >>> for _ in range(3):  # PESG: descent on u, a, b, ascent on alpha
+        ...     opt.zero_grad(); loss_fn(torch.sigmoid(u), y).backward(); opt.step()
+        >>> bool(u[0] > u[1]), round(loss_fn.alpha.item(), 2)  # positives above negatives
+        (True, 0.49)
     """
     losses = _require("libauc.losses")
     optimizers = _require("libauc.optimizers")

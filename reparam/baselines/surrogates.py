@@ -28,9 +28,24 @@ def soft_fbeta_loss(
     As ``T -> 0`` the counts become those of the decisions ``u > 0`` (docs/method.md sec. 1). The
     denominator is ``> 0`` whenever the batch has a positive (``tp > 0``), which is required.
 
+    Args:
+        scores: ``(B,)`` float scores ``u`` of the batch.
+        labels: ``(B,)`` 0/1 labels (1: positive), at least one positive.
+        beta: the ``beta`` of F-beta (``> 0``).
+        temperature: ``T`` of the sigmoid counts (``> 0``).
+
     Raises:
         ValueError: scores not a finite float ``(B,)`` tensor, labels not 0/1 of shape ``(B,)`` or
             without a positive, ``beta`` or ``temperature`` not ``> 0``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import soft_fbeta_loss
+        >>> u, y = torch.tensor([2.0, -1.0, 0.5, 1.0]), torch.tensor([1, 0, 1, 0])
+        >>> round(soft_fbeta_loss(u, y).item(), 4)
+        0.3324
+        >>> round(soft_fbeta_loss(u, y, temperature=0.01).item(), 4)  # 1 - F-1 of u > 0: 1 - 4/5
+        0.2
     """
     scores = check_scores(scores)
     pos = check_labels(labels, scores, need_both=False)
@@ -54,8 +69,20 @@ def pairwise_squared_hinge_auc_loss(
     (the pairwise surrogate of ``1 - AUC``; LibAUC's AUC-margin loss is its min-max reformulation
     with class means, docs/baselines.md). ``O(|B+| |B-|)`` memory.
 
+    Args:
+        scores: ``(B,)`` float scores ``u`` of the batch.
+        labels: ``(B,)`` 0/1 labels (1: positive), at least one positive and one negative.
+        margin: the hinge's margin ``m`` (``>= 0``).
+
     Raises:
         ValueError: bad scores/labels (no positive or no negative), ``margin`` not ``>= 0``.
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import pairwise_squared_hinge_auc_loss
+        >>> u, y = torch.tensor([2.0, -1.0, 0.5, 1.0]), torch.tensor([1, 0, 1, 0])
+        >>> pairwise_squared_hinge_auc_loss(u, y).item()  # (0 + 0 + 0 + 1.5^2) / 4 pairs
+        0.5625
     """
     scores = check_scores(scores)
     pos = check_labels(labels, scores, need_both=True)
