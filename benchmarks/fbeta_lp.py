@@ -22,7 +22,7 @@ def solve_fbeta_lp(
     ``xi_j >= eps_g(j) + u_j``. (3'): ``min beta^2 eps + (1/n) sum xi``, ``mean tau = 1``; (3):
     ``min beta^2 n eps + sum xi``, ``sum tau = 1``; both with ``tau_i <= eps``, ``tau_i <= u_i``,
     ``eps >= 0``, ``xi >= 0``. ``groups`` (scale-free form; ``-1``: a sample of no group): the
-    grouped F-beta of docs/method.md sec. 12, one head for all groups and the mean over the
+    grouped F-beta of docs/method/grouped.md sec. 12, one head for all groups and the mean over the
     groups with a positive of each group's (3') in its own ``eps_g`` and ``tau``, its negatives
     the group's own.
     """

@@ -1,5 +1,5 @@
 """What each eager/compiled fork of the regularizer costs: the eager step with one module's compiled
-forms forced, against the eager forms (docs/method.md sec. 11b).
+forms forced, against the eager forms (docs/method/cost.md sec. 11b).
 
     python -m benchmarks.forks --threads 1 --out docs/figures          # ~3 min on 2 cores
 

@@ -8,7 +8,7 @@ regularized config (mode ``epoch``, the paper's dual steps) from the same seed, 
 reg, base, reg: ``--repeats`` runs of each) so drift of the machine hits both alike. A variant's
 overrides apply to both arms (the baseline ignores the regularizer's): ``dense tau`` is the
 published configuration (``tau`` stepped by the network's Adam, two GEMMs), ``sparse tau`` steps the
-batch's rows of ``tau`` only (``regularizer.fbeta.tau_update=sparse_adam_ahead``, docs/method.md
+batch's rows of ``tau`` only (``regularizer.fbeta.tau_update=sparse_adam_ahead``, docs/method/cost.md
 sec. 11), ``+ shared GEMM`` computes class outputs and shape node in one product
 (``model.shared_gemm=true``), ``+ compile`` adds ``train.compile=true`` (the model and the
 regularizer's per-step math). Reported, as medians over the timed epochs (the first epoch of every

@@ -55,7 +55,7 @@ def table(records: list[dict], optima: dict[str, float], arms: list = ARMS) -> s
                 for r in rs
                 if r["lp_objective"] is not None
             ]
-            # the certificate of docs/method.md sec. 2 at the best feasible eps (> 0 whenever one
+            # the certificate of docs/method/lp.md sec. 2 at the best feasible eps (> 0 whenever one
             # exists): F1 >= 2 / (1 + v), v the (3') objective there (beta = 1)
             bounds = [2 / (1 + r["lp_objective"]) for r in rs if r["lp_objective"] is not None]
             rows.append(

@@ -1,4 +1,4 @@
-"""LP references for the rate objectives (docs/method.md sec. 8): (8a) P@R, (8b) R@P and (8c)
+"""LP references for the rate objectives (docs/method/rates.md sec. 8): (8a) P@R, (8b) R@P and (8c)
 ROC-AUC with a linear head on fixed features, solved exactly by scipy HiGHS, and the convergence
 table of docs/rates.md (run: ``python -m benchmarks.rate_lp``).
 
@@ -30,7 +30,7 @@ from .fbeta_lp import gaussian_toy, train_head
 
 @dataclass
 class RateLP:
-    """An exact solution: ``value`` (the LP's objective as written in docs/method.md sec. 8: the
+    """An exact solution: ``value`` (the LP's objective as written in docs/method/rates.md sec. 8: the
     bound ``fp+/n`` for (8a), ``mean tau`` for (8b), ``(1/K) sum_k mean tau_k`` for (8c)), the head
     ``w``, ``b`` (``(K,)`` offsets for (8c): ``u + b_k``), ``tau`` and the multipliers ``lam`` of
     ``tau <= u (+ b_k)`` and ``nu`` of the rate constraint(s)."""

@@ -19,7 +19,7 @@ the regularizer's state in bytes per training sample: parameters, every buffer (
 sparse gradient accumulator too; not the buffers of fixed size, ``PER_BATCH``) and the optimizer's
 state (Adam's two moments of a dense ``tau``).
 
-State per mode (docs/method.md sec. 11), per sample + per positive, and at half positives:
+State per mode (docs/method/cost.md sec. 11), per sample + per positive, and at half positives:
 
 * per sample, every mode: 13 B (labels int8, ``slot`` int32, one float32 score per positive class,
   ``score_epoch`` int32);

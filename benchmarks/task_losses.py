@@ -2,7 +2,7 @@
 alone on random logits, against the default cross-entropy, and the focal loss in one call (the
 trainer's) against smp's ``FocalLoss`` class, which loops over the classes.
 
-    python -m benchmarks.task_losses            # the table in docs/segmentation.md
+    python -m benchmarks.task_losses            # the table in docs/segmentation/losses.md
     python -m benchmarks.task_losses --quick    # seconds: a smoke run
 
 Batch 8, uniform random labels (every class in every image) with the first 10 rows of every image

@@ -1,4 +1,4 @@
-"""Build a segmentation cache from CamVid (SegNet's layout), with shape labels (docs/method.md sec. 6).
+"""Build a segmentation cache from CamVid (SegNet's layout), with shape labels (docs/method/shape-labels.md sec. 6).
 
 Input (``--root DIR``): ``DIR/{train,val,test}/*.png`` (RGB frames) and
 ``DIR/{train,val,test}annot/*.png`` (one-channel labels of the same size and file name): values 0 Sky,

@@ -1,10 +1,10 @@
-"""Build S-MNIST: MNIST with a rescaled copy of its digits, so foreground sizes are bimodal (docs/method.md sec. 6).
+"""Build S-MNIST: MNIST with a rescaled copy of its digits, so foreground sizes are bimodal (docs/method/shape-labels.md sec. 6).
 
 Every source digit appears at its original size centred on a ``canvas x canvas`` image, and a
 ``fraction`` of them a second time, rescaled by ``factor`` (linear) and centred on the same canvas.
 Both copies keep the digit label. Per image:
 
-* ``size`` = ``s'`` = the number of pixels ``> pixel_threshold`` (docs/method.md sec. 6: "count of non-zero
+* ``size`` = ``s'`` = the number of pixels ``> pixel_threshold`` (docs/method/shape-labels.md sec. 6: "count of non-zero
   pixels" is ``pixel_threshold = 0``);
 * ``shape`` = ``s = 1[s' > t]`` with ``t`` = the mean of the *training* ``s'`` (the test split uses
   the training threshold).

@@ -6,11 +6,16 @@
 * The API reference: one page per public name, the names read from each package's ``__all__``
   (parsed, not imported), and its section of the navigation, so a new public name gets its page
   without an edit here.
+* Section references of the method note: a plain-text "method.md sec. 4", "method note sec. 8" or
+  "docs/method.md sec. 3, 3b" (as the docstrings write them) becomes a link to the heading of that
+  section, wherever it is (a page of ``docs/method/``), on every page, the generated API pages
+  included. The section numbers are read from the headings at build time.
 """
 
 from __future__ import annotations
 
 import ast
+import logging
 import posixpath
 import re
 from pathlib import Path
@@ -32,6 +37,22 @@ API = {
 }
 API_NAV_TITLE = "API reference"
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
+
+# The method note: one folder of pages whose headings are numbered sections ("## 3b. Algorithm 3").
+METHOD_DIR = "method"
+SECTION_HEADING = re.compile(r"^(?:Appendix )?(\d+[a-z]?|[A-Z])\. ")
+_NUM = r"\d+[a-z]?\b"
+_NUMS = rf"{_NUM}(?:(?:\s*[,-]\s*|\s+and\s+){_NUM})*"
+# A reference to sections of the note: "method.md sec. 4", "docs/method.md sec. 3, 3b, 8", "method
+# note sec. 1-3b", "method sec. 4 and 13", "docs/method/cost.md sec. 11" (a page of the note named);
+# in HTML the path may be a code span ("<code>docs/method.md</code> sec. 11b").
+SECTION_REF = re.compile(
+    r"(?P<prefix>(?<![\w/.-])(?:<code>)?(?:docs/)?[Mm]ethod(?P<page>/[\w-]+)?(?:\.md)?(?:</code>)?"
+    r"(?: note(?:'s)?)?\s+)"
+    rf"(?P<head>sec(?:tions?\b|\.)\s*)(?P<nums>{_NUMS})"
+)
+_SEPARATOR = re.compile(r"(\s*[,-]\s*|\s+and\s+)")
+log = logging.getLogger("mkdocs.hooks.sections")
 
 
 def public_names(package: str) -> list[str]:
@@ -134,3 +155,108 @@ def on_files(files, config):
     for page, text in api_pages().items():
         files.append(File.generated(config, page, content=text))
     return files
+
+
+def method_sections(docs: Path = DOCS) -> dict[str, tuple[str, str]]:
+    """Section number -> (its page, ``docs/``-relative; the heading's anchor), read from the
+    headings of the method note's pages (the anchor as Python-Markdown's toc makes it)."""
+    from markdown.extensions.toc import slugify
+
+    found: dict[str, tuple[str, str]] = {}
+    for path in sorted((docs / METHOD_DIR).glob("*.md")):
+        page = path.relative_to(docs).as_posix()
+        fence = False
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith(("```", "~~~")):
+                fence = not fence
+            m = re.match(r"^#{1,6} (.+?)\s*$", line)
+            if fence or not m:
+                continue
+            title = re.sub(r"`([^`]*)`", r"\1", m.group(1))
+            number = SECTION_HEADING.match(title)
+            if number:
+                if number.group(1) in found:
+                    raise ValueError(
+                        f"section {number.group(1)} twice: {found[number.group(1)][0]}, {page}"
+                    )
+                found[number.group(1)] = (page, slugify(title, "-"))
+    return found
+
+
+def section_references(text: str) -> list[tuple[str | None, str]]:
+    """``(page named or None, section number)`` of every reference to the method note in ``text``."""
+    refs = []
+    for m in SECTION_REF.finditer(text):
+        page = f"{METHOD_DIR}{m.group('page')}.md" if m.group("page") else None
+        refs += [(page, n) for n in _SEPARATOR.split(m.group("nums"))[::2]]
+    return refs
+
+
+def _toc_sections(pages) -> dict[str, tuple[object, str]]:
+    """Section number -> (its page, its anchor), from the rendered headings of the note's pages."""
+    found = {}
+
+    def walk(page, items):
+        for item in items:
+            m = SECTION_HEADING.match(item.title)
+            if m:
+                found[m.group(1)] = (page, item.id)
+            walk(page, item.children)
+
+    for page in pages:
+        if page.file.src_uri.startswith(f"{METHOD_DIR}/"):
+            walk(page, page.toc)
+    return found
+
+
+def link_sections(html: str, page, sections: dict) -> str:
+    """Each plain-text reference of ``html`` to a section of the method note made a link to its
+    heading. Text already inside a link, a heading, a tag or a script stays as it is."""
+    from mkdocs.utils import get_relative_url
+
+    skip = [
+        m.span() for m in re.finditer(r"<(a|h[1-6]|script|style)\b.*?</\1>|<[^>]*>", html, re.S)
+    ]
+
+    def inside(start: int, end: int) -> bool:
+        return any(
+            a < end and start < b and not html[a:b].startswith(("<code>", "</code>"))
+            for a, b in skip
+        )
+
+    def href(number: str) -> str:
+        target, anchor = sections[number]
+        if target is page:
+            return f"#{anchor}"
+        return f"{get_relative_url(target.url, page.url)}#{anchor}"
+
+    def link(m: re.Match) -> str:
+        if inside(*m.span()):
+            return m.group(0)
+        named = f"{METHOD_DIR}{m.group('page')}.md" if m.group("page") else None
+        parts = _SEPARATOR.split(m.group("nums"))
+        out = []
+        for i, part in enumerate(parts):
+            text = m.group("prefix") + m.group("head") + part if i == 0 else part
+            if i % 2:
+                out.append(part)
+            elif part not in sections or (named and sections[part][0].file.src_uri != named):
+                log.warning(
+                    f"{page.file.src_uri}: no section {part} in the method note: {m.group(0)!r}"
+                )
+                out.append(text)
+            else:
+                out.append(f'<a href="{href(part)}">{text}</a>')
+        return "".join(out)
+
+    return SECTION_REF.sub(link, html)
+
+
+def on_env(env, config, files):
+    """Every page rendered: link the method note's section references in each page's HTML."""
+    pages = [f.page for f in files.documentation_pages() if f.page is not None]
+    sections = _toc_sections(pages)
+    for page in pages:
+        if page.content:
+            page.content = link_sections(page.content, page, sections)
+    return env

@@ -67,7 +67,7 @@ CELLS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
 }
 
 # the inline projection of all of tau reads values (the exact one's root search, the soft one's
-# checks): graph breaks (docs/method.md sec. 11b)
+# checks): graph breaks (docs/method/cost.md sec. 11b)
 NOT_TRACED_WHOLE = ("fbeta-inline-exact", "fbeta-inline-soft")
 # the cells a sharded state supports (tests/reparam/test_sharded.py)
 SHARDED = (  # the cases of tests/reparam/test_sharded.py (groups: blocks of whole groups)

@@ -2,7 +2,7 @@
 
 ``loss = task + reg(scores, idx)`` per step, ``optimizer.step()`` on the model's and the objective's
 parameters, ``reg.after_step_()`` after every step and ``reg.end_epoch_()`` after every epoch (the
-loop of docs/method.md sec. 3b and of the README).
+loop of docs/method/dual-ascent.md sec. 3b and of the README).
 """
 
 from __future__ import annotations

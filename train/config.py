@@ -208,7 +208,7 @@ class _RegularizerBase:
     alpha: float = 1e-3
     # what the objective scores: the shape node (the paper's extra output, one score per image)
     # or, segmentation with F-beta, the pixels of each image (the grouped F-beta, one problem per
-    # image: the mean per-image Dice; docs/segmentation.md), scored by the logits' margins
+    # image: the mean per-image Dice; docs/segmentation/pixels.md), scored by the logits' margins
     target: Literal["shape_node", "pixels"] = "shape_node"
     # several processes: each holds the per-sample state of its own block of the training set
     # (reparam.Shard; F-beta and precision_at_recall, target shape_node). "owner": each draws its
@@ -283,7 +283,7 @@ class TrainConfig:
     # (weight N / (G N_g) per group) or online group DRO (Sagawa et al. 2020) with step dro_step
     group_weighting: Literal["none", "balanced", "dro"] = "none"
     dro_step: float = 0.01
-    # the task loss (train/losses.py; docs/segmentation.md, "Task losses and class weights"):
+    # the task loss (train/losses.py; docs/segmentation/losses.md):
     # cross-entropy, or a segmentation_models_pytorch loss (segmentation only) ...
     loss: Literal[TASK_LOSSES] = "cross_entropy"
     # ... plus this times the cross-entropy (0: the smp loss alone; loss != cross_entropy only)
@@ -330,7 +330,7 @@ NON_NEGATIVE = {
 }
 
 
-# Options removed from the library (docs/method.md says why) -> the one value they may still have in
+# Options removed from the library (the method note, docs/method/, says why) -> the one value they may still have in
 # a saved config: with it they meant what the library does now, so they are dropped on loading
 # (an older run resumes); any other value is an error naming the key.
 REMOVED: dict[str, Any] = {
@@ -359,7 +359,7 @@ def _drop_removed(raw: dict[str, Any]) -> None:
             if node[last] != value:
                 raise ValueError(
                     f"{key}={node[last]!r}: this option was removed from the library (only "
-                    f"{value!r}, what it does now, is accepted; docs/method.md says why)"
+                    f"{value!r}, what it does now, is accepted; the method note, docs/method/, says why)"
                 )
             del node[last]
 

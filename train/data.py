@@ -114,7 +114,7 @@ class SegmentationCacheDataset(Dataset):
         # each output pixel's position in its image (y * W + x), moved by the augmentation with
         # the image: flips and crops move pixels, scale jitter resamples them (NEAREST: an output
         # pixel is its nearest source pixel, a source pixel may appear 0-4 times); padding is 255
-        # in the label, so the loop drops those pixels (docs/segmentation.md)
+        # in the label, so the loop drops those pixels (docs/segmentation/pixels.md)
         where = torch.arange(h * w, dtype=torch.int32).view(1, h, w).expand(len(i), h, w)
         if self.augment is not None:
             # the random draws are a function of (seed, the batch's indices): the same with any

@@ -1,6 +1,6 @@
 """Several processes (``torchrun --nproc_per_node=K -m train ...``): ``torch.distributed`` glue.
 
-How the regularizer stays identical on every rank (docs/method.md sec. 3b; ``reparam`` itself knows nothing
+How the regularizer stays identical on every rank (docs/method/dual-ascent.md sec. 3b; ``reparam`` itself knows nothing
 about processes):
 
 * ``(eps, tau)`` are ordinary parameters with dense gradients; after ``backward`` they are averaged

@@ -1,5 +1,5 @@
 r"""Evening out the task loss over the shape groups: the two things a practitioner would use instead
-of a shape-node regularizer (``train.group_weighting``; docs/segmentation.md).
+of a shape-node regularizer (``train.group_weighting``; docs/segmentation/camvid.md).
 
 The groups are the training samples' shape labels ``s_i`` (small / big, or ``p`` bins). For a batch,
 ``sum_g`` and ``count_g`` are the task loss summed over the batch's samples of group ``g`` and their

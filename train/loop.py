@@ -1,6 +1,6 @@
 """The training loop, read top to bottom: ``run(cfg)`` = setup, then epochs of steps.
 
-The loop trains with what ``train.setup.setup`` builds. Per step (docs/method.md sec. 3b):
+The loop trains with what ``train.setup.setup`` builds. Per step (docs/method/dual-ascent.md sec. 3b):
 ``loss = CE(logits, y) + alpha * L_B(u, idx)``; one optimizer steps the network and the
 regularizer's parameters; ``reg.after_step_()`` steps a sparse ``tau`` and keeps the tracked
 active set. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the

@@ -1,7 +1,7 @@
 r"""The segmentation task loss: cross-entropy, or a loss of ``segmentation_models_pytorch.losses``
 (smp) plus a weighted cross-entropy, with optional class weights from the training labels' pixel
 counts (``train.loss``, ``train.loss_ce_weight``, ``train.loss_per_image``, ``train.class_weights``;
-docs/segmentation.md, "Task losses and class weights").
+docs/segmentation/losses.md).
 
 For logits ``z`` ``(B, C, H, W)`` and pixel labels ``y`` (255 = unlabelled, never counted)::
 

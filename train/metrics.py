@@ -106,7 +106,7 @@ class GroupedSegmentationConfusion:
 
     One ``bincount`` per batch over ``group * C^2 + target * C + pred`` of the labelled pixels.
     ``summary()``: the scores of the summed matrix, plus ``miou_small`` / ``miou_big`` (the first /
-    last group), their gap and ``miou_per_group`` (docs/method.md sec. 7: the task metric per shape group).
+    last group), their gap and ``miou_per_group`` (docs/method/index.md sec. 7: the task metric per shape group).
     """
 
     def __init__(self, num_classes: int, num_groups: int = 2, ignore_index: int = 255) -> None:

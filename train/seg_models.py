@@ -2,7 +2,7 @@
 
 ``forward(x) -> (logits (B, num_classes, H, W), u)``: ``u`` is the regularizer's score, the paper's
 "extra node" (``reparam.ShapeHead``): one linear layer on image-level features, here the globally
-average-pooled deepest encoder features, read in the same forward pass as the logits (docs/method.md sec. 6:
+average-pooled deepest encoder features, read in the same forward pass as the logits (docs/method/shape-labels.md sec. 6:
 on COCO-Stuff the shape label of an image says whether its objects are small or big, so the node
 sees the whole image). ``u`` is ``(B,)`` for one shape score, ``(B, shape_scores)`` for several
 (multi-class shape, one column per bin).

@@ -257,7 +257,7 @@ def compile_(model: nn.Module, reg: nn.Module | None) -> None:
     ``state_dict`` keys stay the eager ones, no ``_orig_mod.``; called before DDP wraps it, the order
     the torch.compile docs recommend), and a reparameterized objective with its ``compile()``: its
     whole per-step path, forward (with its backward) and ``after_step_``, one graph each
-    (docs/method.md sec. 11b). The minibatch baselines stay eager (``nn.Module.compile`` would trace
+    (docs/method/cost.md sec. 11b). The minibatch baselines stay eager (``nn.Module.compile`` would trace
     their solvers). The optimizer stays eager: torch's optimizers break the graph around their step,
     and the lr schedule changes the lr every step."""
     model.compile()

@@ -179,7 +179,7 @@ def _table(runs: Path, setting: str, seeds: list[int]) -> str:
 
 
 def _bound(finals: list[dict]) -> str:
-    """The certified training F1 bound of the last epoch end (docs/method.md sec. 2): ``n/a`` for
+    """The certified training F1 bound of the last epoch end (docs/method/lp.md sec. 2): ``n/a`` for
     a shape term without one, else mean ± sd over the seeds that have one, with how many do."""
     if any("reg_certified_fbeta" not in x for x in finals):
         return "n/a"

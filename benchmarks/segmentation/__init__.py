@@ -1,4 +1,4 @@
-"""The segmentation benchmark (docs/segmentation.md): on COCO-Stuff, what the cache buys the loader,
+"""The segmentation benchmark (docs/segmentation/index.md): on COCO-Stuff, what the cache buys the loader,
 and what the regularizer costs a training step.
 
 1. Loader throughput (images/s through a ``DataLoader`` with ``--workers`` processes, the trainer's
@@ -12,7 +12,7 @@ and what the regularizer costs a training step.
    medians over ``--steps`` steps after warm-up; the regularizer has one state per training image
    of COCO-Stuff train2017 (118287, half of them positive) and runs in mode ``epoch``, with ``tau``
    stepped densely by the optimizer and, as a third interleaved trainer, sparsely
-   (``tau_update="sparse_adam_ahead"``, docs/method.md sec. 11); its epoch end (projection + dual
+   (``tau_update="sparse_adam_ahead"``, docs/method/cost.md sec. 11); its epoch end (projection + dual
    step) is timed too and set against an epoch of 118287 images.
 3. Seconds per training step of the paper configs' models on this CPU (README numbers).
 

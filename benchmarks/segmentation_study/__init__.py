@@ -1,1 +1,1 @@
-"""The CamVid segmentation study (docs/segmentation.md): ``python -m benchmarks.segmentation_study --help``."""
+"""The CamVid segmentation study (docs/segmentation/camvid.md): ``python -m benchmarks.segmentation_study --help``."""

@@ -45,7 +45,7 @@ METHODS = {
     ),
     "U-Net": ("model.name=unet",),
     # what moved something in the 60x80 screening (median-frequency CE: the small classes; Lovasz
-    # per image + CE: mIoU; docs/segmentation.md), each with the full-resolution decoder
+    # per image + CE: mIoU; docs/segmentation/small-objects.md), each with the full-resolution decoder
     "U-Net + median-frequency CE": ("model.name=unet", "train.class_weights=median_frequency"),
     "U-Net + Lovasz per image + CE": (
         "model.name=unet",

@@ -1,4 +1,4 @@
-"""Build COCO-Stuff segmentation caches with shape labels: the sky task and all classes (docs/method.md sec. 6).
+"""Build COCO-Stuff segmentation caches with shape labels: the sky task and all classes (docs/method/shape-labels.md sec. 6).
 
 Setups (``--setup``):
 
@@ -15,7 +15,7 @@ Setups (``--setup``):
 
 Images and label maps are resized to ``--size H W`` (default 106 x 160, aspect not preserved, as
 the paper): images with PIL's box filter (``area``) or ``bilinear`` after conversion to RGB
-(grayscale and CMYK JPEGs included), labels with nearest neighbour. Shape labels (docs/method.md sec. 6) are
+(grayscale and CMYK JPEGs included), labels with nearest neighbour. Shape labels (docs/method/shape-labels.md sec. 6) are
 computed on the resized maps:
 
 * sky: ``size`` = ``s'`` = number of sky pixels; ``s = 1[s' > t]`` with ``t`` = the mean training

@@ -1,4 +1,4 @@
-"""Build COCO-Stuff segmentation caches with shape labels: the sky task and all classes (docs/method.md sec. 6).
+"""Build COCO-Stuff segmentation caches with shape labels: the sky task and all classes (docs/method/shape-labels.md sec. 6).
 
 The command line: ``python -m data_prep.cocostuff --root DIR --setup stuff --out DIR ...``.
 

@@ -28,7 +28,7 @@ def majority_shape(counts: np.ndarray, n_pixels: int, thresholds: Iterable[float
 
 
 def size_edges(train_size: np.ndarray, bins: int) -> list[float]:
-    """Sky edges: the training mean for 2 bins (docs/method.md sec. 6), else the quantiles at ``k / bins``."""
+    """Sky edges: the training mean for 2 bins (docs/method/shape-labels.md sec. 6), else the quantiles at ``k / bins``."""
     train_size = np.asarray(train_size, np.float64)
     if bins == 2:
         return [float(train_size.mean())]

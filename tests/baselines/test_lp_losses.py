@@ -47,7 +47,7 @@ def test_auc_lp_loss_is_the_lp_optimum_and_the_pairwise_hinge(B, seed, solver, b
 @pytest.mark.parametrize("B, seed", [(16, 0), (32, 1), (64, 2), (128, 3)])
 def test_fbeta_lp_loss_matches_highs_and_the_method_note(B, seed, beta, backward):
     u, y = scores_batch(B, seed)
-    assert float(u[y].mean()) >= 1  # feasible (docs/method.md sec. 2)
+    assert float(u[y].mean()) >= 1  # feasible (docs/method/lp.md sec. 2)
     loss = fbeta_lp_loss(u, y, beta=beta, backward=backward)
     ref, _, v_ref = highs(*fbeta_lp_problem(u, y, beta=beta))
     assert float(loss) == pytest.approx(ref, rel=1e-6)

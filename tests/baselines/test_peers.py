@@ -44,7 +44,7 @@ def test_baselines_imports_without_the_peers_and_says_how_to_install_them():
 
 @needs_cooper
 def test_cooper_lagrangian_is_the_minibatch_lagrangian_of_the_method_note():
-    """Same u-gradient as reparam's L_B (docs/method.md sec. 3) for the same lambda, eps."""
+    """Same u-gradient as reparam's L_B (docs/method/lp.md sec. 3) for the same lambda, eps."""
     labels = torch.tensor([1, 0, 1, 1, 0, 0, 1, 0, 0, 1])
     cmp = cooper_fbeta_problem(labels, beta=0.5)
     g = torch.Generator().manual_seed(0)

@@ -60,7 +60,7 @@ def test_agrees_with_generic_qp_solver(method, dtype):
 
 
 def _algorithm4_clip_first(delta: float, gamma: np.ndarray) -> float:
-    """The paper's Algorithm 4 order: clip eps >= 0 *before* averaging (docs/method.md sec. 4 says wrong)."""
+    """The paper's Algorithm 4 order: clip eps >= 0 *before* averaging (docs/method/projection.md sec. 4 says wrong)."""
     delta = max(delta, 0.0)
     g = np.sort(gamma)[::-1]
     k, s = 0, 0.0
@@ -211,7 +211,7 @@ def test_gradcheck_exact(method):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_jacobian_matches_spec_formula(method):
-    """docs/method.md sec. 4: d e*/d delta = d e*/d gamma_i = 1/(|A|+1) on the clipped set A, identity elsewhere."""
+    """docs/method/projection.md sec. 4: d e*/d delta = d e*/d gamma_i = 1/(|A|+1) on the clipped set A, identity elsewhere."""
     gen = torch.Generator().manual_seed(7)
     delta = torch.tensor(0.3, dtype=torch.float64)
     gamma = torch.randn(12, generator=gen, dtype=torch.float64) * 2

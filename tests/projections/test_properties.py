@@ -1,4 +1,4 @@
-"""Invariants of Pi_C (docs/method.md sec. 4), checked by hypothesis on generated inputs."""
+"""Invariants of Pi_C (docs/method/projection.md sec. 4), checked by hypothesis on generated inputs."""
 
 from __future__ import annotations
 

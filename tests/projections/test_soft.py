@@ -1,4 +1,4 @@
-"""Soft projection (docs/method.md sec. 5): convergence to the exact projection, feasibility, autograd."""
+"""Soft projection (docs/method/projection.md sec. 5): convergence to the exact projection, feasibility, autograd."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The grouped F-beta (``FBetaRegularizer(..., groups=g)``, docs/method.md sec. 12): the mean over
+"""The grouped F-beta (``FBetaRegularizer(..., groups=g)``, docs/method/grouped.md sec. 12): the mean over
 groups of each group's F-beta, against per-group regularizers and the exact LP per group."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The objectives' state per training sample is stated and minimal (docs/method.md sec. 11): the
+"""The objectives' state per training sample is stated and minimal (docs/method/cost.md sec. 11): the
 smallest exact integer dtypes, ``seen_ever`` derived from ``score_epoch`` instead of stored, and a
 bound on the bytes per sample that a regression would exceed."""
 
@@ -13,7 +13,7 @@ from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall
 from reparam.layout import index_dtype as _index_dtype
 from reparam.layout import smallest_int as _smallest_int
 
-# bytes per sample + bytes per positive (docs/method.md sec. 11); scalars add a few bytes in all
+# bytes per sample + bytes per positive (docs/method/cost.md sec. 11); scalars add a few bytes in all
 PER_SAMPLE = 1 + 4 + 4 + 4  # shape_labels int8, slot int32, scores float32, score_epoch int32
 PER_POSITIVE = {  # pos_index int32, tau_group int8, tau_param, lam (+ the sparse Adam state)
     "dense": 4 + 1 + 4 + 4,

@@ -1,4 +1,4 @@
-"""``regularizer.target: pixels``: the grouped F-beta on each image's pixels (docs/segmentation.md):
+"""``regularizer.target: pixels``: the grouped F-beta on each image's pixels (docs/segmentation/pixels.md):
 pixel identities through the augmentation, the margins the objective scores, one run end to end."""
 
 from __future__ import annotations

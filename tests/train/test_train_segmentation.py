@@ -159,7 +159,7 @@ def test_segmentation_config_errors(tmp_path):
 
 
 def test_three_shape_bins_train_one_vs_rest(coco_root, tmp_path):
-    """p = 3 shape classes (docs/method.md sec. 6): ``--thresholds 0.02 0.2``, one F-beta term per non-zero
+    """p = 3 shape classes (docs/method/shape-labels.md sec. 6): ``--thresholds 0.02 0.2``, one F-beta term per non-zero
     bin (``regularizer.fbeta.positive_classes=[1,2]``) on its own column of the shape head, mIoU
     reported per bin."""
     from data_prep import cocostuff
