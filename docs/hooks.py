@@ -252,6 +252,25 @@ def link_sections(html: str, page, sections: dict) -> str:
     return SECTION_REF.sub(link, html)
 
 
+# a base class of the library without a page of its own (not in a package's __all__, e.g.
+# reparam.rate_base.PointRateObjective) is shown unlinked: left out of the "Bases:" line
+_PRIVATE_BASE = re.compile(
+    r'<code><span title="(?:projections|reparam)\.[^"]*">[^<]*</span></code>(?:,\s*)?'
+)
+_BASES = re.compile(r'<p class="doc doc-class-bases">\s*Bases:\s*(.*?)\s*</p>', re.S)
+
+
+def hide_private_bases(html: str) -> str:
+    """The "Bases:" lines of the API pages without the library's internal base classes (and a
+    line with nothing left, without itself); public and external bases stay."""
+
+    def fix(m: re.Match) -> str:
+        kept = _PRIVATE_BASE.sub("", m.group(1)).strip().rstrip(",").strip()
+        return f'<p class="doc doc-class-bases">Bases: {kept}</p>' if kept else ""
+
+    return _BASES.sub(fix, html)
+
+
 def on_env(env, config, files):
     """Every page rendered: link the method note's section references in each page's HTML."""
     pages = [f.page for f in files.documentation_pages() if f.page is not None]
@@ -260,3 +279,10 @@ def on_env(env, config, files):
         if page.content:
             page.content = link_sections(page.content, page, sections)
     return env
+
+
+def on_post_page(output, page, config):
+    """The API pages' final HTML (cross-references resolved): internal bases left out."""
+    if page.file.src_uri.startswith("api/"):
+        return hide_private_bases(output)
+    return output

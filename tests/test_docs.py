@@ -364,3 +364,20 @@ def test_the_site_links_the_plain_section_references():
     assert hooks.link_sections("<p>method.md sec. 2</p>", lp, sections) == (
         '<p><a href="#2-the-lp">method.md sec. 2</a></p>'
     )
+
+
+def test_the_api_pages_hide_internal_base_classes():
+    """A class whose base is internal (no API page) shows no "Bases:" line for it; public bases
+    (linked) and external ones (torch's ``Module``) stay."""
+    hide = _hooks().hide_private_bases
+    internal = (
+        '<code><span title="reparam.rate_base.PointRateObjective">PointRateObjective</span></code>'
+    )
+    public = '<code><a href="../ReparamRegularizer/">ReparamRegularizer</a></code>'
+    external = '<code><span title="torch.nn.Module">Module</span></code>'
+    line = '<p class="doc doc-class-bases">\n  Bases: {}</p>'
+    assert hide(line.format(internal)) == ""
+    assert hide(line.format(f"{internal}, {public}")) == (
+        f'<p class="doc doc-class-bases">Bases: {public}</p>'
+    )
+    assert hide(line.format(external)) == f'<p class="doc doc-class-bases">Bases: {external}</p>'
