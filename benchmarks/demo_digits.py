@@ -1,6 +1,6 @@
 """The first command's comparison (``python -m train.demo``) for every digit and two targets.
 
-    python -m benchmarks.demo_digits --out docs/figures      # ~5 min on 2 cores
+    python -m benchmarks.demo_digits --out docs/figures      # ~70 s, one thread
 
 Each digit of scikit-learn's 8x8 digits against the rest, recall targets 0.95 and 0.99, seeds 0-4:
 a linear head trained with cross-entropy and with ``PrecisionAtRecall`` alone, each scored on test
