@@ -118,7 +118,8 @@ def test_training_killed_mid_checkpoint_resumes_from_the_previous_one_exactly(
     # its step checkpoint): the 5th torch.save, step 15 (mid-epoch 2), hangs; SIGKILL
     out, marker = tmp_path / "b", tmp_path / "stuck"
     assert 10 < per_epoch < 15
-    args = smnist_args(digits_smnist, out, "train.checkpoint_every=5")
+    # two step checkpoints kept: the one before the interrupted write survives beside the newest
+    args = smnist_args(digits_smnist, out, "train.checkpoint_every=5", "train.keep_checkpoints=2")
     code = "from train.__main__ import main\nmain(sys.argv[4:])\n"
     _kill_when_stuck(code, [str(marker), "5", "4096", *args], marker)
     assert [p.name for p in checkpoint.listing(out)] == [
