@@ -1,4 +1,4 @@
-"""Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (docs/method.md sec. 4 and 5).
+"""Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (method note sec. 4 and 5).
 
 >>> import torch
 >>> from projections import project_onto_c

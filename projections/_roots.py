@@ -1,4 +1,4 @@
-r"""Root finders for the threshold of Pi_C (docs/method.md sec. 4). Pure tensor functions, no autograd.
+r"""Root finders for the threshold of Pi_C (method note sec. 4). Pure tensor functions, no autograd.
 
 Pi_C maps (delta, gamma) to (e*, min(gamma, e*)) with e* = max(0, r) and r the unique root of
 
@@ -45,7 +45,7 @@ def root_sort(delta: Tensor, gamma: Tensor) -> Tensor:
 
     ``r = max_{k=0..n} A_k`` with the top-i averages ``A_k`` (``A_0 = delta``): ``A_k - A_{k-1} =
     D_k / (k (k+1))`` with ``D_k = k g_(k) - delta - S_{k-1}`` non-increasing in ``k``, so ``A``
-    rises up to ``k*`` (the largest ``k`` with ``g_(k) > A_{k-1}``, docs/method.md sec. 4) and then falls.
+    rises up to ``k*`` (the largest ``k`` with ``g_(k) > A_{k-1}``, method note sec. 4) and then falls.
     """
     if gamma.shape[-1] == 0:
         return delta.clone()

@@ -1,4 +1,4 @@
-r"""Collectives for state whose rows are spread over processes (docs/method.md sec. 13), and the
+r"""Collectives for state whose rows are spread over processes (method note sec. 13), and the
 projection's root over such rows.
 
 A communicator reduces over the processes that hold the rows: ``sum``, ``min``, ``max`` (new
@@ -165,7 +165,7 @@ _CHUNK = 1 << 20
 
 @torch.no_grad()
 def root_over(eps: Tensor, tau: Tensor, comm: LocalComm) -> Tensor:
-    r"""The projection's root ``r`` (docs/method.md sec. 4 and 13: ``e* = max(0, r)``, the active set
+    r"""The projection's root ``r`` (method note sec. 4 and 13: ``e* = max(0, r)``, the active set
     ``A = {tau_i > r}``) of one problem whose rows ``tau`` are spread over the processes:
 
     $$

@@ -1,4 +1,4 @@
-r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (docs/method.md sec. 4).
+r"""Exact Euclidean projection onto C = {(eps, tau) : tau_i <= eps, eps >= 0} (method note sec. 4).
 
 $$
 \Pi_C(\delta, \gamma) = \arg\min_{(e, t) \in C} (e - \delta)^2 + \lVert t - \gamma \rVert^2
@@ -8,7 +8,7 @@ $$
 The root ``r`` is found without autograd (by sort or in expected linear time, see
 ``projections._roots``, and for one long row near the cost of a pass, ``projections._tree``);
 ``_apply_threshold`` then rebuilds ``e*`` from ``r``'s active set
-``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of docs/method.md sec. 4 a.e.:
+``A = {i : gamma_i > r}`` so that autograd yields the Jacobian of method note sec. 4 a.e.:
 ``d e*/d delta = d e*/d gamma_i = 1 / (|A| + 1)`` for ``i in A`` when ``r > 0`` (0 otherwise);
 clipped coordinates follow ``e*``, the others pass through with identity.
 """
@@ -48,7 +48,7 @@ def project_onto_c(
     groups: Tensor | None = None,
     comm: LocalComm | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""Euclidean projection of ``(eps, tau)`` onto C (docs/method.md sec. 4), differentiable a.e.
+    r"""Euclidean projection of ``(eps, tau)`` onto C (method note sec. 4), differentiable a.e.
 
     Args:
         eps: ``(...,)`` -- the point's ``delta``; with ``groups``, ``(G,)``: one ``eps_g`` per group.
@@ -63,7 +63,7 @@ def project_onto_c(
         groups: optional int64 ``(n,)`` with values in ``[0, G)``: coordinate ``i`` is constrained
             by ``tau_i <= eps[groups[i]]`` (one projection per group, solved jointly).
         comm: the processes over which the coordinates of one problem are spread
-            (``projections.collective``; docs/method.md sec. 13): ``tau`` is this process's part,
+            (``projections.collective``; method note sec. 13): ``tau`` is this process's part,
             ``eps`` (0-dim) the same on every process, and the root is found over all of them
             (``projections.collective.root_over``; no autograd). ``None`` or one process
             (``LOCAL``): every coordinate is here.
@@ -114,7 +114,7 @@ def project_onto_c_(
     """In-place ``project_onto_c`` (e.g. on ``nn.Parameter``s, once per epoch); returns them.
 
     Runs under ``torch.no_grad()``, so it is not part of any graph -- the per-epoch step of
-    Algorithm 3 (docs/method.md sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
+    Algorithm 3 (method note sec. 3b). Equivalent to ``eps.copy_(e); tau.copy_(t)`` with ``(e, t) =
     project_onto_c(eps, tau)``.
 
     Args:
@@ -149,10 +149,11 @@ def projection_root(
     comm: LocalComm | None = None,
     _checked: bool = False,
 ) -> Tensor:
-    """The root ``r`` of ``h`` (docs/method.md sec. 4) per row or group, without autograd;
-    ``e* = max(0, r)``. ``comm`` as for ``project_onto_c``: over several processes, by
-    ``projections.collective.root_over``, one problem (``eps`` 0-dim) or each group's in
-    turn (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes).
+    """The root ``r`` of ``h`` (method note sec. 4) per row or group, without autograd.
+
+    The projection's ``e* = max(0, r)``. ``comm`` as for ``project_onto_c``: over several processes,
+    by ``projections.collective.root_over``, one problem (``eps`` 0-dim) or each group's in turn
+    (``eps`` ``(G,)``: ``G`` searches, for a few groups such as classes).
 
     Args:
         eps: ``(...,)``, the point's ``delta`` (grouped: ``(G,)``).
@@ -301,7 +302,7 @@ def _apply_threshold(
 
     Without grad this is two elementwise ops. With grad, ``r`` is recomputed as
     ``(delta + sum_{i in A} gamma_i) / (|A| + 1)`` over ``A = {gamma_i > r}`` -- equal in value,
-    and its autograd is the Jacobian of docs/method.md sec. 4.
+    and its autograd is the Jacobian of method note sec. 4.
     """
     expand = (lambda x: x[groups]) if groups is not None else (lambda x: x.unsqueeze(-1))
     if not _needs_grad(eps, tau):

@@ -1,4 +1,4 @@
-r"""Differentiable ("soft") projection onto C: the relu form of docs/method.md sec. 5.
+r"""Differentiable ("soft") projection onto C: the relu form of method note sec. 5.
 
 ``Pi_C(delta, gamma) = (e*, min(gamma, e*))``: once the threshold is known the projection is one
 relu, ``min(gamma, e) = gamma - relu(gamma - e)``. Here the threshold is smooth in the inputs:
@@ -8,7 +8,7 @@ e_s = s \,\mathrm{softplus}(o_s / s), \qquad \tau_s = \gamma - \mathrm{relu}(\ga
 $$
 
 so ``(e_s, tau_s)`` is always feasible (``tau_s <= e_s``, ``e_s > 0``), and ``o_s -> r`` (the root
-of docs/method.md sec. 4) as the strength ``s -> 0``. Two ways to get ``o_s``:
+of method note sec. 4) as the strength ``s -> 0``. Two ways to get ``o_s``:
 
 * ``method="smooth"`` (no sort, O(n) per Newton step): ``o_s`` is the root of the smoothed
 
@@ -58,7 +58,7 @@ def soft_project_onto_c(
     groups: Tensor | None = None,
     sort_backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
-    r"""Smooth surrogate of ``projections.project_onto_c`` (docs/method.md sec. 5); exact as ``strength -> 0``.
+    r"""Smooth surrogate of ``projections.project_onto_c`` (method note sec. 5); exact as ``strength -> 0``.
 
     Args:
         eps: as in ``projections.project_onto_c``: ``(...,)``, or grouped ``(G,)``.

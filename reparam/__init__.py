@@ -1,4 +1,4 @@
-"""Nondecomposable objectives by Lagrangian reparameterization (docs/method.md sec. 1-3b, 8).
+"""Nondecomposable objectives by Lagrangian reparameterization (method note sec. 1-3b, 8).
 
 ``FBetaRegularizer`` (F-beta), ``PrecisionAtRecall``, ``RecallAtPrecision`` and ``ROCAUC`` share
 one protocol: ``loss = task_loss + alpha * reg(scores, idx)``, ``reg.after_step_()`` after every

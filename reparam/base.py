@@ -1,4 +1,4 @@
-r"""``ReparamRegularizer``: what every reparameterized objective shares (docs/method.md sec. 3, 3b, 8).
+r"""``ReparamRegularizer``: what every reparameterized objective shares (method note sec. 3, 3b, 8).
 
 An objective (F-beta, P@R, R@P, ROC-AUC) is a Lagrangian in per-positive variables ``tau``, their
 multipliers ``lambda`` (buffer, dual ascent ``lambda <- max(0, lambda + dual_lr_lambda (tau - u))``)
@@ -102,18 +102,19 @@ class ReparamRegularizer(ShapeObjective):
         return getattr(self.schedule, "strength", 0.0)
 
     def compile(self, **kwargs: object) -> None:
-        """``torch.compile`` the whole per-step path, each part one graph
-        (``fullgraph=True``, no graph break; docs/method.md sec. 11b): the forward (``L_B``, the score memory, the counters
-        and the input masks; AOTAutograd compiles its backward with it) and ``after_step_``
-        (the sparse ``tau`` step, the tracked active set). The
-        epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile`` (for
-        example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop the
-        last partial batch). Replaces ``nn.Module.compile``; the state, checkpoints and
+        """``torch.compile`` the whole per-step path, each part one graph.
+
+        Each part compiles with ``fullgraph=True``, no graph break (method note sec. 11b): the
+        forward (``L_B``, the score memory, the counters and the input masks; AOTAutograd compiles
+        its backward with it) and ``after_step_`` (the sparse ``tau`` step, the tracked active
+        set). The epoch end stays eager (O(n), once per epoch). ``kwargs`` go to ``torch.compile``
+        (for example ``mode="reduce-overhead"`` for CUDA graphs; shapes must then be static: drop
+        the last partial batch). Replaces ``nn.Module.compile``; the state, checkpoints and
         ``state_dict`` are unchanged. The first calls compile (seconds to a minute); results match
         eager to rounding (tests/reparam/test_compile.py). Inside a compiled region of your own
-        (``torch.compile`` of your training step) the objective traces whole without this call.
-        Mode ``"inline"`` runs the exact projection every step, whose root search
-        reads values: it compiles with graph breaks (``fullgraph=False``)."""
+        (``torch.compile`` of your training step) the objective traces whole without this call. Mode
+        ``"inline"`` runs the exact projection every step, whose root search reads values: it
+        compiles with graph breaks (``fullgraph=False``)."""
         routed = self.shard is not None and self.shard.sampling == "global"  # (_routed: a break)
         options = {"fullgraph": self.schedule.traces_whole and not routed, **kwargs}
         self._compiled_forward, self._compiled_after_step = compiled_steps(type(self), **options)
@@ -121,8 +122,10 @@ class ReparamRegularizer(ShapeObjective):
     # --- the loss -------------------------------------------------------------------------------
 
     def constrained_parameters(self) -> tuple[Tensor, ...]:
-        """The constrained variables the loss takes (``_constrained_names`` order): the
-        parameters themselves, or in mode ``"inline"`` their (soft) projection, with autograd."""
+        """The constrained variables the loss takes, in ``_constrained_names`` order.
+
+        The parameters themselves, or in mode ``"inline"`` their (soft) projection, with autograd.
+        """
         raw = tuple(getattr(self, name) for name in self._constrained_names)
         return self.schedule.view(raw, self._project)
 
@@ -151,16 +154,19 @@ class ReparamRegularizer(ShapeObjective):
         self.sparse_tau.lr = value
 
     def reserve_(self, entries: int) -> None:
-        """Room for ``entries`` batch entries between two steps: call it before ``torch.compile``
-        traces a step with batches of more than 4096 entries (eagerly the room grows)."""
+        """Make room for ``entries`` batch entries between two steps.
+
+        Call it before ``torch.compile`` traces a step with batches of more than 4096 entries
+        (eagerly the room grows)."""
         if self.sparse_tau is not None:
             self.sparse_tau.reserve_(entries)
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
-        """``ShapeObjective.attach``; with a sparse ``tau`` and ``tau_lr`` not given, the sparse
-        step also takes the lr of the optimizer's group that steps the objective's first
-        parameter (F-beta's ``eps``), at every step (schedules included): the step a dense
-        ``tau`` in that group would take."""
+        """Run ``after_step_`` after every ``optimizer.step()``, as ``ShapeObjective.attach``.
+
+        With a sparse ``tau`` and ``tau_lr`` not given, the sparse step also takes the lr of the
+        optimizer's group that steps the objective's first parameter (F-beta's ``eps``), at every
+        step (schedules included): the step a dense ``tau`` in that group would take."""
         handle = super().attach(optimizer)
         group = self.tau_lr_source(optimizer)
         if group is None:
@@ -174,9 +180,11 @@ class ReparamRegularizer(ShapeObjective):
         return optimizer.register_step_post_hook(hook)
 
     def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes: with a sparse
-        ``tau`` and ``tau_lr`` not given, the group that steps ``eps`` (set ``self.tau_lr`` from
-        its ``"lr"`` before each ``after_step_()``, as ``attach`` does); else ``None``."""
+        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes.
+
+        With a sparse ``tau`` and ``tau_lr`` not given, the group that steps ``eps`` (set
+        ``self.tau_lr`` from its ``"lr"`` before each ``after_step_()``, as ``attach`` does); else
+        ``None``."""
         if self.sparse_tau is None:
             return None
         return self.sparse_tau.lr_source(optimizer, next(self.parameters()))
@@ -184,7 +192,9 @@ class ReparamRegularizer(ShapeObjective):
     def share_sparse_grads_(
         self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
     ) -> None:
-        """Data parallelism with a replicated sparse ``tau``: the pending gradient becomes the mean
+        """Average the pending sparse ``tau`` gradient over data-parallel processes.
+
+        For data parallelism with a replicated sparse ``tau``: the pending gradient becomes the mean
         over the processes (``reparam.sparse.SparseTau.share_``). Call it after the backward pass
         and before ``after_step_()``, on every process."""
         if self.sparse_tau is None:
@@ -207,7 +217,7 @@ class ReparamRegularizer(ShapeObjective):
         self.projections_epoch += 1
 
     def _end_epoch_body_(self) -> None:
-        r"""End of epoch ``e`` (docs/method.md sec. 3b): projection (mode ``"epoch"``), then dual
+        r"""End of epoch ``e`` (method note sec. 3b): projection (mode ``"epoch"``), then dual
         ascent on the remembered scores:
         ``lambda_i <- max(0, lambda_i + eta_l (tau_i - u_i))`` for every positive whose score was
         ever recorded (``eta_l = dual_lr_lambda``), then the objective's own multipliers."""
@@ -227,8 +237,10 @@ class ReparamRegularizer(ShapeObjective):
 
     @torch.no_grad()
     def stats(self) -> dict[str, float | int | list | bool | None]:
-        """``ShapeObjective.stats`` plus ``lambda`` and the violation of the dualized ``tau_i <= u_i``
-        (over the positives with a remembered score)."""
+        """Numbers to log: ``ShapeObjective.stats``, ``lambda`` and the constraint violation.
+
+        The violation is that of the dualized ``tau_i <= u_i``, over the positives with a remembered
+        score."""
         with self._memos.window():
             return self._stats_now()
 

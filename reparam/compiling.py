@@ -1,4 +1,4 @@
-"""The regularizer's step under ``torch.compile`` (``ReparamRegularizer.compile``, docs/method.md
+"""The regularizer's step under ``torch.compile`` (``ReparamRegularizer.compile``, method note
 sec. 11b): the forward and ``after_step_`` compiled once per regularizer, each with a code object
 and a name of its own."""
 
@@ -30,7 +30,7 @@ def _own_code(fn):
     ``(file, line, name)``: with a shared name, a regularizer's first compile would start from the
     sizes other regularizers of the process saw, so what it compiles would depend on what ran
     before it (and a dynamic first compile of ``_after_step`` fails in torch 2.13's guard builder,
-    docs/method.md sec. 11b). The name makes each regularizer's compile depend on its own inputs
+    method note sec. 11b). The name makes each regularizer's compile depend on its own inputs
     only."""
     fn = getattr(fn, "__wrapped__", fn)
     name = f"{fn.__name__}#{next(_COMPILED)}"

@@ -1,4 +1,4 @@
-r"""``FBetaRegularizer``: the F-beta S-measure regularizer (docs/method.md sec. 2-3b) as an ``nn.Module``.
+r"""``FBetaRegularizer``: the F-beta S-measure regularizer (method note sec. 2-3b) as an ``nn.Module``.
 
 ``eps`` (one per problem) is a parameter the user's optimizer steps; ``tau`` (one per positive
 sample) is a parameter too, or rows that ``reg.sparse_tau`` steps; ``lambda``, ``mu``, the scores
@@ -31,9 +31,10 @@ from .tracked import TrackedThreshold
 
 
 class FBetaRegularizer(ReparamRegularizer):
-    """The F-beta S-measure regularizer, scale-free form (3') of docs/method.md sec. 2,
-    one-vs-rest per class. ``FBetaRegularizer(labels)`` is the library's defaults; docs/regularizer.md
-    has every option with its evidence.
+    """The F-beta S-measure regularizer, one-vs-rest per class.
+
+    The scale-free form (3') of method note sec. 2. ``FBetaRegularizer(labels)`` is the
+    library's defaults; docs/regularizer.md has every option with its evidence.
 
     Args:
         shape_labels: ``(N,)`` integer shape label ``s_i`` of every training sample (a tensor or
@@ -41,14 +42,14 @@ class FBetaRegularizer(ReparamRegularizer):
         beta: the ``beta`` of F-beta (> 0).
         positive_classes: the shape classes with an F-beta term of their own (binary: ``(1,)``);
             the loss is the mean of their terms, each against all other samples.
-        projection: the schedule of ``Pi_C`` (``reparam.schedules``, docs/method.md sec. 3b):
+        projection: the schedule of ``Pi_C`` (``reparam.schedules``, method note sec. 3b):
             ``"tracked"`` (the loss sees the exact projection's threshold
             ``e* = (eps + sum_A tau) / (1 + |A|)`` over an active set ``A`` kept in O(B) per step;
             ``A``'s rows are stored as offsets above ``eps``: read ``reg.tau``), ``"epoch"``
             (in place once per epoch, Algorithm 3) or ``"inline"`` (the loss takes
             ``Pi_C(eps, tau)``, differentiated through). ``None``: the preset's.
         inline_strength: with ``projection="inline"``, ``> 0`` uses the smooth
-            ``soft_project_onto_c`` of that strength (docs/method.md sec. 5); ``0``: the exact one.
+            ``soft_project_onto_c`` of that strength (method note sec. 5); ``0``: the exact one.
         dual_lr_lambda: ``lambda``'s constant dual step (``None``: the preset's; 0.1 by default);
             a plain attribute: a decaying schedule is ``reg.dual_lr_lambda = c / epoch``.
         dual_lr_mu: ``mu``'s constant dual step (``None``: the preset's; 0.1 by default).
@@ -57,10 +58,10 @@ class FBetaRegularizer(ReparamRegularizer):
             stationary, so the positives are pulled up from the first step).
         cap_scores: dualize ``tau_i <= min(u_i, eps)`` (``eps`` detached) instead of
             ``tau_i <= u_i``: the same constraint in C, whose term stops pulling a score up at
-            ``eps`` (docs/method.md sec. 10). ``None``: the preset's.
+            ``eps`` (method note sec. 10). ``None``: the preset's.
         preset: the values of the options left at ``None``: the library's (``None``,
             ``FBETA_DEFAULTS``) or the paper's Algorithm 3 (``"paper"``, ``PAPER_PRESET``).
-        tau_update: who steps ``tau`` (docs/method.md sec. 11): ``"dense"`` (a parameter your
+        tau_update: who steps ``tau`` (method note sec. 11): ``"dense"`` (a parameter your
             optimizer steps, O(n) per step) or ``"sparse_adam_ahead"`` (``reg.sparse_tau`` steps
             the batch's rows in ``after_step_`` on dense Adam's trajectory, O(B); not with
             ``"inline"``). ``"auto"``: sparse with the library's defaults, else dense
@@ -69,7 +70,7 @@ class FBetaRegularizer(ReparamRegularizer):
             the optimizer's group that steps ``eps``).
         groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``. Given, the
             objective is the mean over the groups of each group's F-beta (per image of a
-            segmentation set, the mean Dice; docs/method.md sec. 12): one problem per (class,
+            segmentation set, the mean Dice; method note sec. 12): one problem per (class,
             group with a positive of it).
         shard: this process's block of a state spread over processes (``reparam.Shard``).
 
@@ -169,7 +170,7 @@ class FBetaRegularizer(ReparamRegularizer):
     # --- the loss -------------------------------------------------------------------------------
 
     def _loss(self, u: Tensor, idx: Tensor, rows: Tensor) -> Tensor:
-        """``L_B`` (docs/method.md sec. 3), the mean over the problems (positive classes, or
+        """``L_B`` (method note sec. 3), the mean over the problems (positive classes, or
         (class, group) pairs, sec. 12) in one autograd node with no batch split
         (``reparam.lagrangian.batch_lagrangian``; ``rows``: the batch's rows of ``tau``, ``-1``
         for a negative)."""
@@ -232,8 +233,7 @@ class FBetaRegularizer(ReparamRegularizer):
 
     @property
     def tau_update(self) -> str:
-        """Who steps ``tau``: ``"dense"`` (the user's optimizer) or ``"sparse_adam_ahead"``
-        (``reg.sparse_tau``)."""
+        """Who steps ``tau``: ``"dense"`` (your optimizer) or ``"sparse_adam_ahead"``."""
         return "dense" if self.sparse_tau is None else "sparse_adam_ahead"
 
     @property

@@ -1,4 +1,4 @@
-"""F-beta's figures and its diagnosis (docs/method.md sec. 2, 10): what ``FBetaRegularizer.stats()``
+"""F-beta's figures and its diagnosis (method note sec. 2, 10): what ``FBetaRegularizer.stats()``
 reports from the remembered scores (the certified bound, the true F-beta, the F-beta at the learned
 threshold, the violations) and, after each epoch's dual step, why the regularizer may be doing
 nothing (``stats()["inert"]``). Reports over the regularizer's state: they write none of it but the
@@ -14,7 +14,7 @@ from .base import ReparamRegularizer
 
 
 def figures(reg: ReparamRegularizer) -> dict[str, float | int | list | bool | None]:
-    """``eps``, ``mu``; ``certified_fbeta``: the bound of docs/method.md sec. 2 on the F-beta
+    """``eps``, ``mu``; ``certified_fbeta``: the bound of method note sec. 2 on the F-beta
     of ``u > 0`` over the scored samples (``None`` when ``mean u_pos < 1``: no certificate);
     ``train_fbeta``: their true F-beta; violations of C (``tau_i > eps``) and of
     ``|mean tau - 1|`` (dualized). Per-class lists when there are several classes."""

@@ -1,6 +1,6 @@
-r"""The math of the F-beta S-measure regularizer as plain tensor functions (docs/method.md sec. 1-3).
+r"""The math of the F-beta S-measure regularizer as plain tensor functions (method note sec. 1-3).
 
-Scale-free LP (3') (docs/method.md sec. 2), for one positive shape class with ``n`` positives ``S+`` and the
+Scale-free LP (3') (method note sec. 2), for one positive shape class with ``n`` positives ``S+`` and the
 negatives ``S-`` (one-vs-rest), scores ``u = w . a(x) + b``:
 
 $$
@@ -10,7 +10,7 @@ $$
 $$
 
 It has the optimal value of the paper's LP (3) (``sum tau = 1``): multiplying every variable of (3)
-by ``n`` maps one onto the other (docs/method.md sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
+by ``n`` maps one onto the other (method note sec. 2; ``tests/reparam/test_lp.py`` checks it with HiGHS).
 
 Examples:
     >>> import torch
@@ -31,7 +31,7 @@ from .sharding import LOCAL, LocalComm
 
 # The negatives' term is ``phi(eps + u_j)`` with the hinge ``phi(z) = max(0, z)``: the LP. (The
 # paper's Remark 3 allows a squared hinge or a logistic ``phi``; no measurement of ours favoured
-# them, so they are not offered: docs/method.md sec. 1.)
+# them, so they are not offered: method note sec. 1.)
 
 
 def minibatch_lagrangian(
@@ -45,7 +45,7 @@ def minibatch_lagrangian(
     beta: float,
     scale: float,
 ) -> Tensor:
-    r"""The minibatch estimate ``L_B`` of docs/method.md sec. 3 for one positive class.
+    r"""The minibatch estimate ``L_B`` of method note sec. 3 for one positive class.
 
     $$
     L_B = \beta^2 \epsilon + \frac{N}{nB}\Big[\sum_{i \in B^+} ((\mu + \lambda_i)\tau_i
@@ -61,7 +61,7 @@ def minibatch_lagrangian(
 
 
 def best_feasible_eps(u_pos: Tensor, comm: LocalComm = LOCAL) -> Tensor | None:
-    r"""Smallest ``eps >= 0`` with ``mean_i min(eps, u_i) >= 1`` (docs/method.md sec. 2); ``None`` if none.
+    r"""Smallest ``eps >= 0`` with ``mean_i min(eps, u_i) >= 1`` (method note sec. 2); ``None`` if none.
 
     ``g(e) = sum_i min(e, u_i)`` is increasing and piecewise linear with maximum ``sum u`` (at
     ``e >= max u``), so a solution of ``g(e) = n`` exists iff ``mean u >= 1``. With ``u`` ascending
@@ -201,7 +201,7 @@ def lp_objective(eps: Tensor, u_neg: Tensor, n_pos: int, beta: float) -> Tensor:
 def certified_fbeta_bound(
     u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL
 ) -> float | None:
-    r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (docs/method.md sec. 2).
+    r"""Lower bound on the training F-beta of ``u > 0`` from the best feasible ``eps`` (method note sec. 2).
 
     $$
     F_\beta(u > 0) \ge \frac{1 + \beta^2}{1 + v},\quad
@@ -238,8 +238,9 @@ def certified_fbeta_bound(
 
 
 def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL) -> float:
-    """Training F-beta of the hard decisions ``u > 0``: (1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)
-    (``comm``: counted over processes).
+    """Training F-beta of the hard decisions ``u > 0``.
+
+    F-beta is ``(1+b^2) tp / ((1+b^2) tp + b^2 fn + fp)`` (``comm``: counted over processes).
 
     Examples:
         >>> import torch
@@ -257,8 +258,9 @@ def fbeta_of_decisions(u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalCom
 def best_fbeta_threshold(
     u_pos: Tensor, u_neg: Tensor, beta: float, comm: LocalComm = LOCAL
 ) -> tuple[float, float]:
-    r"""The threshold ``t`` whose decisions ``u > t`` have the highest F-beta on these scores, and
-    that F-beta: every distinct score is a candidate cut; ``t`` is the midpoint between the last
+    r"""The threshold ``t`` whose decisions ``u > t`` have the highest F-beta, and that F-beta.
+
+    On these scores, every distinct score is a candidate cut; ``t`` is the midpoint between the last
     score kept and the first dropped (``-inf`` side: below all scores, ``t = min - 1/2``); among
     equal F-betas the highest cut. Returns ``(0.0, F-beta of u > 0)`` when there are no positives.
 
@@ -308,10 +310,11 @@ def best_fbeta_threshold(
 
 
 def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, masked: float = 0.0):
-    """The bucket search of ``best_fbeta_threshold`` for any ``value(tp, k)`` (float64
-    tensors: the positives and the scores kept) that grows with ``tp`` at a fixed count of
-    negatives kept and falls with ``k`` at a fixed ``tp`` (F-beta; precision with a floor on
-    ``tp``, which is ``-1`` below it): ``(t, value, tp, k)`` of the best cut, or what
+    """The bucket search of ``best_fbeta_threshold`` for any monotone ``value(tp, k)``.
+
+    ``value`` (of float64 tensors: the positives and the scores kept) grows with ``tp`` at a fixed
+    count of negatives kept and falls with ``k`` at a fixed ``tp`` (F-beta; precision with a floor
+    on ``tp``, which is ``-1`` below it): ``(t, value, tp, k)`` of the best cut, or what
     ``by_sort(u_pos, u_neg)`` returns for small or degenerate inputs (every process's scores,
     gathered). ``masked``: the value of a cut between equal scores (below every real value)."""
     n_all = comm.total(u_pos.numel() + u_neg.numel())

@@ -1,4 +1,4 @@
-r"""The minibatch Lagrangian ``L_B`` (docs/method.md sec. 3) of a whole batch as one
+r"""The minibatch Lagrangian ``L_B`` (method note sec. 3) of a whole batch as one
 ``autograd.Function`` with its closed-form gradient: the training hot path (sec. 11, "One autograd
 node"; sec. 12 for several problems).
 
@@ -16,7 +16,7 @@ $$
 $$
 
 The forward computes the value and these derivatives per unit of incoming gradient in 16 tensor
-operations on ``B``-long vectors (one problem, docs/method.md sec. 11); the backward multiplies them by the incoming gradient (and, for a
+operations on ``B``-long vectors (one problem, method note sec. 11); the backward multiplies them by the incoming gradient (and, for a
 dense ``tau``, adds the batch's rows into an ``(n,)`` zero vector). The projection modes that reach
 this path and ``cap_scores`` change the formula as documented at ``batch_lagrangian``.
 ``tests/reparam/test_lagrangian.py`` checks value and gradients against the autograd composition of
@@ -58,7 +58,7 @@ def batch_lagrangian(
     ``scale = N / (n B)`` a float.
 
     ``cap``: the positives' score is ``min(u_i, eps)`` (``eps`` detached; ``cap_scores``,
-    docs/method.md sec. 10): its derivative is ``-s lambda_i`` below ``eps``, ``0`` above and half
+    method note sec. 10): its derivative is ``-s lambda_i`` below ``eps``, ``0`` above and half
     of it at a tie (``torch.minimum``'s rule).
 
     ``share`` (a 0-dim tensor, or ``(K,)``; projection mode ``"tracked"``, where ``eps`` is the
@@ -66,10 +66,10 @@ def batch_lagrangian(
     the exact projection's formula ``Pi_C(eps, tau) = (e*, min(tau, e*))`` (O(B)). A clipped row
     passes its term's gradient ``s (mu + lambda_k)`` to ``eps``, and follows ``eps``: its own
     gradient is ``share * dL/deps``, ``share = d e*/d tau_k = 1[r > 0] / (|A| + 1)`` -- the
-    projection's own derivative: the active set moves with the threshold (docs/method.md sec. 4).
+    projection's own derivative: the active set moves with the threshold (method note sec. 4).
     Not the derivative of the forward value for those rows, by design.
 
-    **Several problems at once** (``problem`` given; docs/method.md sec. 12: several positive
+    **Several problems at once** (``problem`` given; method note sec. 12: several positive
     classes, or one problem per (class, group)): ``eps``, ``mu``, ``scale`` and ``eps_weight``
     are per problem ``(K,)`` and entry ``e`` of the batch belongs to problem ``problem[e]``
     (``-1``: it counts nowhere). The value is

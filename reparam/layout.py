@@ -1,4 +1,4 @@
-r"""The problems of an objective and the rows of its per-positive variables (docs/method.md sec. 11,
+r"""The problems of an objective and the rows of its per-positive variables (method note sec. 11,
 12): ``ProblemLayout``, a child module ``reg.layout`` of every objective on the shape node's scores.
 
 An objective solves one problem per (positive class, group with a positive of it); with no groups,
@@ -208,7 +208,7 @@ class ProblemLayout(nn.Module):
 
     def batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         r"""``(problem (B, C), scale, eps_weight, at)`` of a batch, for the mean over the ``K``
-        problems of each problem's Lagrangian (docs/method.md sec. 12):
+        problems of each problem's Lagrangian (method note sec. 12):
 
         $$
         L_B = \frac{1}{K} \sum_k \Big[\beta^2 \epsilon_k \frac{N}{B}

@@ -1,4 +1,4 @@
-r"""The score memory (docs/method.md sec. 3b): each sample's last score ``u_i`` and the epoch it was
+r"""The score memory (method note sec. 3b): each sample's last score ``u_i`` and the epoch it was
 recorded in, written by the forward pass, read by the epoch end's dual step and by ``stats()``, so no
 extra pass over the data is needed.
 

@@ -51,7 +51,7 @@ class ShapeObjective(ShardedRows, nn.Module):
         self.classes = classes
         # the problems and the rows of the per-positive variables (reparam/layout.py)
         self.layout = ProblemLayout(labels, classes, group_of, self._comm, self._n_total)
-        # State per training sample (docs/method.md sec. 11): the smallest exact dtypes
+        # State per training sample (method note sec. 11): the smallest exact dtypes
         self.register_buffer("shape_labels", labels.to(smallest_int(int(labels.max())), copy=True))
         self.register_buffer("scores", torch.zeros(n_total, len(classes)))  # u, one column/class
         # epoch (value of ``epoch`` then) in which each score was recorded; -1: never (seen_ever)
@@ -83,7 +83,7 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     def forward(self, scores: Tensor, idx: Tensor) -> Tensor:
         """The objective's loss on the batch (for the reparameterized objectives the minibatch
-        Lagrangian ``L_B``, docs/method.md sec. 3 and 8); remembers the batch's scores.
+        Lagrangian ``L_B``, method note sec. 3 and 8); remembers the batch's scores.
 
         Args:
             scores: shape-head outputs, ``(B,)`` (one positive class) or ``(B, K)``: column ``c``
@@ -161,7 +161,7 @@ class ShapeObjective(ShardedRows, nn.Module):
     @torch.no_grad()
     def end_epoch_(self) -> None:
         """Call once per epoch: the objective's epoch end (projection and dual ascent for the
-        reparameterized objectives, docs/method.md sec. 3b), then the epoch counters.
+        reparameterized objectives, method note sec. 3b), then the epoch counters.
 
         Raises ``ValueError`` first if a forward call inside ``torch.compile`` or on an
         accelerator got a non-finite score or an index out of range since the last epoch end

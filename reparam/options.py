@@ -1,4 +1,4 @@
-"""F-beta's options and their one resolution (docs/method.md sec. 3b, 11): the presets, the
+"""F-beta's options and their one resolution (method note sec. 3b, 11): the presets, the
 library's defaults and ``tau_update="auto"``. ``FBetaRegularizer`` and the trainer's config both
 call ``resolve_options``, so a saved config pins what the constructor resolves."""
 
@@ -8,13 +8,13 @@ from . import _checks
 from .sparse import TAU_UPDATES
 
 # tau_lr=None with a sparse tau update: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
-# Adam's own 1e-3 was too small next to a head at 1e-2 (docs/method.md sec. 3b: LP gap 17-97 %)
+# Adam's own 1e-3 was too small next to a head at 1e-2 (method note sec. 3b: LP gap 17-97 %)
 DEFAULT_TAU_LR = 1e-2
 
 # tau_update="auto" with the library's defaults: "sparse_adam_ahead" (dense Adam's trajectory at
 # O(B) per step, reparam/sparse.py) and the tracked projection at every n: the step is flat in n
 # (docs/figures/scale_n.md), and the LP gap on the fixed-feature problems is dense Adam's
-# (docs/method.md sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %).
+# (method note sec. 11: 2.0 / 1.3 / 1.7 % against inline's 2.2 / 1.4 / 1.5 %).
 AUTO_TAU_UPDATE = "sparse_adam_ahead"
 
 # The options a preset sets: the library's defaults (``preset=None``; chosen on the evidence of
@@ -36,9 +36,10 @@ FBETA_PRESETS = (None, "paper")
 
 
 def resolve_preset(preset: str | None, **given: object) -> dict[str, object]:
-    """The options a preset sets (``FBETA_DEFAULTS``' keys; ``given`` may name any of them), each
-    one given as ``None`` or not given taking the preset's value; the trainer's config uses it too,
-    so a saved config pins what the constructor resolves.
+    """The options a preset sets, each one not given (or ``None``) taking the preset's value.
+
+    The options are ``FBETA_DEFAULTS``' keys; ``given`` may name any of them. The trainer's config
+    uses it too, so a saved config pins what the constructor resolves.
 
     Args:
         preset: ``None`` (the library's ``FBETA_DEFAULTS``) or ``"paper"`` (``PAPER_PRESET``).
@@ -63,14 +64,16 @@ def resolve_options(
     sparse: bool | None = None,
     **given: object,
 ) -> dict[str, object]:
-    """Every option the constructor resolves: the preset's (``resolve_preset``) and
-    ``tau_update``, the one place where ``"auto"`` is resolved. ``"auto"`` is
-    ``"sparse_adam_ahead"`` (O(B) per step) with the library's schedule (``preset`` and
-    ``projection`` left at ``None``), whose projection is then ``"tracked"`` (inline's O(B) form),
-    else ``"dense"``. ``sparse`` overrides that choice for ``"auto"``: ``True``, sparse whatever the
-    schedule (the trainer's objective on every pixel); ``False``, dense (the trainer with an
-    optimizer other than Adam, or fp16: the sparse rule is Adam's and reads the unscaled
-    gradient). The trainer's config writes the result, so a saved config pins the run.
+    """Every option the constructor resolves: the preset's and ``tau_update``.
+
+    The preset's options come from ``resolve_preset``; here is the one place where ``"auto"`` is
+    resolved. ``"auto"`` is ``"sparse_adam_ahead"`` (O(B) per step) with the library's schedule
+    (``preset`` and ``projection`` left at ``None``), whose projection is then ``"tracked"``
+    (inline's O(B) form), else ``"dense"``. ``sparse`` overrides that choice for ``"auto"``:
+    ``True``, sparse whatever the schedule (the trainer's objective on every pixel); ``False``,
+    dense (the trainer with an optimizer other than Adam, or fp16: the sparse rule is Adam's and
+    reads the unscaled gradient). The trainer's config writes the result, so a saved config pins the
+    run.
 
     Args:
         preset: ``None`` or ``"paper"`` (``resolve_preset``).

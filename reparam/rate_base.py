@@ -1,4 +1,4 @@
-r"""The base of the rate objectives (docs/method.md sec. 8): ``RateObjective`` holds what P@R,
+r"""The base of the rate objectives (method note sec. 8): ``RateObjective`` holds what P@R,
 R@P and ROC-AUC share (``tau`` in the box ``tau <= 1``, the multipliers ``nu``, the batch's rows,
 the per-step dual step of ``dual_every="step"``), ``PointRateObjective`` what the two point targets
 add (the learned ``decision_threshold``, ``calibrate``). The objectives are in ``reparam.rates``.
@@ -52,9 +52,9 @@ class RateObjective(ReparamRegularizer):
         nu_max: cap on ``nu`` (``None``: no cap; with a cap the constraint becomes a penalty of
             bounded weight, the remedy for an unreachable target); nu_init: the initial ``nu``.
         lambda_init: initial ``lambda``; ``None``: the value that makes every ``tau_i`` stationary
-            inside the box (``dL/dtau_i = 0``; docs/method.md sec. 8). With 0, the head gets no
+            inside the box (``dL/dtau_i = 0``; method note sec. 8). With 0, the head gets no
             pull toward the positives until the dual steps have grown ``lambda``.
-        dual_every: when the multipliers move (docs/method.md sec. 8). ``"step"``: at every
+        dual_every: when the multipliers move (method note sec. 8). ``"step"``: at every
             batch, first the per-sample block, then ``nu``: each of the batch's positives gets the
             saddle point of its own ``(tau_i, lambda_i)`` given its fresh score and ``nu``
             (``tau_i = min(u_i, 1)``, ``lambda_i`` = the stationary value), then
@@ -143,9 +143,10 @@ class RateObjective(ReparamRegularizer):
 
     @property
     def tau(self) -> Tensor:
-        """The ``tau`` the loss uses: in mode ``"inline"``, ``min(tau_param, 1)``; with
-        ``dual_every="step"``, each positive's saddle ``min(z_i, 1)`` at its remembered score
-        (1 before its first touch)."""
+        """The ``tau`` the loss uses.
+
+        In mode ``"inline"``, ``min(tau_param, 1)``; with ``dual_every="step"``, each positive's
+        saddle ``min(z_i, 1)`` at its remembered score (1 before its first touch)."""
         if not self._saddle:
             return self._effective(0)
         target = self._capped_targets()
@@ -205,7 +206,7 @@ class RateObjective(ReparamRegularizer):
         score ``z_i`` (``u_i``, or ``u_i + b_k``) and the new ``nu``. ``L`` is linear in
         ``tau_i`` with the coefficient ``lambda_i - c(nu)`` (``c = nu`` for P@R,
         ``1 + nu (1 - a)`` for R@P, 1 for ROC-AUC), so the saddle is ``lambda_i = c(nu)``,
-        ``tau_i = min(z_i, 1)`` (docs/method.md sec. 8): the slack sits on its score and the
+        ``tau_i = min(z_i, 1)`` (method note sec. 8): the slack sits on its score and the
         score is pulled up with weight ``c(nu)``. Returns the batch's ``(tau, lambda)`` rows
         (detached: ``L`` is flat in ``tau`` there, so no gradient flows to it), O(B)."""
         z = z.detach().float()
@@ -287,11 +288,12 @@ class PointRateObjective(RateObjective):
             self.threshold_met.fill_(chosen.met)
 
     def calibrate(self, scores: object, labels: object) -> R.RateThreshold:
-        """The decision threshold chosen on held-out data (a validation split): the cut ``t``
-        whose decisions ``u > t`` meet the target there with the best other rate -- for P@R the
-        best precision with recall ``>= r``, for R@P the best recall with precision ``>= a``
-        (none meets it: the most precise cut, ``met=False``). Returns ``RateThreshold(threshold,
-        recall, precision, met)`` on those scores; the regularizer's state is not changed.
+        """The decision threshold chosen on held-out data (a validation split).
+
+        The cut ``t`` whose decisions ``u > t`` meet the target there with the best other rate --
+        for P@R the best precision with recall ``>= r``, for R@P the best recall with precision
+        ``>= a`` (none meets it: the most precise cut, ``met=False``). Returns
+        ``RateThreshold(threshold, recall, precision, met)`` on those scores; the regularizer's state is not changed.
 
         Args:
             scores: the shape node's scores ``(M,)`` (or ``(M, 1)``), finite.

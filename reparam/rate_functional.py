@@ -1,4 +1,4 @@
-r"""The math of the rate objectives as plain tensor functions (docs/method.md sec. 8).
+r"""The math of the rate objectives as plain tensor functions (method note sec. 8).
 
 Scores ``u`` of a linear head; positives ``S+`` (``n`` of them) and negatives ``S-`` (``m``). The
 hinge bounds of Eban et al. hold for every ``u``:
@@ -48,7 +48,7 @@ def hinge_fp(u_neg: Tensor) -> Tensor:
 def capped(u: Tensor) -> Tensor:
     """``min(u, 1)``: with ``tau <= 1`` the dualized ``tau_i <= u_i`` is the same constraint as
     ``tau_i <= min(u_i, 1)``, whose Lagrangian term ``-lambda_i min(u_i, 1)`` stops pulling a
-    positive's score up once it reaches 1 (docs/method.md sec. 8).
+    positive's score up once it reaches 1 (method note sec. 8).
 
     Examples:
         >>> import torch

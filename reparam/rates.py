@@ -1,4 +1,4 @@
-r"""Rate objectives by the same reparameterization (docs/method.md sec. 8): ``PrecisionAtRecall``
+r"""Rate objectives by the same reparameterization (method note sec. 8): ``PrecisionAtRecall``
 (8a), ``RecallAtPrecision`` (8b) and ``ROCAUC`` (8c, a grid of point metrics).
 
 Recall and precision are rates, so unlike F-beta they need no Charnes-Cooper scaling (no ``eps``):
@@ -49,7 +49,7 @@ INFEASIBLE_CHECK_EVERY = 5
 
 
 class PrecisionAtRecall(PointRateObjective):
-    r"""Best precision at recall ``>= recall`` (8a of docs/method.md sec. 8); always feasible.
+    r"""Best precision at recall ``>= recall`` (8a of method note sec. 8); always feasible.
 
     $$
     \min\ \tfrac1n fp^+(u)\quad\text{s.t.}\quad \tau_i \le u_i,\ \mathrm{mean}_{S^+}\tau \ge r,
@@ -111,7 +111,7 @@ class PrecisionAtRecall(PointRateObjective):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         """``certified_recall`` / ``certified_precision``: bounds on the recall and precision of
-        ``u > 0`` over the scored samples (sound: docs/method.md sec. 8); ``train_recall`` /
+        ``u > 0`` over the scored samples (sound: method note sec. 8); ``train_recall`` /
         ``train_precision``: their true values; ``nu``, the violation ``r - mean tau``."""
         return recall_precision_stats(self) | self._threshold_stats() | self._rate_stats()
 
@@ -120,7 +120,7 @@ class PrecisionAtRecall(PointRateObjective):
 
 
 class RecallAtPrecision(PointRateObjective):
-    r"""Best recall at precision ``>= precision`` (8b of docs/method.md sec. 8).
+    r"""Best recall at precision ``>= precision`` (8b of method note sec. 8).
 
     $$
     \max\ \mathrm{mean}_{S^+}\tau\quad\text{s.t.}\quad \tau_i \le u_i,\
@@ -233,7 +233,7 @@ class RecallAtPrecision(PointRateObjective):
                 f"rescaling of the head's scores certifies precision {self.precision} under the "
                 f"hinge bounds (best margin {margin:.4g} < 0): the target may be out of reach for "
                 f"this model, and nu then grows without limit. Lower the target or cap nu (nu_max; "
-                f"docs/method.md sec. 8).",
+                f"method note sec. 8).",
             )
 
     def _suspected(self, epochs: int, batches: int) -> bool:
@@ -246,8 +246,9 @@ class RecallAtPrecision(PointRateObjective):
 
     @property
     def infeasible_suspected(self) -> bool:
-        """No rescaling of the scores has certified the target for ``INFEASIBLE_PATIENCE`` epochs
-        and ``INFEASIBLE_MIN_BATCHES`` steps."""
+        """Whether the target looks infeasible: no rescaling of the scores has certified it.
+
+        Uncertified for ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps."""
         return self._suspected(int(self.epoch), int(self.batches))
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
@@ -270,8 +271,9 @@ class RecallAtPrecision(PointRateObjective):
 
 
 class ROCAUC(RateObjective):
-    r"""ROC-AUC on a grid of ``K`` false-positive rates ``t_k = (k - 1/2)/K`` (8c of
-    docs/method.md sec. 8): ``AUC ~ (1/K) sum_k TPR at FPR <= t_k``.
+    r"""ROC-AUC on a grid of ``K`` false-positive rates ``t_k = (k - 1/2)/K``.
+
+    The objective (8c) of method note sec. 8: ``AUC ~ (1/K) sum_k TPR at FPR <= t_k``.
 
     Point ``k`` thresholds the head's one score with its own offset ``b_k`` (``offsets``, an
     ``nn.Parameter`` owned here: the head keeps one output) and has its own ``tau_k`` (``tau``

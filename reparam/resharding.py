@@ -53,9 +53,10 @@ def overlapping(n_total: int, start: int, stop: int, world: int, unit: int = 1) 
 
 
 def needed_blocks(reg: nn.Module, world: int, unit: int | None = None) -> list[int]:
-    """The ranks of a state saved by ``world`` processes in blocks of whole ``unit`` samples
-    (``None``: ``reg``'s own unit) that ``reshard_state`` needs for ``reg``'s block
-    (unsharded ``reg``: all of them).
+    """The ranks of a saved state that ``reshard_state`` needs for ``reg``'s block.
+
+    The state was saved by ``world`` processes in blocks of whole ``unit`` samples (``None``:
+    ``reg``'s own unit); an unsharded ``reg`` needs all of them.
 
     Args:
         reg: the objective to load into (its ``shard``, or none).
@@ -93,11 +94,13 @@ def row_keys(reg: nn.Module) -> set[str]:
 
 @torch.no_grad()
 def reshard_state(reg: nn.Module, saved: Mapping[int, Mapping[str, Tensor]]) -> dict[str, Tensor]:
-    """The ``state_dict`` of ``reg``'s block (its ``shard``, or all samples when it is unsharded)
-    from ``saved``: saved rank -> that rank's state, every saved block that overlaps ``reg``'s
-    (``overlapping``); others are ignored. ``ValueError`` when one is missing or the states are of
-    another training set. A key the saved blocks lack is left out (``load_state_dict`` reports
-    it, or a load hook fills it in, as a sparse ``tau``'s fresh moments).
+    """The ``state_dict`` of ``reg``'s block, assembled from the saved blocks.
+
+    ``reg``'s block is its ``shard``, or all samples when it is unsharded; ``saved``: saved rank ->
+    that rank's state, every saved block that overlaps ``reg``'s (``overlapping``); others are
+    ignored. ``ValueError`` when one is missing or the states are of another training set. A key the
+    saved blocks lack is left out (``load_state_dict`` reports it, or a load hook fills it in, as a
+    sparse ``tau``'s fresh moments).
 
     Args:
         reg: the objective to load into.

@@ -1,10 +1,10 @@
-r"""The projection's schedule (docs/method.md sec. 3b): where ``Pi_C`` is applied to the constrained
+r"""The projection's schedule (method note sec. 3b): where ``Pi_C`` is applied to the constrained
 variables, one small module per schedule, a child ``reg.schedule`` of the regularizer.
 
 * ``EpochEnd`` (``"epoch"``, Algorithm 3 of the paper): the loss sees the raw parameters; the
   epoch end projects them in place.
 * ``Inline`` (``"inline"``): the loss sees ``Pi_C`` of the raw parameters, with autograd
-  through it: the exact projection (``strength = 0``) or the smooth one of docs/method.md sec. 5.
+  through it: the exact projection (``strength = 0``) or the smooth one of method note sec. 5.
 * ``reparam.tracked.TrackedThreshold`` (``"tracked"``, F-beta's default): the loss sees the exact
   projection's threshold over an active set kept in step in ``O(B)`` per step.
 

@@ -1,4 +1,4 @@
-r"""The per-sample state sharded across processes (docs/method.md sec. 13): each of ``K``
+r"""The per-sample state sharded across processes (method note sec. 13): each of ``K``
 processes owns the rows of one contiguous block of the ``N`` samples, so nothing of size ``O(N)``
 is replicated.
 

@@ -1,5 +1,5 @@
 r"""``tau_update="sparse_adam_ahead"``: the per-positive ``tau`` stepped on the rows a batch touched,
-on dense Adam's trajectory, in O(B) per step whatever the number of positives (docs/method.md
+on dense Adam's trajectory, in O(B) per step whatever the number of positives (method note
 sec. 11, which derives the rule and says why not ``torch.optim``).
 
 A row stores its **rest point**, where dense Adam would carry it if no gradient came again:
@@ -162,7 +162,7 @@ def touched_only(rows: Tensor, touched: Tensor, grad: Tensor) -> tuple[Tensor, T
     batch of pixels is mostly negatives, which stand at row 0 with no gradient): the
     accumulation, the sparse step and the tracked set then work on the positives. Elsewhere, or
     below ``COMPACT_FROM`` entries, or inside ``torch.compile``, unchanged: on an accelerator the
-    size read from the data would synchronize every step (docs/method.md sec. 11)."""
+    size read from the data would synchronize every step (method note sec. 11)."""
     if rows.device.type != "cpu" or rows.numel() < COMPACT_FROM or torch.compiler.is_compiling():
         return rows, touched, grad  # (compiled: a size read from the data breaks the graph)
     keep = touched.nonzero().squeeze(1)
@@ -293,7 +293,7 @@ class SparseTau(nn.Module):
 
     @torch.no_grad()
     def share_(self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int) -> None:
-        """Data parallelism with a replicated sparse ``tau`` (docs/method.md sec. 11): make the
+        """Data parallelism with a replicated sparse ``tau`` (method note sec. 11): make the
         pending gradient the mean over ``processes`` of every process's, so that every process
         takes the same step (its state stays replicated), as a dense ``tau`` whose gradient is
         all-reduced would. Exchanges only the touched rows: this process's entries ``(row,

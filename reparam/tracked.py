@@ -1,4 +1,4 @@
-r"""Schedule ``"tracked"`` (docs/method.md sec. 3b): the exact projection's threshold over an active
+r"""Schedule ``"tracked"`` (method note sec. 3b): the exact projection's threshold over an active
 set kept up to date in ``O(B)`` per step.
 
 The projection onto ``C`` has the threshold ``e* = max(0, r)``, ``r = (eps + sum_A tau_i) /
@@ -58,7 +58,7 @@ class TrackedThreshold(Schedule):
         $$
 
         (``o_i = tau_i - eps_j`` the stored offsets): the exact projection's threshold and
-        Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (docs/method.md sec. 4).
+        Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (method note sec. 4).
         Autograd carries ``share`` to ``eps``: the block's move with ``eps`` is in the offsets,
         not in this derivative (by design)."""
         sums = self.active_sums if at is None else self.active_sums.index_select(0, at)

@@ -1,4 +1,4 @@
-"""Alternatives to the reparameterized regularizer, for comparison studies (docs/method.md sec. 9).
+"""Alternatives to the reparameterized regularizer, for comparison studies (method note sec. 9).
 
 * LP layer (Meng et al., NeurIPS 2021): ``solve_lp`` (Mangasarian's Newton method on an
   exterior penalty, batched, unrolled or active-set gradients) and the minibatch LP losses

@@ -1,4 +1,4 @@
-"""The paper's "full projections" comparison (docs/method.md sec. 3b): F-beta with a dense ``tau``
+"""The paper's "full projections" comparison (method note sec. 3b): F-beta with a dense ``tau``
 projected onto ``C`` after every optimizer step, O(n) per step.
 
 The paper contrasts its once-per-epoch projection (Algorithm 3) with projecting after every step.
@@ -25,9 +25,10 @@ class EveryStep(Schedule):
 
 
 class FullProjectionsFBeta(FBetaRegularizer):
-    """``FBetaRegularizer`` with a dense ``tau`` whose ``(eps, tau)`` are projected onto ``C`` in
-    place after every optimizer step (``after_step_``); the epoch end takes the dual step on
-    them (they are in ``C`` already).
+    """``FBetaRegularizer`` projecting ``(eps, tau)`` onto ``C`` after every optimizer step.
+
+    A dense ``tau``; ``(eps, tau)`` are projected in place in ``after_step_``; the epoch end takes
+    the dual step on them (they are in ``C`` already).
 
     Args:
         shape_labels: as for ``reparam.FBetaRegularizer``.

@@ -2,7 +2,7 @@ r"""A differentiable LP layer: Mangasarian's generalized Newton method on an ext
 
 The alternative of Meng, Mukherjee, Wu, Singh and Ravi, "Differentiable optimization of generalized
 nondecomposable functions using linear programs" (NeurIPS 2021), sec. 4, built on Mangasarian, "A
-Newton method for linear programming" (JOTA 2004); see docs/method.md sec. 9 and docs/baselines.md.
+Newton method for linear programming" (JOTA 2004); see method note sec. 9 and docs/baselines.md.
 
 Problem (standard form, batched over leading dimensions):
 

@@ -1,4 +1,4 @@
-r"""Minibatch objectives as LPs solved by the Newton LP layer (docs/method.md sec. 9).
+r"""Minibatch objectives as LPs solved by the Newton LP layer (method note sec. 9).
 
 Both losses take the scores ``u`` of one minibatch and binary labels, build a standard-form LP
 ``min c^T z s.t. A z <= b, z >= 0`` whose data depend on ``u`` (through ``b`` only), solve it with
@@ -9,7 +9,7 @@ solver (unrolled Newton steps or the final active set): by LP sensitivity, ``-v`
 
 It is a *minibatch* quantity: the optimum of the LP on the batch, a nonlinear function of the batch,
 so its expectation over batches is not the data set's objective (biased), unlike the
-reparameterized estimate ``L_B`` of docs/method.md sec. 3, which is linear in per-sample terms.
+reparameterized estimate ``L_B`` of method note sec. 3, which is linear in per-sample terms.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def auc_lp_loss(
     diagonal solver, ``"active_set"`` differentiates the final active set's closed-form solution).
     The count-based AUC estimate of the paper is ``1 - mean(relu(margin - z) / margin)`` for the
     ``z`` of the LP; this function returns the LP value. ``reduction``: ``"mean"`` over pairs or
-    ``"sum"``. See docs/method.md sec. 9.
+    ``"sum"``. See method note sec. 9.
 
     Args:
         scores: ``(B,)`` float scores ``u`` of the batch.
@@ -163,7 +163,7 @@ def _diagonal_auc(b: Tensor, *, eps: float, rho: float, steps: int, backward: st
 def fbeta_lp_problem(
     scores: Tensor, labels: Tensor, *, beta: float = 1.0, infeasibility_cost: float | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    r"""LP (3') of docs/method.md sec. 2 on one minibatch, the scores as data, in standard form.
+    r"""LP (3') of method note sec. 2 on one minibatch, the scores as data, in standard form.
 
     With ``n = |B+|``, ``m = |B-|``: variables ``z = (eps, zeta_1..n, xi_1..m[, s])``, all ``>= 0``,
     where ``tau_i = eps - zeta_i`` (so ``zeta >= 0`` is exactly ``tau_i <= eps``) and ``xi_j`` is the
@@ -179,7 +179,7 @@ def fbeta_lp_problem(
     ``tau``). Without ``s`` (``infeasibility_cost=None``) this is (3') exactly, infeasible when
     ``mean_{B+} u < 1``; with ``s`` (elastic, cost ``M``) it is always feasible and has the same
     optimum as (3') whenever (3') is feasible and ``M`` exceeds its optimal value ``f*`` (the
-    multiplier of ``mean tau = 1`` is ``-f*``, docs/method.md sec. 3b). Rows: positives, negatives,
+    multiplier of ``mean tau = 1`` is ``-f*``, method note sec. 3b). Rows: positives, negatives,
     the mean row; ``b`` depends on the scores, ``A`` and ``c`` do not.
 
     Args:
@@ -243,12 +243,12 @@ def fbeta_lp_loss(
     $$
 
     (standard form in ``fbeta_lp_problem``). Lower is better: ``(1 + beta^2)/(1 + f*_B)`` is
-    the certified F-beta bound of docs/method.md sec. 2 on the batch. Its gradient is the batch's
+    the certified F-beta bound of method note sec. 2 on the batch. Its gradient is the batch's
     optimal multipliers: ``-lambda_i / n``-like on the positives (``tau_i <= u_i``), the hinge
     indicators ``/ n`` on the negatives, recomputed from scratch on every batch (contrast with
-    the per-sample multipliers kept across batches by ``reparam``, docs/method.md sec. 3, 9).
+    the per-sample multipliers kept across batches by ``reparam``, method note sec. 3, 9).
 
-    (3') is infeasible when ``mean_{B+} u < 1`` (docs/method.md sec. 2). The default
+    (3') is infeasible when ``mean_{B+} u < 1`` (method note sec. 2). The default
     (``infeasibility_cost=None``) is the exact (3'); on an infeasible batch there is no optimum,
     the layer returns ``c^T z`` of the penalty's least-violation point, and its gradient is *not*
     a feasibility-restoring direction (measured: it pushes the positives' scores down). Check

@@ -1,5 +1,5 @@
 r"""Newton losses (Petersen, Borgelt, Sutter, Kuehne, Deussen, Ermon, "Newton losses: using curvature
-information for learning with differentiable algorithms", NeurIPS 2024); docs/method.md sec. 9.
+information for learning with differentiable algorithms", NeurIPS 2024); method note sec. 9.
 
 A hard-to-optimize loss ``l(y)`` of a network output ``y`` (``(B, m)``) is replaced, for the step at
 hand, by the quadratic ``1/2 ||y - z*||^2`` around one regularized Newton step of ``l`` in ``y``:
@@ -116,7 +116,7 @@ def newton_loss(
     of ``loss_fn`` at ``y`` (``newton_step``, same ``hessian`` options): a gradient step of size
     ``eta`` on the network's output is a damped Newton step on the original loss. ``loss_fn`` maps a
     ``(B, m)`` tensor to a scalar; it is evaluated on a detached copy, so only this quadratic
-    is differentiated into the network. See docs/method.md sec. 9.
+    is differentiated into the network. See method note sec. 9.
 
     Args:
         loss_fn: ``(B, m) -> scalar``, the loss ``l`` of the output.
@@ -165,11 +165,13 @@ def fisher_step(g: Tensor, tikhonov: float) -> Tensor:
 
 
 def inject_fisher(y: Tensor, *, tikhonov: float) -> Tensor:
-    r"""Identity on ``y`` (``(B, m)``) whose backward preconditions the incoming gradient by the
-    empirical Fisher: ``g -> g (g^T g B + lambda I)^{-1}`` (the Fisher Newton loss).
+    r"""Identity on ``y`` whose backward preconditions the gradient by the empirical Fisher.
+
+    ``y`` is ``(B, m)``; the incoming gradient becomes ``g -> g (g^T g B + lambda I)^{-1}`` (the
+    Fisher Newton loss).
 
     Use as ``loss = l(inject_fisher(model(x), tikhonov=lam))``: ``l`` itself is unchanged, only the
-    gradient reaching the network is. See docs/method.md sec. 9.
+    gradient reaching the network is. See method note sec. 9.
 
     Args:
         y: ``(B, m)`` the network's output.

@@ -1,4 +1,4 @@
-r"""The alternatives behind the regularizers' protocol (docs/method.md sec. 9), so that one training
+r"""The alternatives behind the regularizers' protocol (method note sec. 9), so that one training
 loop, one trainer config and one comparison script run them all:
 ``loss = task + alpha * reg(scores, idx)``, ``reg.after_step_()``, ``reg.end_epoch_()``, ``reg.stats()``.
 
@@ -109,10 +109,11 @@ class BatchLossObjective(ShapeObjective):
 
 
 class LPFBeta(BatchLossObjective):
-    """The LP layer on LP (3') of the batch (``reparam.baselines.fbeta_lp_loss``): its optimal value, a
-    function of the scores, differentiated through the unrolled Newton steps. The LP is infeasible
-    on batches whose positives' mean score is below 1; ``infeasibility_cost`` (``M``) adds the
-    elastic variable that keeps it feasible (exact when ``M`` exceeds the optimum).
+    """The LP layer on LP (3') of the batch, differentiated through the unrolled Newton steps.
+
+    Its optimal value (``reparam.baselines.fbeta_lp_loss``) is a function of the scores. The LP is
+    infeasible on batches whose positives' mean score is below 1; ``infeasibility_cost`` (``M``)
+    adds the elastic variable that keeps it feasible (exact when ``M`` exceeds the optimum).
 
     Args:
         shape_labels: ``(N,)`` integer shape labels of the training set.
@@ -186,8 +187,9 @@ class LPAUC(BatchLossObjective):
 
 
 class SoftFBeta(BatchLossObjective):
-    """``1 - soft F-beta`` of the batch with sigmoid counts at temperature ``T``
-    (``reparam.baselines.soft_fbeta_loss``), optionally through a Newton loss.
+    """``1 - soft F-beta`` of the batch with sigmoid counts at temperature ``T``.
+
+    The loss of ``reparam.baselines.soft_fbeta_loss``, optionally through a Newton loss.
 
     Args:
         shape_labels: ``(N,)`` integer shape labels of the training set.
@@ -236,8 +238,9 @@ class SoftFBeta(BatchLossObjective):
 
 
 class PairwiseAUC(BatchLossObjective):
-    """The pairwise squared hinge on the batch's score gaps (``reparam.baselines.pairwise_squared_hinge_auc_loss``),
-    optionally through a Newton loss.
+    """The pairwise squared hinge on the batch's score gaps, optionally through a Newton loss.
+
+    The loss of ``reparam.baselines.pairwise_squared_hinge_auc_loss``.
 
     Args:
         shape_labels: ``(N,)`` integer shape labels of the training set.
@@ -279,11 +282,13 @@ class PairwiseAUC(BatchLossObjective):
 
 
 class CooperFBeta(ShapeObjective):
-    """LP (3') posed as a Cooper problem (``reparam.baselines.cooper_fbeta_problem``): ``eps``, ``tau`` are
-    parameters for the user's optimizer, the indexed multipliers take Cooper's dual ascent step
-    (SGD, ``dual_lr``) after every optimizer step, on the multipliers' gradients of the same batch
-    (simultaneous gradient descent-ascent), then Cooper's projection of the inequality multipliers
-    onto ``>= 0``. Needs ``pip install cooper-optim``.
+    """LP (3') posed as a Cooper problem: primal descent, Cooper's dual ascent.
+
+    The problem is ``reparam.baselines.cooper_fbeta_problem``: ``eps``, ``tau`` are parameters
+    for the user's optimizer, the indexed multipliers take Cooper's dual ascent step (SGD,
+    ``dual_lr``) after every optimizer step, on the multipliers' gradients of the same batch
+    (simultaneous gradient descent-ascent), then Cooper's projection of the inequality
+    multipliers onto ``>= 0``. Needs ``pip install cooper-optim``.
 
     Args:
         shape_labels: ``(N,)`` integer shape labels of the training set.
@@ -366,10 +371,12 @@ class CooperFBeta(ShapeObjective):
 
 
 class LibAUCMargin(ShapeObjective):
-    """LibAUC's AUC-margin loss on ``sigmoid(u)`` (``libauc.losses.AUCMLoss``): ``a``, ``b`` are
-    parameters for the user's optimizer; ``alpha`` takes PESG's projected ascent step
-    ``alpha <- max(0, alpha + alpha_lr grad)`` after every optimizer step (the network keeps the
-    user's optimizer; ``reparam.baselines.libauc_aucm_pesg`` gives LibAUC's own PESG for everything).
+    """LibAUC's AUC-margin loss on ``sigmoid(u)``, ``alpha`` stepped by PESG's ascent.
+
+    The loss is ``libauc.losses.AUCMLoss``: ``a``, ``b`` are parameters for the user's
+    optimizer; ``alpha`` takes PESG's projected ascent step ``alpha <- max(0, alpha + alpha_lr
+    grad)`` after every optimizer step (the network keeps the user's optimizer;
+    ``reparam.baselines.libauc_aucm_pesg`` gives LibAUC's own PESG for everything).
     Needs ``pip install --no-deps libauc``.
 
     Args:

@@ -1,8 +1,8 @@
-r"""Thin adapters to optional peer libraries (imported lazily; docs/method.md sec. 9).
+r"""Thin adapters to optional peer libraries (imported lazily; method note sec. 9).
 
 * **Cooper** (``pip install cooper-optim``; Gallego-Posada, Ramirez, Hashemizadeh, Lacoste-Julien,
   "Cooper: a library for constrained optimization in deep learning", 2025): LP (3') of
-  docs/method.md sec. 2 posed as a ``ConstrainedMinimizationProblem``, with one *indexed* multiplier
+  method note sec. 2 posed as a ``ConstrainedMinimizationProblem``, with one *indexed* multiplier
   per positive sample for ``tau_i <= u_i`` and ``tau_i <= eps`` (observed on the batch's positives,
   ``constraint_features`` = their slots), dense multipliers for ``eps >= 0`` and ``mean tau = 1``, and
   Cooper's simultaneous gradient descent-ascent. Nothing is projected: every constraint is
@@ -59,7 +59,7 @@ def cooper_fbeta_problem(
     (``nn.Parameter``\ s, in ``primal_parameters()``) and its ``compute_cmp_state(scores, idx)``
     takes a batch's scores ``(B,)`` and dataset indices ``(B,)``. The objective's hinge sum and the
     per-sample violations are scaled by ``N / (n B)`` so that Cooper's Lagrangian is the minibatch
-    estimate of (4') (docs/method.md sec. 3) with Cooper's indexed multipliers as ``lambda_i``;
+    estimate of (4') (method note sec. 3) with Cooper's indexed multipliers as ``lambda_i``;
     ``mean tau - 1`` is exact (``tau`` is a parameter). Build the optimizer with
     ``cooper_optimizer``.
 
@@ -103,9 +103,11 @@ def cooper_optimizer(
     primal_lr: float = 1e-2,
     dual_lr: float = 1e-1,
 ) -> Any:
-    """Cooper's ``SimultaneousOptimizer``: Adam on the model's and ``cmp``'s primal parameters,
-    SGD ascent (``maximize=True``, sparse-gradient friendly) on the multipliers, as Cooper's
-    documentation sets up indexed multipliers. Step with ``opt.roll(compute_cmp_state_kwargs=...)``.
+    """Cooper's ``SimultaneousOptimizer`` for ``cmp``: Adam descent and SGD ascent.
+
+    Adam on the model's and ``cmp``'s primal parameters, SGD ascent (``maximize=True``,
+    sparse-gradient friendly) on the multipliers, as Cooper's documentation sets up indexed
+    multipliers. Step with ``opt.roll(compute_cmp_state_kwargs=...)``.
 
     Args:
         cmp: the problem (``cooper_fbeta_problem``).

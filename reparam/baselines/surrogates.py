@@ -1,4 +1,4 @@
-r"""Smooth minibatch surrogates of F-beta and AUC (docs/method.md sec. 9): plain functions.
+r"""Smooth minibatch surrogates of F-beta and AUC (method note sec. 9): plain functions.
 
 Both are minibatch quantities (a ratio, resp. a mean over the batch's pairs), so like the LP layer
 they estimate the data-set objective with a bias; neither keeps state across batches.
@@ -25,7 +25,7 @@ def soft_fbeta_loss(
     \ell = 1 - \frac{(1 + \beta^2)\, tp}{(1 + \beta^2)\, tp + \beta^2 fn + fp}
     $$
 
-    As ``T -> 0`` the counts become those of the decisions ``u > 0`` (docs/method.md sec. 1). The
+    As ``T -> 0`` the counts become those of the decisions ``u > 0`` (method note sec. 1). The
     denominator is ``> 0`` whenever the batch has a positive (``tp > 0``), which is required.
 
     Args:
