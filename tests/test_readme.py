@@ -76,6 +76,7 @@ def test_main_job_runs(tmp_path):
     assert all(0.5 < o["certified_recall"] <= 1 for o in pr)
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_the_trainer_demo_runs(tmp_path):
     """The trainer's demo of docs/getting-started.md: S-MNIST from the bundled digits, then the
     F-beta regularizer on an MLP (its commands, as written there)."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import demo_digits
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_a_quick_run_writes_every_digit_and_target(tmp_path, monkeypatch):
     monkeypatch.setattr(demo_digits, "TARGETS", (0.95,))
     assert demo_digits.main(["--out", str(tmp_path), "--seeds", "1", "--epochs", "1"]) == 0

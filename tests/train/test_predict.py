@@ -332,6 +332,7 @@ def test_shape_decisions_use_the_saved_threshold(run, images, tmp_path, capsys):
     assert sum(decided.values()) == 1
 
 
+@pytest.mark.slow  # (the default suite's time budget)
 def test_the_exported_segmentation_program_reproduces_the_class_maps(run, tmp_path):
     """``train.export`` of the DeepLabV3+ run: loaded back with torch alone, its class maps and shape
     decisions are the predictor's (any batch size)."""
