@@ -30,7 +30,14 @@ from PIL import Image, ImageOps
 from torch import Tensor
 
 from .files import write_text_atomic
-from .predict import CHOICES, Predictor, list_images, load_predictor, read_image
+from .predict import (
+    CHOICES,
+    Predictor,
+    _stderr,
+    list_images,
+    load_predictor,
+    read_image,
+)
 
 PREDICTIONS_CSV = "predictions.csv"
 COLUMNS = ["image", "class", "probability", "shape_score", "shape_decision"]
@@ -135,10 +142,6 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; skipped {len(skipped)} unreadable image(s)" if skipped else "")
     )
     return 0
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":

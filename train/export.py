@@ -25,7 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from .files import atomic_path
-from .predict import CHOICES, Predictor, load_predictor
+from .models import SegmentationClassifier
+from .predict import CHOICES, Predictor, _stderr, load_predictor
 
 
 class Deployed(nn.Module):
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         predictor = load_predictor(a.run, a.checkpoint, "cpu", note=_stderr, task=None)
-        segmentation = predictor.model.__class__.__name__ == "SegmentationClassifier"
+        segmentation = isinstance(predictor.model, SegmentationClassifier)
         program = export_program(predictor, 3 if segmentation else None)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -86,10 +87,6 @@ def main(argv: list[str] | None = None) -> int:
         f"decision u > {predictor.shape_threshold:.6g}"
     )
     return 0
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 if __name__ == "__main__":
