@@ -148,3 +148,25 @@ def alternating_runs(
                 steps = history[-1]["steps"]
                 rows[name] += history[1:]
     return rows, steps
+
+
+class Recordings:
+    """Counts the CUDA graphs recorded while active (the nodes of inductor's CUDA graph trees,
+    ``mode="reduce-overhead"``): after warm-up, a step that replays records none."""
+
+    def __enter__(self) -> Recordings:
+        from torch._inductor import cudagraph_trees
+
+        self.count, node = 0, cudagraph_trees.CUDAGraphNode
+        self._restore = node, node.__init__
+
+        def counting(graph_node, *args, **kwargs) -> None:
+            self.count += 1
+            self._restore[1](graph_node, *args, **kwargs)
+
+        node.__init__ = counting
+        return self
+
+    def __exit__(self, *exc) -> None:
+        node, init = self._restore
+        node.__init__ = init

@@ -6,18 +6,22 @@
 The loop a user writes around S-MNIST's paper model: ``Linear(3136, 11)`` (10 digit logits and
 the shape node), Adam 1e-3, B = 100 from 111860 samples of which 55930 are positives of the shape
 (S-MNIST's), cross-entropy on the digits plus ``alpha * reg(shape_score, idx)`` with the F-beta
-regularizer's defaults; one step is the forward, ``backward``, ``opt.step()``,
-``opt.zero_grad()`` and ``reg.after_step_()``. Every arm is timed with and without ``reg``, the
-arms in rotating order (drift of a shared machine hits all alike); the regularizer's own time is
-the median step with it minus the median step without it.
+regularizer's defaults; one step is the forward, ``backward``, ``opt.step()`` and
+``opt.zero_grad()`` (the defaults step ``tau`` inside the backward: no ``after_step_()`` call).
+Every arm is timed with and without ``reg``, the arms in rotating order (drift of a shared machine
+hits all alike); the regularizer's own time is the median step with it minus the median step
+without it.
 
 * ``eager``: as written;
-* ``compiled``: the loss (model, cross-entropy and ``reg``) compiled as one graph
-  (``fullgraph=True``; AOTAutograd compiles its backward), ``torch.compile(opt.step)`` (torch's
-  optimizers break the graph around their step by design, so it is its own graph) and
-  ``reg.compile()`` for ``after_step_``;
+* ``reg.compile``: eager model and loss, ``reg.compile()`` (the regularizer's forward and its
+  backward, with the step in it, one compiled graph each);
+* ``compiled``: the user's ``torch.compile`` of the loss (model, cross-entropy and ``reg``) as one
+  graph (``fullgraph=True``; AOTAutograd compiles its backward, the regularizer's step inside it)
+  and ``torch.compile(opt.step)`` (torch's optimizers break the graph around their step by
+  design, so it is its own graph);
 * ``cudagraphs`` (CUDA, ``--cudagraphs``): the same with ``mode="reduce-overhead"`` (static
-  shapes: every batch has B samples).
+  shapes: every batch has B samples); the re-recordings after warm-up are counted
+  (``cudagraph_recordings``).
 
 Also per arm: the first steps' time (cold: inductor's on-disk cache is off), and what one step of
 the regularizer alone dispatches -- tensor operations eagerly; inductor's generated kernels
@@ -27,6 +31,7 @@ compiled; on CUDA the kernel launches the profiler counts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -37,8 +42,9 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
 from benchmarks._report import markdown_table
-from benchmarks._timing import machine_line
+from benchmarks._timing import Recordings, machine_line
 from benchmarks.reg_step import OpCount, _load
+from benchmarks.segmentation_step import segmentation_share
 from reparam import FBetaRegularizer
 
 SAMPLES, POSITIVES, FEATURES, OUTPUTS = 111860, 55930, 3136, 11
@@ -58,12 +64,13 @@ class Loop:
         params = [*self.model.parameters(), *(self.reg.parameters() if with_reg else [])]
         self.opt = torch.optim.Adam(params, lr=1e-3, capturable=device != "cpu")
         self.opt_step, self.loss = self.opt.step, self._loss
-        if mode != "eager":
+        if mode == "reg.compile":
+            if self.reg is not None:
+                self.reg.compile()
+        elif mode != "eager":
             options = {"mode": "reduce-overhead"} if mode == "cudagraphs" else {}
             self.loss = torch.compile(self._loss, fullgraph=True, **options)
             self.opt_step = torch.compile(self.opt.step, **options)
-            if self.reg is not None:
-                self.reg.compile(**options)  # its after_step_ (the forward is in self.loss)
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         out = self.model(x)
@@ -78,8 +85,6 @@ class Loop:
         self.loss(x, y, idx).backward()
         self.opt_step()
         self.opt.zero_grad()
-        if self.reg is not None:
-            self.reg.after_step_()
 
 
 def _batches(device: str, batch: int, count: int) -> list[tuple[torch.Tensor, ...]]:
@@ -115,33 +120,47 @@ def time_arms(device: str, modes: list[str], batch: int, steps: int) -> dict[str
         sync()
         first[a] = time.perf_counter() - t0
     order = list(arms)
+    recorded = {}  # CUDA graphs recorded per arm in its timed steps (cudagraphs)
     for k in range(steps + 20):
         for a in order[k % len(order) :] + order[: k % len(order)]:
             b = batches[k % len(batches)]
             sync()
-            t0 = time.perf_counter()
-            arms[a].step(*b)
-            sync()
-            if k >= 20:
-                times[a].append(time.perf_counter() - t0)
-    return {a: {"median": statistics.median(times[a]), "first": first[a]} for a in arms}
+            with Recordings() if a[0] == "cudagraphs" else contextlib.nullcontext() as rec:
+                t0 = time.perf_counter()
+                arms[a].step(*b)
+                sync()
+                t1 = time.perf_counter()
+            if k >= 20:  # (after 3 + 20 steps of the arm)
+                times[a].append(t1 - t0)
+                recorded[a] = recorded.get(a, 0) + (rec.count if rec is not None else 0)
+    return {
+        a: {"median": statistics.median(times[a]), "first": first[a], "recorded": recorded[a]}
+        for a in arms
+    }
 
 
 def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
-    """What one steady step of the regularizer alone (forward, backward, ``after_step_``)
-    dispatches: ``(tensor operations eagerly, or inductor kernels compiled; unit)``; on CUDA
-    compiled, the kernel launches of the profiler."""
-    loop = Loop(device, True, mode)
+    """What one steady step of the regularizer alone (its forward and its backward, which steps
+    ``tau``) dispatches: ``(tensor operations eagerly, or inductor kernels compiled; unit)``; on
+    CUDA compiled, the kernel launches of the profiler. Compiled arms: ``reg.compile()``."""
+    loop = Loop(device, True, "eager")
     reg, batches = loop.reg, _batches(device, batch, 4)
+    if mode != "eager":
+        reg.compile(**({"mode": "reduce-overhead"} if mode == "cudagraphs" else {}))
 
     def reg_step(u, idx):
         reg(u.requires_grad_(), idx).backward()
-        reg.after_step_()
+
+    def update():  # eps's step between two steps, not counted
+        with torch.no_grad():
+            reg.eps_param.sub_(reg.eps_param.grad, alpha=1e-3)
+            reg.eps_param.grad = None
 
     u = [torch.randn(batch, device=device) for _ in range(4)]
     if mode == "eager":
         for k in range(3):
             reg_step(u[k].clone(), batches[k][2])
+            update()
         with OpCount() as c:
             reg_step(u[3].clone(), batches[3][2])
         return c.ops, "operations"
@@ -150,6 +169,7 @@ def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
     metrics.reset()
     for k in range(3):
         reg_step(u[k].clone(), batches[k][2])
+        update()
     if not device.startswith("cuda"):
         return metrics.generated_kernel_count, "kernels (generated)"
     torch.cuda.synchronize()
@@ -158,83 +178,6 @@ def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     return len(kernels), "kernel launches"
-
-
-def segmentation_share(device: str, modes: list[str], steps: int) -> list[list[str]]:
-    """The DeepLabV3+ / ResNet-18 training step at 120x160, batch 8 (random images, 11 classes;
-    smp, no pretrained weights) with and without the F-beta defaults on one class's pixels
-    (``regularizer.target: pixels``: every pixel a sample, 100 images), per mode: the step's
-    median ms and the share the regularizer takes. The project's network
-    (``train.seg_models``, which pads to the encoder's stride). Rows for :func:`main`'s second
-    table."""
-    from train.torchvision_compat import ensure_torchvision_importable
-
-    ensure_torchvision_importable()  # before smp imports torchvision
-    from train.seg_models import build_segmentation_model
-
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    images, size, classes, batch = 100, (120, 160), 11, 8
-    gen = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, classes, (images, *size), generator=gen)
-    x = torch.randn(images, 3, *size, generator=gen)
-    rows = []
-    for mode in modes:
-        times = {}
-        for with_reg in (False, True):
-            torch.manual_seed(0)
-            net = build_segmentation_model("deeplabv3plus", "resnet18", None, classes).to(device)
-            reg = FBetaRegularizer(labels.reshape(-1) == 3).to(device) if with_reg else None
-            opt = torch.optim.Adam([*net.parameters(), *(reg.parameters() if reg else [])])
-
-            def loss_fn(xb, yb, idx, net=net, reg=reg):
-                logits, _ = net(xb)  # (logits, shape node)
-                loss = F.cross_entropy(logits, yb)
-                if reg is not None:
-                    margin = logits[:, 3] - logits.detach().max(1).values  # class 3's pixels
-                    loss = loss + ALPHA * reg(margin.reshape(-1), idx)
-                return loss
-
-            step_loss = loss_fn
-            if mode != "eager":
-                options = {"mode": "reduce-overhead"} if mode == "cudagraphs" else {}
-                step_loss = torch.compile(loss_fn, fullgraph=True, **options)
-                if reg is not None:
-                    reg.reserve_(batch * size[0] * size[1])
-                    reg.compile(**options)
-            try:
-                times[with_reg] = _segmentation_steps(step_loss, opt, reg, (x, labels), steps, sync)
-            except Exception as e:
-                print(f"DeepLabV3+ {mode} failed: {str(e)[:300]}")
-                break
-        if len(times) < 2:
-            continue
-        share = (times[True] - times[False]) / times[True]
-        rows.append([mode, f"{times[False] * 1e3:.2f}", f"{times[True] * 1e3:.2f}", f"{share:.0%}"])
-    return rows
-
-
-def _segmentation_steps(step_loss, opt, reg, data, steps: int, sync) -> float:
-    """Median seconds of a segmentation training step over ``steps`` (after 5), batches of 8
-    random images of ``data``; a pixel's dataset index is image * pixels + its position."""
-    x, labels = data
-    gen = torch.Generator().manual_seed(1)
-    pixels, device = labels[0].numel(), next(iter(opt.param_groups[0]["params"])).device
-    ts = []
-    for _ in range(steps + 5):
-        pick = torch.randperm(len(x), generator=gen)[:8]
-        idx = (pick[:, None] * pixels + torch.arange(pixels)).reshape(-1)
-        xb, yb = x[pick].to(device), labels[pick].to(device)
-        sync()
-        t0 = time.perf_counter()
-        torch.compiler.cudagraph_mark_step_begin()  # a no-op unless CUDA graphs
-        step_loss(xb, yb, idx.to(device)).backward()
-        opt.step()
-        opt.zero_grad()
-        if reg is not None:
-            reg.after_step_()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts[5:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     inductor_config.fx_graph_cache = False  # the first steps: a cold compilation
-    modes = ["eager", "compiled"] + (["cudagraphs"] if a.cudagraphs else [])
+    modes = ["eager", "reg.compile", "compiled"] + (["cudagraphs"] if a.cudagraphs else [])
     load = _load()
     result = time_arms(a.device, modes, a.batch, a.steps)  # (a failing mode is dropped)
     rows = []
@@ -268,19 +211,21 @@ def main(argv: list[str] | None = None) -> int:
                 f"{own * 1e3:.3f}",
                 f"{reg['median'] / base['median']:.2f}",
                 f"{reg['first']:.1f}",
-                f"{count} {unit}",
+                f"{count} {unit}"
+                + (f"; {reg['recorded']} graphs recorded after warm-up" * (m == "cudagraphs")),
             ]
         )
     header = ["arm", "step, no reg (ms)", "step with reg (ms)", "reg's own (ms)", "ratio"]
     table = markdown_table([*header, "first 3 steps with reg (s)", "reg alone: one step"], rows)
     if a.segmentation:
         try:  # compiling DeepLabV3+ takes minutes
-            seg = segmentation_share(a.device, ["eager", modes[-1]], a.segmentation)
+            seg_modes = [m for m in modes if m != "reg.compile"]  # (the user's compile)
+            seg = segmentation_share(a.device, seg_modes, a.segmentation, ALPHA)
         except ImportError as e:  # segmentation-models-pytorch missing: the first table alone
             print(f"no DeepLabV3+ table: {e}")
             seg = []
-        head = ["arm", "DeepLabV3+ step (ms)", "with reg (ms)", "reg's share"]
-        table += "\n\nDeepLabV3+ / ResNet-18, 120x160, batch 8, F-beta on one class's pixels\n\n"
+        head = ["network", "arm", "DeepLabV3+ step (ms)", "with reg (ms)", "reg's share"]
+        table += "\n\nDeepLabV3+, F-beta defaults on one class's pixels\n\n"
         table += markdown_table(head, seg)
     cmd = f"python -m benchmarks.reg_loop --device {a.device} --batch {a.batch} --steps {a.steps}"
     cmd += (f" --threads {a.threads}" if a.threads else "") + (" --cudagraphs" * a.cudagraphs)

@@ -33,6 +33,7 @@ State per mode (docs/method/cost.md sec. 11), per sample + per positive, and at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -97,9 +98,10 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
         idx = torch.randint(n, (local,), generator=gen)
         u = torch.randn(local, generator=gen).requires_grad_()
         start = time.perf_counter()
-        loss = reg(u, idx)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        with reg.deferred_tau_step() if world > 1 else contextlib.nullcontext():
+            loss = reg(u, idx)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         if world > 1:
             _exchange(reg, world, local)
         opt.step()

@@ -12,6 +12,7 @@ schedule (``reg.schedule``: ``tracked``, ``epoch`` or ``inline``; ``reparam.sche
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 import torch
@@ -153,6 +154,35 @@ class ReparamRegularizer(ShapeObjective):
             raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
         self.sparse_tau.lr = value
 
+    @property
+    def _needs_after_step(self) -> str | None:
+        if self.sparse_tau is not None and not self.sparse_tau.fused:
+            return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
+        return super()._needs_after_step
+
+    def deferred_tau_step(self) -> contextlib.AbstractContextManager:
+        """Defer the sparse ``tau`` step of the block's backward passes to ``after_step_()``.
+
+        Inside the block a backward pass collects the gradient of its batch's rows of ``tau``
+        instead of stepping them.
+
+        For gradient accumulation: run the micro-batches' forward and backward inside it, then
+        ``optimizer.step()`` and ``reg.after_step_()``: one step on the summed gradient, as a
+        dense ``tau`` takes. Without a sparse ``tau``, a no-op.
+
+        Examples:
+            >>> import torch
+            >>> from reparam import FBetaRegularizer
+            >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))
+            >>> with reg.deferred_tau_step():
+            ...     for idx in (torch.tensor([0, 1]), torch.tensor([2, 4])):
+            ...         reg(torch.randn(2, requires_grad=True), idx).backward()
+            >>> reg.after_step_()  # (after the optimizer's step)
+            >>> int(reg.sparse_tau.step)
+            1
+        """
+        return contextlib.nullcontext() if self.sparse_tau is None else self.sparse_tau.deferred()
+
     def reserve_(self, entries: int) -> None:
         """Make room for ``entries`` batch entries between two steps.
 
@@ -165,19 +195,26 @@ class ReparamRegularizer(ShapeObjective):
         """Run ``after_step_`` after every ``optimizer.step()``, as ``ShapeObjective.attach``.
 
         With a sparse ``tau`` and ``tau_lr`` not given, the sparse step also takes the lr of the
-        optimizer's group that steps the objective's first parameter (F-beta's ``eps``), at every
-        step (schedules included): the step a dense ``tau`` in that group would take."""
+        optimizer's group that steps the objective's first parameter (F-beta's ``eps``): the
+        step a dense ``tau`` in that group would take, schedules included. It is read at every
+        forward (the step in the backward uses the lr the optimizer's next step uses) and at
+        every optimizer step (a deferred step). A tensor lr is read with no host sync."""
         handle = super().attach(optimizer)
         group = self.tau_lr_source(optimizer)
         if group is None:
             return handle
         handle.remove()
 
+        def follow(*_) -> None:
+            self.sparse_tau.follow_lr_(group["lr"])
+
         def hook(*_) -> None:
-            self.tau_lr = float(group["lr"])
+            follow()
             self.after_step_()
 
-        return optimizer.register_step_post_hook(hook)
+        on_forward = self.register_forward_pre_hook(follow)
+        on_step = optimizer.register_step_post_hook(hook)
+        return _Handles(on_forward, on_step)
 
     def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
         """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes.
@@ -290,3 +327,14 @@ def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
         return
     for name, value in sparse.state_dict().items():
         state_dict.setdefault(prefix + "sparse_tau." + name, torch.zeros_like(value))
+
+
+class _Handles:
+    """The handles of several hooks, removed together (``ReparamRegularizer.attach``)."""
+
+    def __init__(self, *handles: torch.utils.hooks.RemovableHandle) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()

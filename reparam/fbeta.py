@@ -63,7 +63,7 @@ class FBetaRegularizer(ReparamRegularizer):
             ``FBETA_DEFAULTS``) or the paper's Algorithm 3 (``"paper"``, ``PAPER_PRESET``).
         tau_update: who steps ``tau`` (method note sec. 11): ``"dense"`` (a parameter your
             optimizer steps, O(n) per step) or ``"sparse_adam_ahead"`` (``reg.sparse_tau`` steps
-            the batch's rows in ``after_step_`` on dense Adam's trajectory, O(B); not with
+            the batch's rows in the backward pass on dense Adam's trajectory, O(B); not with
             ``"inline"``). ``"auto"``: sparse with the library's defaults, else dense
             (``reparam.resolve_options``).
         tau_lr: the sparse step size (``None``: 1e-2, and ``attach`` makes it follow the lr of
@@ -184,6 +184,9 @@ class FBetaRegularizer(ReparamRegularizer):
         if tracked is not None and sparse is None:  # the optimizer moved every row:
             tracked.retest_all_(self.tau_param, self.eps_param, lay.row_groups)  # O(n)
             self._forget_("constrained")
+        elif tracked is not None and sparse is not None:  # the last step's rows, at today's eps
+            room = rows.numel() if sparse.fused and torch.is_grad_enabled() else None
+            tracked.settle_(self.tau_param, self.eps_param, lay.row_groups, room)
         slots = rows.clamp_min(0)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)
             tau, lam = self._batch_rows(tau, rows, touched, tracked, sparse)
@@ -225,10 +228,8 @@ class FBetaRegularizer(ReparamRegularizer):
         values = tau.index_select(0, rows)
         if tracked is not None:
             values = values + tracked.shift(rows, self.eps_param, self.layout.row_groups)
-        if sparse is not None:
-            probe = sparse.probe(rows, touched)
-            if probe is not None:
-                values = values + probe
+        if sparse is not None:  # the step in the backward, or a probe for after_step_
+            values = sparse.rows_(values, rows, touched, self)
         return values, self.lam.index_select(0, rows)
 
     @property
@@ -249,21 +250,20 @@ class FBetaRegularizer(ReparamRegularizer):
             self._forget_("constrained")
         super()._end_epoch_body_()
 
-    @property
-    def _needs_after_step(self) -> str | None:
-        if self.sparse_tau is not None:
-            return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
-        return super()._needs_after_step
-
-    def _after_step_body_(self) -> None:
-        """The sparse ``tau`` step on the rows the backward passes since the last call touched
-        (``reparam.sparse``), with the tracked active set kept in step in mode ``"tracked"``."""
-        sparse = self.sparse_tau
-        if sparse is not None and sparse.pending:
-            tau, tracked = self.tau_param, self._tracked
-            if tracked is not None:  # A kept in step with the rows' change
-                tracked = partial(tracked.step_, tau, self.eps_param, self.layout.row_groups)
-            sparse.step_(tau, tracked)
+    def _after_step_body_(self, batch: tuple[Tensor, ...] | None = None) -> None:
+        """The sparse ``tau`` step (``reparam.sparse``) on the rows the backward passes since the
+        last call touched, or on ``batch``'s (``(rows, touched, grad)``: a step in the backward),
+        the tracked active set kept in step; with none pending, the re-test of the rows a step
+        in the backward held (``TrackedThreshold.settle_``)."""
+        sparse, tau, tracked, groups = self.sparse_tau, self.tau_param, self._tracked, None
+        stepping = sparse is not None and (batch is not None or sparse.pending)
+        if tracked is not None and sparse is not None:  # A kept in step with the rows' change
+            groups = self.layout.row_groups
+            if not stepping:
+                return tracked.settle_(tau, self.eps_param, groups)
+            tracked = partial(tracked.step_, tau, self.eps_param, groups, settle=batch is None)
+        if stepping:
+            sparse.step_(tau, tracked, batch)
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form

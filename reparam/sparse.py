@@ -8,17 +8,24 @@ A row stores its **rest point**, where dense Adam would carry it if no gradient 
 moments by ``b^k``, takes Adam's step on them and moves the rest point by
 ``lr E(t) (r^k a - a' / r)``, ``a = m / (sqrt(v) + eps)`` before and ``a'`` after it.
 
-The gradient reaches the rows with no side effect in the backward (so ``torch.compile`` traces a
-step whole): the loss sees ``tau[rows] + probe[a:b]``, ``probe`` a zero leaf that no optimizer
-steps; ``after_step_()`` sums ``probe.grad`` per row (repeated rows: one update, ``1 / count`` per
-occurrence), steps the rows and clears the sums. A non-finite gradient skips the step (on every
-process when the rows are spread over several).
+By default the step is part of the backward pass, as a fused optimizer of an embedding table
+applies its update in the table's backward: the batch's rows enter the loss through one autograd
+node (``StepInBackward``) whose backward sums their gradient per row (repeated rows: one update,
+``1 / count`` per occurrence) and steps them, in place. A step costs no call of its own, and under
+``torch.compile`` of a user's loss the update is part of the compiled backward.
+
+Deferred (several processes, or inside ``reg.deferred_tau_step()`` for gradient accumulation): the
+loss sees ``tau[rows] + probe[a:b]``, ``probe`` a zero leaf that no optimizer steps, and
+``after_step_()`` sums ``probe.grad`` per row over the backward passes since the last step, steps
+the rows and clears the sums. Both paths take the same step on the same summed gradient. A
+non-finite gradient skips the step (on every process when the rows are spread over several).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import torch
@@ -52,7 +59,7 @@ def sparse_step_(
     rows: Tensor,
     touched: Tensor,
     *,
-    lr: float,
+    lr: Tensor | float,
     moments: Tensor,
     step: Tensor,
     last: Tensor,
@@ -95,7 +102,7 @@ def sparse_step_(
     add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
     change = None
     if write:
-        tau.index_add_(0, rows, move * share, alpha=lr)
+        tau.index_add_(0, rows, move * share * lr)
     else:
         change = torch.where(use, move, 0.0) * lr
     _write_touched_(last, rows, use, (step + 1).to(last.dtype))
@@ -190,7 +197,14 @@ class SparseTau(nn.Module):
 
     def __init__(self, n_pos: int, *, lr: float, lr_given: bool, comm: LocalComm) -> None:
         super().__init__()
-        self.lr, self.lr_given, self._comm = lr, lr_given, comm
+        self.lr_given, self._comm = lr_given, comm
+        # the step size as a tensor: a compiled step reads it (a float would be specialized, and
+        # every change of it under an lr schedule would recompile)
+        self.register_buffer("lr_value", torch.tensor(float(lr)), persistent=False)
+        self._lr: float | None = float(lr)  # as given (lr_value holds it in the state's dtype)
+        # the leaf that makes a batch's rows differentiable in the fused path (StepInBackward)
+        self.register_buffer("anchor", torch.zeros((), requires_grad=True), persistent=False)
+        self._deferring = 0  # nested deferred_tau_step() blocks
         # Adam's [m, v] per row, its step count and the step of each row's last touch
         self.register_buffer("moments", torch.zeros(n_pos, 2))
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
@@ -217,6 +231,51 @@ class SparseTau(nn.Module):
         self.register_buffer("probe_rows", rows, persistent=False)
         touched = torch.zeros(entries, dtype=torch.bool, device=device)
         self.register_buffer("probe_touched", touched, persistent=False)
+
+    @property
+    def lr(self) -> float:
+        """The sparse step size (as given; one taken from a tensor: ``lr_value``, read)."""
+        return float(self.lr_value) if self._lr is None else self._lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr = float(value)
+        self.lr_value.fill_(self._lr)
+
+    def follow_lr_(self, lr: float | Tensor) -> None:
+        """Take ``lr`` as the step size: an optimizer group's lr, a float or a tensor (copied on
+        the device, no host read)."""
+        if isinstance(lr, Tensor):
+            self._lr = None
+            self.lr_value.copy_(lr)
+        else:
+            self.lr = lr
+
+    @property
+    def fused(self) -> bool:
+        """Whether a backward pass steps its batch's rows (``StepInBackward``), else
+        ``after_step_()`` does (several processes, or inside ``deferred_tau_step()``)."""
+        return self._deferring == 0 and self._comm.world == 1
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A block whose forwards take the deferred path (``reg.deferred_tau_step()``)."""
+        self._deferring += 1
+        try:
+            yield
+        finally:
+            self._deferring -= 1
+
+    def rows_(self, values: Tensor, rows: Tensor, touched: Tensor, owner: nn.Module) -> Tensor:
+        """The batch's rows of ``tau`` (``values``, at ``rows``; ``touched``: the entries that are
+        positives) as the loss sees them: through ``StepInBackward`` (``fused``; ``owner``'s
+        ``_after_step_body_`` takes the step), or plus the probe (deferred); unchanged when no
+        gradient is recorded. O(B)."""
+        if not torch.is_grad_enabled():
+            return values
+        if self.fused:
+            return StepInBackward.apply(self.anchor, values, rows, touched, owner)
+        return values + self.probe(rows, touched)
 
     def reserve_(self, entries: int) -> None:
         """Make room for ``entries`` batch entries between two steps (eagerly the room grows by
@@ -300,6 +359,12 @@ class SparseTau(nn.Module):
         touched, grad)`` since the last step, padded to ``size`` (at least their number: the
         per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
         ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read."""
+        if self.fused and len(self._pending) == 0:
+            raise RuntimeError(
+                "share_sparse_grads_(): the backward pass already stepped tau's rows with this "
+                "process's gradient alone; run the forward and backward inside "
+                "`with reg.deferred_tau_step():` so that the step waits for the exchange"
+            )
         acc = self.grad
         packed = acc.new_zeros(size, 3, dtype=torch.float64)
         collected = self._collect_()
@@ -314,27 +379,28 @@ class SparseTau(nn.Module):
         accumulate_(acc, rows, touched, grad)
         self._accumulated.append((rows, touched))
 
-    def step_(self, tau: Tensor, tracked: Callable[..., None] | None = None) -> None:
+    def step_(
+        self,
+        tau: Tensor,
+        tracked: Callable[..., None] | None = None,
+        batch: tuple[Tensor, Tensor, Tensor] | None = None,
+    ) -> None:
         """The sparse step (``sparse_step_``) on the rows of ``tau`` the backward passes since
-        the last call touched; ``tracked(rows, touched, step)`` runs it instead when the host
+        the last call touched, or (``batch``: ``(rows, touched, grad)``, the fused path's
+        backward) on a batch's; ``tracked(rows, touched, step)`` runs it instead when the host
         keeps a tracked active set in step with it (``reparam.tracked``)."""
-        self.accumulate_pending_()
-        parts = self._accumulated  # (rows, touched) of each pass
-        if len(parts) == 0:  # sharded, no row here since the last step
-            empty = torch.zeros(0, dtype=torch.int64, device=tau.device)
-            parts = [(empty, empty >= 0)]
-        if len(parts) == 1:
-            rows, touched = parts[0]
+        if batch is not None:
+            rows, touched, grad = touched_only(*batch)
+            accumulate_(self.grad, rows, touched, grad.to(self.grad.dtype))
         else:
-            rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
-        self._accumulated.clear()
+            rows, touched = self._accumulated_rows(tau.device)
         step = partial(
             sparse_step_,
             tau,
             self.grad,
             rows,
             touched,
-            lr=self.lr,
+            lr=self.lr_value,
             moments=self.moments,
             step=self.step,
             last=self.last,
@@ -346,3 +412,42 @@ class SparseTau(nn.Module):
             tracked(rows, touched, step)
         else:
             step()
+
+    def _accumulated_rows(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``(rows, touched)`` of the pending and accumulated backward passes (deferred)."""
+        self.accumulate_pending_()
+        parts = self._accumulated  # (rows, touched) of each pass
+        if len(parts) == 0:  # sharded, no row here since the last step
+            empty = torch.zeros(0, dtype=torch.int64, device=device)
+            parts = [(empty, empty >= 0)]
+        if len(parts) == 1:
+            rows, touched = parts[0]
+        else:
+            rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
+        self._accumulated.clear()
+        return rows, touched
+
+
+class StepInBackward(torch.autograd.Function):
+    """The identity on a batch's rows of ``tau`` whose backward steps them: it calls
+    ``owner._after_step_body_((rows, touched, grad))`` (the sparse step, and the tracked set's
+    bookkeeping, in place) and gives no gradient to its inputs; eagerly, a step with no optimizer
+    step since the last one is reported (``owner._monitor.on_step_in_backward``). ``anchor``: a zero leaf that
+    requires a gradient, so that the rows (a buffer's, which do not) are part of the graph.
+    Traced by ``torch.compile`` into the backward graph of the loss around it."""
+
+    @staticmethod
+    def forward(ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, owner):
+        ctx.owner = owner
+        ctx.save_for_backward(rows, touched)
+        return values.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        rows, touched = ctx.saved_tensors
+        owner = ctx.owner
+        if not torch.compiler.is_compiling():  # (gradient accumulation: deferred_tau_step())
+            owner._monitor.on_step_in_backward(next(owner.parameters()))
+        with torch.no_grad():
+            owner._after_step_body_((rows, touched, grad))
+        return None, None, None, None, None

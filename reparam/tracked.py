@@ -45,6 +45,22 @@ class TrackedThreshold(Schedule):
         self._row_comm = LOCAL if owned_here else comm  # a problem's rows: over these
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
         self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
+        # the rows a step in the backward moved, re-tested at the next settle_ (sorted entries,
+        # the first of each row, the touched ones: step_); saved, so a resume re-tests them too
+        self._held_buffers_(0, None)
+
+    def _held_buffers_(self, entries: int, device: torch.device | None) -> None:
+        for name, dtype in (("held_rows", torch.int64), ("held_first", torch.bool)):
+            self.register_buffer(name, torch.zeros(entries, dtype=dtype, device=device))
+        self.register_buffer("held_kept", torch.zeros(entries, dtype=torch.bool, device=device))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        """The held rows at the saved size (a state saved with none held may lack them)."""
+        held = state_dict.get(prefix + "held_rows")
+        self._held_buffers_(0 if held is None else held.numel(), self.active_sums.device)
+        for name in ("held_rows", "held_first", "held_kept"):
+            state_dict.setdefault(prefix + name, getattr(self, name))
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def threshold(self, eps: Tensor, at: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r"""``(e*, share)`` per problem from the tracked active set ``A_j`` (O(P); ``at``: of the
@@ -133,7 +149,9 @@ class TrackedThreshold(Schedule):
 
     @torch.no_grad()
     def refresh_(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> None:
-        """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
+        """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end), after the
+        re-test of the rows held (``settle_``), as a step before the epoch end takes it."""
+        self.settle_(tau, eps, groups)
         eps, values = eps.detach(), self.values(tau, eps, groups)
         if groups is None:  # (over every process's rows: the communicator's)
             r = projection_root(eps[0], values, comm=self._comm).view(1)
@@ -150,36 +168,70 @@ class TrackedThreshold(Schedule):
         rows: Tensor,
         touched: Tensor,
         step: Callable[..., Tensor | None],
+        settle: bool = True,
     ) -> None:
         """Run the sparse ``step`` on ``rows`` (int, may repeat; ``touched``: the entries that
         are positives) and keep ``A`` in step in O(B): each touched row counted once (sorted);
         ``A``'s offset sum moves by its rows' exact change; then every touched row is re-tested
-        against the moved root ``r``: one that joins ``A`` stores its offset, one that leaves its
-        value (``+/-(offset, 1)`` on the sums). The batch's negatives stand at row 0
+        against the moved root ``r`` (``settle_``). ``settle=False`` (a step in the backward,
+        before the optimizer moves ``eps``): the rows are written and held, and the next
+        ``settle_`` (the next forward, ``after_step_`` or the epoch end) re-tests them at the
+        ``eps`` the optimizer left, as a step after it would. The batch's negatives stand at row 0
         (``slots.clamp_min(0)``) untouched: only the touched rows are re-tested, so the rows a
         step re-tests do not depend on how the batch is split (between processes, or into
         accumulated micro-batches)."""
-        active = self.tau_active
         before = tau.index_select(0, rows)
         change = step(write=False)  # each entry's row change: tau written once, below
         rows, first, before, change, kept = _rows_once(rows.long(), touched, before, change)
         # one problem: no gather from the (n,) problem index (at 1e8 rows each is a DRAM miss)
         group = torch.zeros_like(rows) if groups is None else groups.index_select(0, rows).long()
         t = before + change
-        was = active.index_select(0, rows)
+        was = self.tau_active.index_select(0, rows)
         moved = (t.double() - before.double()) * (was & first)
         # A's sums are over every process's rows: their moves summed over the processes
-        one = groups is None
-        _add_per_problem(self.active_sums[:, 0], group, moved, one, self._row_comm)
+        _add_per_problem(self.active_sums[:, 0], group, moved, groups is None, self._row_comm)
+        if settle:
+            self._retest_(tau, eps, groups, (rows, first, kept, group, t, was))
+            return
+        tau.index_copy_(0, rows, t)
+        if self.held_rows.numel() != rows.numel():  # (eagerly: a large CPU batch's touched rows)
+            self._held_buffers_(rows.numel(), rows.device)
+        self.held_rows.copy_(rows)
+        self.held_first.copy_(first)
+        self.held_kept.copy_(kept)
+
+    @torch.no_grad()
+    def settle_(
+        self, tau: Tensor, eps: Tensor, groups: Tensor | None, room: int | None = None
+    ) -> None:
+        """Re-test the rows held by a step in the backward (``step_``) at the current ``eps``;
+        then none is held (a no-op when none is: their entries are not ``kept``). O(B).
+        ``room``: hold that many entries from now on (a forward's batch entries)."""
+        rows, first, kept = self.held_rows, self.held_first, self.held_kept
+        if rows.numel() > 0:
+            group = torch.zeros_like(rows) if groups is None else groups.index_select(0, rows)
+            t, was = tau.index_select(0, rows), self.tau_active.index_select(0, rows)
+            self._retest_(tau, eps, groups, (rows, first, kept, group.long(), t, was))
+            first.zero_()
+            kept.zero_()
+        if room is not None and room != rows.numel():
+            self._held_buffers_(room, rows.device)
+
+    def _retest_(self, tau: Tensor, eps: Tensor, groups: Tensor | None, moved: tuple) -> None:
+        """``step_``'s re-test of the moved rows (``(rows, first, kept, group, t, was)``: sorted
+        entries, the first of each touched row, the entries of a touched row, their problems,
+        their stored values after the step and their membership): one that joins ``A`` stores
+        its offset, one that leaves its value (``+/-(offset, 1)`` on the sums)."""
+        rows, first, kept, group, t, was = moved
         eps_rows = _of_rows(eps.detach(), rows, groups)
         values = torch.where(was, t + eps_rows, t)
         now = (values > self.root(eps, group)) & kept | (was & ~kept)
         offset = torch.where(was, t, values - eps_rows)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        _add_per_problem(self.active_sums, group, delta, one, self._row_comm)
+        _add_per_problem(self.active_sums, group, delta, groups is None, self._row_comm)
         tau.index_copy_(0, rows, torch.where(now == was, t, torch.where(now, offset, values)))
-        active.index_copy_(0, rows, now)
+        self.tau_active.index_copy_(0, rows, now)
 
 
 def _per_row(x: Tensor, groups: Tensor | None, n: int) -> Tensor:

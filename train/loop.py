@@ -16,6 +16,7 @@ rank 0 logs and writes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import time
@@ -261,23 +262,28 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         return False
     guard.unread += not check
-    loss, reg_loss = task, None
-    if reg is not None:
-        if s.pixel_classes is not None:  # the pixels' margins; unlabelled and padded ones dropped
-            pixels = batch["pixel"].to(device, non_blocking=True)
-            u, idx = labelled_pixel_scores(logits, s.pixel_classes, y, pixels, IGNORE_INDEX)
-        # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
-        reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
-        loss = task + alpha * reg_loss
-        if s.written is not None:
-            s.written.index_fill_(0, idx, True)
-    optimizer.zero_grad(set_to_none=True)
-    if scaler is not None:
-        scaler.scale(loss).backward()
-    else:
-        loss.backward()
+    # several processes, sparse tau: the backward collects, the exchange and after_step_ step
+    sharing = s.written is not None and getattr(reg, "tau_update", "dense") != "dense"
+    with reg.deferred_tau_step() if sharing else contextlib.nullcontext():
+        loss, reg_loss = task, None
+        if reg is not None:
+            if s.pixel_classes is not None:  # pixels' margins; unlabelled, padded ones dropped
+                pixels = batch["pixel"].to(device, non_blocking=True)
+                u, idx = labelled_pixel_scores(logits, s.pixel_classes, y, pixels, IGNORE_INDEX)
+            # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
+            reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
+            loss = task + alpha * reg_loss
+            if s.written is not None:
+                s.written.index_fill_(0, idx, True)
+        optimizer.zero_grad(set_to_none=True)
+        if s.tau_lr_group is not None:  # the lr this step uses (a step in the backward reads it)
+            reg.tau_lr = float(s.tau_lr_group["lr"])
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
     distributed.average_gradients_(s.reg_params)
-    if s.written is not None and getattr(reg, "tau_update", "dense") != "dense":
+    if sharing:
         # several processes, sparse tau: the mean gradient over the processes' touched rows,
         # padded to the batch's samples (its images' pixels for target: pixels; equal on all ranks)
         reg.share_sparse_grads_(distributed.all_gather, distributed.world_size(), y.numel())
@@ -286,8 +292,6 @@ def train_step(
         scaler.update()
     else:
         optimizer.step()
-    if s.tau_lr_group is not None:  # the lr this step used, before the schedule moves it
-        reg.tau_lr = float(s.tau_lr_group["lr"])
     if s.scheduler is not None:
         s.scheduler.step()
     if reg is not None:

@@ -128,17 +128,18 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
     for epoch in range(first, first + epochs):
         for step in batches(k, epoch, sampling, unit(kind))[:STEPS]:
             opt.zero_grad()
-            if rank is None:
-                losses = []
-                for idx in step:
-                    losses.append(task(scores(idx), idx))
-                if whole:  # (pr, rap: the per-step dual step once, on the global batch)
-                    idx = torch.cat(micro_batches(step, k, sampling, unit(kind)))
-                    losses.append(0.5 * k * reg(scores(idx), idx))
-                else:
-                    for idx in micro_batches(step, k, sampling, unit(kind)):
-                        losses.append(0.5 * reg(scores(idx), idx))
-                (sum(losses) / k).backward()
+            if rank is None:  # one step on the micro-batches' summed gradient (deferred)
+                with reg.deferred_tau_step():
+                    losses = []
+                    for idx in step:
+                        losses.append(task(scores(idx), idx))
+                    if whole:  # (pr, rap: the per-step dual step once, on the global batch)
+                        idx = torch.cat(micro_batches(step, k, sampling, unit(kind)))
+                        losses.append(0.5 * k * reg(scores(idx), idx))
+                    else:
+                        for idx in micro_batches(step, k, sampling, unit(kind)):
+                            losses.append(0.5 * reg(scores(idx), idx))
+                    (sum(losses) / k).backward()
             else:
                 idx = step[rank]
                 u = scores(idx)

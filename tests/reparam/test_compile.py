@@ -105,6 +105,27 @@ def test_cuda_graphs_capture_the_step_and_match_eager():
         torch.testing.assert_close(regs[True].state_dict()[name], value, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.cuda
+def test_cuda_graphs_replay_a_users_compiled_step_without_recording_again():
+    """A user's ``torch.compile(mode="reduce-overhead")`` of model + loss + regularizer (the
+    sparse ``tau`` stepped in its backward) and of the optimizer's step: after warm-up every
+    step replays, none records a CUDA graph again, and ``tau`` moves every step."""
+    from benchmarks._timing import Recordings
+    from benchmarks.reg_loop import Loop, _batches
+
+    loop = Loop("cuda", True, "cudagraphs")
+    batches = _batches("cuda", 100, 8)
+    for k in range(5):  # warm-up: compile, warm up, record
+        loop.step(*batches[k % 8])
+    steps = int(loop.reg.sparse_tau.step)
+    with Recordings() as recorded:
+        for k in range(12):
+            loop.step(*batches[k % 8])
+    torch.cuda.synchronize()
+    assert recorded.count == 0
+    assert int(loop.reg.sparse_tau.step) == steps + 12
+
+
 @pytest.mark.slow  # compiles (tens of seconds on 2 cores)
 def test_inline_compiles_with_graph_breaks_and_matches_eager():
     """Mode ``"inline"``'s exact root search reads values: ``compile()`` takes it with graph breaks

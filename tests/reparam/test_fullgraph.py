@@ -182,15 +182,26 @@ def test_a_masked_entry_adds_nothing_to_the_loss():
 
 
 def test_misuse_warnings_come_from_the_device_counters_under_compile():
-    """Compiled forward calls count on the device: a forgotten ``after_step_()`` (sparse ``tau``)
-    is reported at the epoch end, a forgotten ``end_epoch_()`` at the next ``stats()``."""
+    """Compiled forward calls count on the device: a forgotten ``after_step_()`` (a deferred
+    sparse ``tau`` step) is reported at the epoch end, a forgotten ``end_epoch_()`` at the next
+    ``stats()``; the default, whose backward steps ``tau``, needs no ``after_step_()``."""
     reg = FBetaRegularizer(LABELS)
     compiled = torch.compile(lambda u, idx: reg(u, idx), fullgraph=True, backend="aot_eager")
     with pytest.warns(RuntimeWarning, match=r"after_step_\(\) has not been called"):
+        with reg.deferred_tau_step():
+            for _ in range(2):
+                for idx in torch.arange(N).split(100):
+                    compiled(torch.randn(100, requires_grad=True), idx).backward()
+                reg.end_epoch_()
+    fused = FBetaRegularizer(LABELS)
+    compiled = torch.compile(lambda u, idx: fused(u, idx), fullgraph=True, backend="aot_eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
         for _ in range(2):
             for idx in torch.arange(N).split(100):
                 compiled(torch.randn(100, requires_grad=True), idx).backward()
-            reg.end_epoch_()
+            fused.end_epoch_()
+    assert int(fused.sparse_tau.step) == 2 * N // 100
     other = FBetaRegularizer(LABELS)
     compiled = torch.compile(lambda u, idx: other(u, idx), fullgraph=True, backend="aot_eager")
     with warnings.catch_warnings():
@@ -207,11 +218,16 @@ def test_misuse_warnings_come_from_the_device_counters_under_compile():
 
 
 def test_a_compiled_step_needs_room_for_its_batch():
-    """The sparse gradient's probe grows eagerly; inside torch.compile a batch larger than its
-    room is a ValueError naming ``reserve_``, and after ``reserve_`` the step compiles."""
+    """A deferred step's probe grows eagerly; inside torch.compile a batch larger than its room
+    is a ValueError naming ``reserve_``, and after ``reserve_`` the step compiles."""
     labels = (torch.arange(6000) % 3 == 0).long()
     reg = FBetaRegularizer(labels)
-    compiled = torch.compile(lambda u, idx: reg(u, idx), fullgraph=True, backend="aot_eager")
+
+    def deferred(u, idx):
+        with reg.deferred_tau_step():
+            return reg(u, idx)
+
+    compiled = torch.compile(deferred, fullgraph=True, backend="aot_eager")
     u, idx = torch.randn(5000, requires_grad=True), torch.arange(5000)
     with pytest.raises(Exception, match=r"call reg.reserve_\(5000\) before compiling"):
         compiled(u, idx)

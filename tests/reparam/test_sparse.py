@@ -5,6 +5,9 @@ trips."""
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import pytest
 import torch
 
@@ -168,20 +171,28 @@ def test_gradient_accumulation_sums_like_dense_gradients():
     u = torch.randn(N)
     for idx in (torch.arange(0, 20), torch.arange(10, 30)):  # overlapping rows
         dense(u[idx].clone().requires_grad_(), idx).backward()
-        sparse(u[idx].clone().requires_grad_(), idx).backward()
+        with sparse.deferred_tau_step():
+            sparse(u[idx].clone().requires_grad_(), idx).backward()
     RuleOnDenseGradient(dense.tau_param, lr=0.5).step()
     sparse.after_step_()
     torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach())
     assert not torch.equal(sparse.tau_param, torch.ones_like(sparse.tau_param))
 
 
-def test_a_nonfinite_gradient_skips_the_step():
+@pytest.mark.parametrize("deferred", [False, True])
+def test_a_nonfinite_gradient_skips_the_step(deferred):
+    """In the backward (fused) or in after_step_ (deferred): nothing of tau's state moves."""
     reg = FBetaRegularizer(
         LABELS, projection="epoch", tau_update="sparse_adam_ahead", lambda_init=0.5
     )
     before = {k: v.clone() for k, v in reg.state_dict().items()}
-    reg(torch.randn(3, requires_grad=True), torch.tensor([1, 2, 3])).backward()
-    reg.sparse_tau.probe_values.grad[1] = float("nan")  # the gradient of a positive's row
+    with reg.deferred_tau_step() if deferred else contextlib.nullcontext():
+        loss = reg(torch.randn(3, requires_grad=True), torch.tensor([1, 2, 3]))
+        if deferred:
+            loss.backward()
+            reg.sparse_tau.probe_values.grad[1] = float("nan")  # a positive's row's gradient
+        else:
+            (loss * float("inf")).backward()  # every gradient non-finite
     reg.after_step_()
     for k, v in reg.state_dict().items():
         if k not in ("scores", "score_epoch", "batches"):  # the forward's memory
@@ -206,13 +217,69 @@ def test_bad_options_name_the_argument(kw, match):
         FBetaRegularizer(LABELS, projection="epoch", **kw)
 
 
-def test_forgetting_after_step_warns_in_sparse_mode():
+def test_forgetting_after_step_warns_when_the_step_is_deferred():
     reg = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead")
     with pytest.warns(RuntimeWarning, match=r"after_step_\(\) has not been called.*tau does not"):
         for _ in range(2):
             for idx in torch.arange(N).split(20):
-                reg(torch.randn(len(idx), requires_grad=True), idx).backward()
+                with reg.deferred_tau_step():
+                    reg(torch.randn(len(idx), requires_grad=True), idx).backward()
             reg.end_epoch_()
+
+
+@pytest.mark.parametrize("projection", ["epoch", "tracked"])
+def test_the_backward_steps_tau_so_a_loop_needs_no_after_step(projection):
+    """The default: each backward pass steps its batch's rows; a loop of forward, backward and
+    the optimizer's step, with no ``after_step_()``, ends bit for bit where the same loop with
+    ``after_step_()`` after each optimizer step ends, and without a warning."""
+    states = []
+    for call in (False, True):
+        reg = FBetaRegularizer(LABELS, projection=projection, tau_update="sparse_adam_ahead")
+        opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+        gen = torch.Generator().manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(2):
+                for idx in torch.randperm(N, generator=gen).split(20):
+                    reg(torch.randn(len(idx), generator=gen, requires_grad=True), idx).backward()
+                    opt.step()
+                    opt.zero_grad()
+                    if call:
+                        reg.after_step_()
+                reg.end_epoch_()
+        assert int(reg.sparse_tau.step) == 2 * N // 20
+        states.append(reg.state_dict())
+    for k, value in states[1].items():
+        assert torch.equal(states[0][k], value), k
+
+
+def test_gradient_accumulation_without_deferral_is_warned():
+    """Two backward passes and no optimizer step between them: each stepped the rows; warned."""
+    reg = FBetaRegularizer(LABELS)
+    with pytest.warns(RuntimeWarning, match=r"no optimizer step between.*deferred_tau_step"):
+        for idx in (torch.arange(0, 20), torch.arange(20, 40)):
+            reg(torch.randn(20, requires_grad=True), idx).backward()
+    assert int(reg.sparse_tau.step) == 2
+
+
+def test_a_forward_without_a_backward_leaves_tau_alone():
+    """A forward that records a gradient but gets no backward (a loss only logged): no step,
+    and the next step is the one it would have been."""
+    runs = []
+    for extra in (False, True):
+        reg = FBetaRegularizer(LABELS)
+        opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+        gen = torch.Generator().manual_seed(0)
+        for k, idx in enumerate(torch.randperm(N, generator=gen).split(20)):
+            u = torch.randn(len(idx), generator=gen)
+            if extra and k == 3:
+                reg(u.clone().requires_grad_(), idx)  # no backward
+            reg(u.requires_grad_(), idx).backward()
+            opt.step()
+            opt.zero_grad()
+        runs.append(reg.state_dict())
+    for k in ("tau_param", "eps_param", "sparse_tau.moments", "sparse_tau.step", "sparse_tau.last"):
+        assert torch.equal(runs[0][k], runs[1][k]), k
 
 
 def test_state_round_trip_and_dense_state_loads_into_sparse_tau():
@@ -242,8 +309,9 @@ def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
     a, b, both = (FBetaRegularizer(LABELS, **kw) for _ in range(3))
     u = torch.randn(N)
     first, second = torch.arange(0, 10), torch.arange(10, 20)
-    a(u[first].clone().requires_grad_(), first).backward()
-    b(u[second].clone().requires_grad_(), second).backward()
+    with a.deferred_tau_step(), b.deferred_tau_step():  # the step waits for the exchange
+        a(u[first].clone().requires_grad_(), first).backward()
+        b(u[second].clone().requires_grad_(), second).backward()
     packed = {}
 
     def gather_from(me):
@@ -256,17 +324,23 @@ def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
     b.share_sparse_grads_(gather_from("b"), 2, 12)  # b first: its gather sees only its own part
     a.share_sparse_grads_(gather_from("a"), 2, 12)  # a sees both
     a.after_step_()
-    both(u[first].clone().requires_grad_(), first).backward()
-    both(u[second].clone().requires_grad_(), second).backward()
+    with both.deferred_tau_step():
+        both(u[first].clone().requires_grad_(), first).backward()
+        both(u[second].clone().requires_grad_(), second).backward()
     both.sparse_tau.accumulate_pending_()
     both.sparse_tau.grad[:, 0] /= 2  # the mean of the two processes' gradients
     both.after_step_()
     torch.testing.assert_close(a.tau_param, both.tau_param)
     assert not torch.equal(a.tau_param, FBetaRegularizer(LABELS, **kw).tau_param)
+    c = FBetaRegularizer(LABELS, **kw)
     with pytest.raises(ValueError, match=r"size must be >= the pending entries \(10\)"):
-        c = FBetaRegularizer(LABELS, **kw)
-        c(u[first].clone().requires_grad_(), first).backward()
+        with c.deferred_tau_step():
+            c(u[first].clone().requires_grad_(), first).backward()
         c.share_sparse_grads_(lambda t: t, 2, 5)
+    # outside deferred_tau_step() the backward has stepped already: sharing then is refused
+    c(u[first].clone().requires_grad_(), first).backward()
+    with pytest.raises(RuntimeError, match=r"already stepped.*deferred_tau_step"):
+        c.share_sparse_grads_(lambda t: t, 2, 12)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -293,7 +367,8 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
     )
     idx = torch.arange(12)
     u = torch.randn(12, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    reg(u, idx).backward()
+    with reg.deferred_tau_step():
+        reg(u, idx).backward()
     ((probe, start, rows, touched),) = reg.sparse_tau._pending
     assert rows.numel() == touched.numel() == 12 and start == 0
     assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
@@ -304,12 +379,13 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
     )  # one count each
 
 
+@pytest.mark.parametrize("deferred", [False, True])
 @pytest.mark.parametrize("projection", ["epoch", "tracked"])
 def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
-    projection, monkeypatch
+    projection, deferred, monkeypatch
 ):
-    """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only for the sparse step;
-    the state ends where keeping every entry leaves it."""
+    """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only for the sparse step
+    (in the backward, or deferred); the state ends where keeping every entry leaves it."""
     from reparam import sparse
 
     labels = (torch.rand(20000, generator=torch.Generator().manual_seed(0)) < 0.3).long()
@@ -320,8 +396,9 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
         gen = torch.Generator().manual_seed(1)
         for _ in range(4):
             idx = torch.randperm(20000, generator=gen)[:5000]
-            reg(torch.randn(5000, generator=gen, requires_grad=True), idx).backward()
-            if compact:
+            with reg.deferred_tau_step() if deferred else contextlib.nullcontext():
+                reg(torch.randn(5000, generator=gen, requires_grad=True), idx).backward()
+            if compact and deferred:
                 reg.sparse_tau.accumulate_pending_()
                 ((rows, touched),) = reg.sparse_tau._accumulated
                 assert bool(touched.all()) and rows.numel() == int(labels[idx].sum())
@@ -329,6 +406,9 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
         states[compact] = reg.state_dict()
     kept, every = states.values()
     for k, value in every.items():
+        if k.startswith("schedule.held_"):  # settled: which rows were held last does not matter
+            assert not kept[k.replace("rows", "kept")].any()
+            continue
         torch.testing.assert_close(kept[k], value, rtol=0, atol=0, msg=k)
     assert not torch.equal(every["tau_param"], torch.ones_like(every["tau_param"]))
 
@@ -425,3 +505,38 @@ def test_tau_lr_source_is_the_group_that_steps_eps():
     opt = torch.optim.Adam(groups)
     assert reg.tau_lr_source(opt) is opt.param_groups[1]
     assert FBetaRegularizer(LABELS, tau_lr=0.05).tau_lr_source(opt) is None
+
+
+def test_a_resume_with_rows_held_for_their_retest_is_bit_for_bit():
+    """Saved after the optimizer's step, before the next forward (the tracked set's rows of the
+    last step held for their re-test): a fresh regularizer loaded from the state continues as
+    the run that was not interrupted. A state saved without the held rows loads too."""
+
+    def make():
+        reg = FBetaRegularizer(LABELS)
+        return reg, torch.optim.Adam(reg.parameters(), lr=1e-2)
+
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(20, generator=gen), idx) for idx in torch.randperm(N).split(20)[:6]]
+
+    def steps(reg, opt, part):
+        for u, idx in part:
+            reg(u.clone().requires_grad_(), idx).backward()
+            opt.step()
+            opt.zero_grad()
+
+    whole, whole_opt = make()
+    steps(whole, whole_opt, batches)
+    first, first_opt = make()
+    steps(first, first_opt, batches[:3])
+    assert bool(first.schedule.held_kept.any())  # rows wait for their re-test
+    resumed, resumed_opt = make()
+    resumed.load_state_dict(first.state_dict())
+    resumed_opt.load_state_dict(first_opt.state_dict())
+    steps(resumed, resumed_opt, batches[3:])
+    for k, value in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[k], value), k
+    older = {k: v for k, v in whole.state_dict().items() if ".held_" not in k}
+    fresh, _ = make()
+    fresh.load_state_dict(older)
+    assert fresh.schedule.held_rows.numel() == 0

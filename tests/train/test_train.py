@@ -320,7 +320,7 @@ def test_ahead_tau_step_follows_the_lr_schedule(digits_smnist, tmp_path, monkeyp
     step = sparse.sparse_step_
 
     def spy(*args, **kwargs):
-        seen.append(kwargs["lr"])
+        seen.append(float(kwargs["lr"]))  # (a tensor the trainer fills before each backward)
         return step(*args, **kwargs)
 
     monkeypatch.setattr(sparse, "sparse_step_", spy)
@@ -332,9 +332,9 @@ def test_ahead_tau_step_follows_the_lr_schedule(digits_smnist, tmp_path, monkeyp
     total = len(seen)
     assert total == checkpoint.latest(tmp_path / "run")[1]["global_step"] > 10
     expected = [0.02 * (1 - t / total) ** 0.9 for t in range(total)]
-    assert seen == pytest.approx(expected, rel=1e-12)
+    assert seen == pytest.approx(expected, rel=1e-7)  # (held in float32)
     seen.clear()
     given = (*poly, "regularizer.fbeta.tau_lr=0.005")
     run(_cfg(digits_smnist, tmp_path / "given", *given), log=lambda *_: None)
-    assert set(seen) == {0.005}
+    assert set(seen) == {torch.tensor(0.005).item()}  # (float32)
     assert C.load(tmp_path / "given" / "config.yaml").regularizer.fbeta.tau_lr == 0.005
