@@ -54,7 +54,7 @@ ALPHA = 0.1
 class Loop:
     """One arm's model, optimizer and (optional) regularizer, and its step."""
 
-    def __init__(self, device: str, with_reg: bool, mode: str) -> None:
+    def __init__(self, device: str, with_reg: bool, mode: str, batch: int = 100) -> None:
         torch.manual_seed(0)
         self.mode = mode
         self.model = torch.nn.Linear(FEATURES, OUTPUTS).to(device)
@@ -64,6 +64,8 @@ class Loop:
         params = [*self.model.parameters(), *(self.reg.parameters() if with_reg else [])]
         self.opt = torch.optim.Adam(params, lr=1e-3, capturable=device != "cpu")
         self.opt_step, self.loss = self.opt.step, self._loss
+        if mode != "eager" and self.reg is not None:  # the batch's room: no recompile
+            self.reg.reserve_(batch)
         if mode == "reg.compile":
             if self.reg is not None:
                 self.reg.compile()
@@ -101,7 +103,7 @@ def _batches(device: str, batch: int, count: int) -> list[tuple[torch.Tensor, ..
 def time_arms(device: str, modes: list[str], batch: int, steps: int) -> dict[str, dict]:
     """Median and first-step seconds of every (mode, with reg) arm, in rotating order."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    arms = {(m, r): Loop(device, r, m) for m in modes for r in (False, True)}
+    arms = {(m, r): Loop(device, r, m, batch) for m in modes for r in (False, True)}
     batches = _batches(device, batch, 64)
     times: dict = {a: [] for a in arms}
     first: dict = {}  # arms of a mode that fails are dropped
@@ -146,6 +148,7 @@ def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
     loop = Loop(device, True, "eager")
     reg, batches = loop.reg, _batches(device, batch, 4)
     if mode != "eager":
+        reg.reserve_(batch)
         reg.compile(**({"mode": "reduce-overhead"} if mode == "cudagraphs" else {}))
 
     def reg_step(u, idx):

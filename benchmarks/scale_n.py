@@ -60,6 +60,10 @@ PER_BATCH = (  # the sparse tau's probe and table: sized by the batch and the ru
     "sparse_tau.probe_rows",
     "sparse_tau.probe_touched",
     "sparse_tau.ahead",
+    "schedule.held_rows",  # the tracked set's rows held for their re-test: one batch's
+    "schedule.held_first",
+    "schedule.held_kept",
+    "schedule.held_values",
 )
 
 MODES = (

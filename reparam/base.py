@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch import Tensor
@@ -118,7 +119,8 @@ class ReparamRegularizer(ShapeObjective):
         compiles with graph breaks (``fullgraph=False``)."""
         routed = self.shard is not None and self.shard.sampling == "global"  # (_routed: a break)
         options = {"fullgraph": self.schedule.traces_whole and not routed, **kwargs}
-        self._compiled_forward, self._compiled_after_step = compiled_steps(type(self), **options)
+        forward, self._compiled_after_step = compiled_steps(type(self), **options)
+        self._compiled_forward = partial(_with_room, forward)
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -155,6 +157,12 @@ class ReparamRegularizer(ShapeObjective):
         self.sparse_tau.lr = value
 
     @property
+    def steps_tau_in_backward(self) -> bool:
+        """Whether the backward pass steps ``tau`` (a sparse ``tau``, one process, outside
+        ``deferred_tau_step()``): ``after_step_()`` then has nothing it must do."""
+        return self.sparse_tau is not None and self.sparse_tau.fused
+
+    @property
     def _needs_after_step(self) -> str | None:
         if self.sparse_tau is not None and not self.sparse_tau.fused:
             return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
@@ -186,10 +194,15 @@ class ReparamRegularizer(ShapeObjective):
     def reserve_(self, entries: int) -> None:
         """Make room for ``entries`` batch entries between two steps.
 
-        Call it before ``torch.compile`` traces a step with batches of more than 4096 entries
-        (eagerly the room grows)."""
-        if self.sparse_tau is not None:
-            self.sparse_tau.reserve_(entries)
+        Call it, with the batch's entries, before your ``torch.compile`` traces a step: the
+        rows a step in the backward holds for their re-test have room for 256 entries, a
+        deferred step's gradient for 4096, and a graph cannot make more. Eagerly, and under
+        ``reg.compile()``, the room is made by itself."""
+        sparse = self.sparse_tau
+        if sparse is not None:
+            sparse.reserve_(entries)
+            if sparse.fused and isinstance(self.schedule, TrackedThreshold):  # the held rows
+                self.schedule.make_room_(entries)
 
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
         """Run ``after_step_`` after every ``optimizer.step()``, as ``ShapeObjective.attach``.
@@ -338,3 +351,12 @@ class _Handles:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+def _with_room(forward: Callable, reg: ReparamRegularizer, scores: Tensor, idx: Tensor) -> Tensor:
+    """``reg.compile()``'s forward: the room for the batch's entries made eagerly first
+    (``reserve_``; a compiled graph cannot make it), then the compiled ``forward``."""
+    held = getattr(reg.schedule, "held_rows", None)
+    if held is not None and held.numel() != idx.numel():  # (a size check: no host read)
+        reg.reserve_(idx.numel())
+    return forward(reg, scores, idx)

@@ -185,7 +185,7 @@ class FBetaRegularizer(ReparamRegularizer):
             tracked.retest_all_(self.tau_param, self.eps_param, lay.row_groups)  # O(n)
             self._forget_("constrained")
         elif tracked is not None and sparse is not None:  # the last step's rows, at today's eps
-            room = rows.numel() if sparse.fused and torch.is_grad_enabled() else None
+            room = (rows.numel() if sparse.fused else 0) if torch.is_grad_enabled() else None
             tracked.settle_(self.tau_param, self.eps_param, lay.row_groups, room)
         slots = rows.clamp_min(0)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)

@@ -2,8 +2,9 @@
 
 The loop trains with what ``train.setup.setup`` builds. Per step (docs/method/dual-ascent.md sec. 3b):
 ``loss = CE(logits, y) + alpha * L_B(u, idx)``; one optimizer steps the network and the
-regularizer's parameters; ``reg.after_step_()`` steps a sparse ``tau`` and keeps the tracked
-active set. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
+regularizer's parameters; the backward steps a sparse ``tau`` (with several processes the
+rows' gradients are exchanged first and ``reg.after_step_()`` steps it), and ``after_step_()``
+serves the objectives that need it. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
 remembered scores), evaluation on the test split, logging (console, TensorBoard, ``metrics.json``)
 and an atomic checkpoint of the ``TrainState``. Whether a step was finite is read on the host every
 step under ``train.nonfinite=skip``; under ``stop`` (the default) it stays on the device and is read
@@ -244,7 +245,8 @@ def train_step(
     check: bool,
 ) -> bool:
     """Step ``k`` of the epoch: forward, the finiteness flag, the regularized loss, backward, the
-    optimizer, the lr schedule and ``reg.after_step_()``. ``check``: the flag is read first
+    optimizer, the lr schedule and ``reg.after_step_()`` (when the backward has not stepped
+    ``tau``). ``check``: the flag is read first
     (``stop`` raises; under ``skip``, which checks every step, a non-finite step is dropped:
     ``False`` is returned and nothing is updated). Unchecked (``stop`` between its periodic reads)
     the step runs with no host read; a non-finite one corrupts the state, which the next read,
@@ -294,8 +296,8 @@ def train_step(
         optimizer.step()
     if s.scheduler is not None:
         s.scheduler.step()
-    if reg is not None:
-        reg.after_step_()
+    if reg is not None and not getattr(reg, "steps_tau_in_backward", False):
+        reg.after_step_()  # (the defaults' backward has stepped tau: nothing left to do)
     n = len(y)
     losses = torch.stack((task, reg_loss if reg is not None else torch.zeros_like(task))).detach()
     state.totals[:3].add_(torch.cat((losses * n, losses.new_ones(1) * n)))
