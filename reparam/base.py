@@ -158,9 +158,12 @@ class ReparamRegularizer(ShapeObjective):
 
     @property
     def steps_tau_in_backward(self) -> bool:
-        """Whether the backward pass steps ``tau`` (a sparse ``tau``, one process, outside
-        ``deferred_tau_step()``): ``after_step_()`` then has nothing it must do."""
-        return self.sparse_tau is not None and self.sparse_tau.fused
+        """Whether the backward passes step ``tau``, leaving ``after_step_()`` nothing to do.
+
+        True for a sparse ``tau`` on one process, outside ``deferred_tau_step()``, with no
+        deferred step pending."""
+        sparse = self.sparse_tau
+        return sparse is not None and sparse.fused and not sparse.pending
 
     @property
     def _needs_after_step(self) -> str | None:
@@ -170,9 +173,6 @@ class ReparamRegularizer(ShapeObjective):
 
     def deferred_tau_step(self) -> contextlib.AbstractContextManager:
         """Defer the sparse ``tau`` step of the block's backward passes to ``after_step_()``.
-
-        Inside the block a backward pass collects the gradient of its batch's rows of ``tau``
-        instead of stepping them.
 
         For gradient accumulation: run the micro-batches' forward and backward inside it, then
         ``optimizer.step()`` and ``reg.after_step_()``: one step on the summed gradient, as a
@@ -207,11 +207,9 @@ class ReparamRegularizer(ShapeObjective):
     def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
         """Run ``after_step_`` after every ``optimizer.step()``, as ``ShapeObjective.attach``.
 
-        With a sparse ``tau`` and ``tau_lr`` not given, the sparse step also takes the lr of the
-        optimizer's group that steps the objective's first parameter (F-beta's ``eps``): the
-        step a dense ``tau`` in that group would take, schedules included. It is read at every
-        forward (the step in the backward uses the lr the optimizer's next step uses) and at
-        every optimizer step (a deferred step). A tensor lr is read with no host sync."""
+        With a sparse ``tau`` and ``tau_lr`` not given, the sparse step takes the lr of the group
+        that steps the first parameter (``eps``), schedules included, read at every forward and
+        optimizer step (a tensor lr with no host sync)."""
         handle = super().attach(optimizer)
         group = self.tau_lr_source(optimizer)
         if group is None:
@@ -223,7 +221,8 @@ class ReparamRegularizer(ShapeObjective):
 
         def hook(*_) -> None:
             follow()
-            self.after_step_()
+            if not self.steps_tau_in_backward:  # (else nothing is left for it to do)
+                self.after_step_()
 
         on_forward = self.register_forward_pre_hook(follow)
         on_step = optimizer.register_step_post_hook(hook)

@@ -254,7 +254,7 @@ class FBetaRegularizer(ReparamRegularizer):
         """The sparse ``tau`` step (``reparam.sparse``) on the rows the backward passes since the
         last call touched, or on ``batch``'s (``(rows, touched, grad)``: a step in the backward),
         the tracked active set kept in step; with none pending, the re-test of the rows a step
-        in the backward held (``TrackedThreshold.settle_``)."""
+        in the backward held (``TrackedThreshold.settle_``: the state then reads as settled)."""
         sparse, tau, tracked, groups = self.sparse_tau, self.tau_param, self._tracked, None
         stepping = sparse is not None and (batch is not None or sparse.pending)
         if tracked is not None and sparse is not None:  # A kept in step with the rows' change

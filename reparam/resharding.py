@@ -27,7 +27,9 @@ from torch import Tensor, nn
 
 from .sharding import block
 
-DERIVED_PREFIXES = ("layout.", "shard_layout")  # rebuilt from the labels by the new objective
+# rebuilt from the labels by the new objective; and the tracked set's rows held for their re-test
+# (a process of a sharded run holds none: its step waits for after_step_)
+DERIVED_PREFIXES = ("layout.", "shard_layout", "schedule.held_")
 
 
 def saved_world(state: Mapping[str, Tensor]) -> tuple[int, int, int]:

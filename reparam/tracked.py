@@ -208,12 +208,14 @@ class TrackedThreshold(Schedule):
         if n != room and not torch.compiler.is_compiling():  # eagerly: exactly the entries
             self._held_buffers_(n, rows.device, t.dtype)
             room = n
-        # compiled: the room is larger than the batch; the rest are copies of the first entry,
-        # which write what it writes (settle_)
-        self.held_rows.copy_(torch.cat([rows, rows[:1].expand(room - n)]))
-        self.held_first.copy_(torch.cat([first, first.new_zeros(room - n)]))
-        self.held_kept.copy_(torch.cat([kept, kept[:1].expand(room - n)]))
-        self.held_values.copy_(torch.cat([t, t[:1].expand(room - n)]))
+        if room > n:  # compiled: the rest are copies of the first entry, which write what it
+            # writes (settle_)
+            rows, kept, t = (torch.cat([x, x[:1].expand(room - n)]) for x in (rows, kept, t))
+            first = torch.cat([first, first.new_zeros(room - n)])
+        self.held_rows.copy_(rows)
+        self.held_first.copy_(first)
+        self.held_kept.copy_(kept)
+        self.held_values.copy_(t)
 
     @torch.no_grad()
     def settle_(

@@ -296,8 +296,8 @@ def train_step(
         optimizer.step()
     if s.scheduler is not None:
         s.scheduler.step()
-    if reg is not None and not getattr(reg, "steps_tau_in_backward", False):
-        reg.after_step_()  # (the defaults' backward has stepped tau: nothing left to do)
+    if reg is not None and (sharing or not getattr(reg, "steps_tau_in_backward", False)):
+        reg.after_step_()  # (unless the backward has stepped tau: then nothing is left to do)
     n = len(y)
     losses = torch.stack((task, reg_loss if reg is not None else torch.zeros_like(task))).detach()
     state.totals[:3].add_(torch.cat((losses * n, losses.new_ones(1) * n)))
