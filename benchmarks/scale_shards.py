@@ -36,14 +36,8 @@ from pathlib import Path
 from ._processes import measure_in_fresh_processes, run_child
 from ._report import markdown_table, save_figure, subplots
 from ._timing import machine_line
+from .scale_n import PER_BATCH  # buffers sized by the batch and the rule, not by n
 
-# buffers whose size is fixed or set by the batch, not by n (as benchmarks.scale_n)
-PER_BATCH = (  # the sparse tau's probe and table: sized by the batch and the rule, not n
-    "sparse_tau.probe_values",
-    "sparse_tau.probe_rows",
-    "sparse_tau.probe_touched",
-    "sparse_tau.ahead",
-)
 SETUPS = ((1, "none"), (2, "owner"), (2, "global"), (4, "owner"), (4, "global"))
 
 

@@ -39,4 +39,5 @@ def test_the_compiled_arm_runs_the_compiled_step():
     dynamo_utils.counters.clear()  # (what earlier tests of this process compiled)
     r = scale_shards._measure(1000, "none", 8, 2, compiled=True)
     assert r["step_s"] > 0 and r["state_bytes"] > 0
-    assert dynamo_utils.counters["stats"]["unique_graphs"] >= 2  # the forward and after_step_
+    # the forward (its backward holds the sparse step; after_step_ has nothing to do: not called)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] >= 1
