@@ -1,8 +1,9 @@
 """How the benchmarks write what they measured: ``mean ± sd`` cells, markdown tables, figures.
 
 ``mean_sd`` formats a column of per-seed values (``percent``: fractions, in percent);
-``markdown_table`` / ``markdown_row`` write the tables of the ``.md`` reports; ``subplots`` and
-``save_figure`` make and save a matplotlib figure on the Agg backend (no display needed).
+``markdown_table`` / ``markdown_row`` write the tables of the ``.md`` reports and
+``read_markdown_table`` reads one back (a figure re-drawn from its table: ``--replot``); ``subplots``
+and ``save_figure`` make and save a matplotlib figure on the Agg backend (no display needed).
 """
 
 from __future__ import annotations
@@ -44,6 +45,23 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     """A markdown table: the header, the rule ``|---|---|`` and the rows (no trailing newline)."""
     lines = [markdown_row(header), "|" + "---|" * len(header)]
     return "\n".join([*lines, *(markdown_row(r) for r in rows)])
+
+
+def read_markdown_table(path: Path, index: int = 0) -> list[dict[str, str]]:
+    """The rows of the ``index``-th markdown table of ``path`` (as ``markdown_table`` writes one),
+    each a dict from the header's names to the row's cells (stripped; ``**bold**`` unmarked)."""
+    tables: list[list[list[str]]] = []
+    previous = ""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                tables.append([])
+            cells = [c.strip().strip("*").strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= {"-"} for c in cells):  # (not the rule |---|)
+                tables[-1].append(cells)
+        previous = line
+    header, *rows = tables[index]
+    return [dict(zip(header, row, strict=True)) for row in rows]
 
 
 def subplots(*args: Any, **kwargs: Any) -> tuple[Any, Any]:

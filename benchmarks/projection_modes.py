@@ -4,6 +4,7 @@
     python -m benchmarks.projection_modes --out docs/figures --name tau_update_quality \
         --arms "inline, exact (dense tau)" "projection tracked" \
         "projection tracked, sparse tau ahead"          # the tau update rules (~10 min)
+    python -m benchmarks.projection_modes --replot --out docs/figures [--name NAME]  # from NAME.md
 
 The runs of ``benchmarks.compare.fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
 seeds 0-2) for the library's defaults with a dense ``tau`` (``projection="inline"``, exact; dual
@@ -26,7 +27,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from ._report import markdown_table, mean_sd, save_figure, subplots
+from ._report import markdown_table, mean_sd, read_markdown_table, save_figure, subplots
 from .compare.fixed.run import record_name, run_one, save_record
 from .compare.fixed.spec import BATCH, EPOCHS, MODE_FAMILIES, SEEDS
 from .compare.fixed.tables import references
@@ -93,6 +94,21 @@ def plot(records: list[dict], path: Path, arms: list = ARMS) -> None:
     save_figure(fig, path)
 
 
+def plot_table(path: Path, out: Path) -> None:
+    """The figure of ``plot`` from the table ``main`` wrote (``--replot``): per arm and problem the
+    mean training F1 and its sd over the seeds (the table keeps no single run)."""
+    rows = read_markdown_table(path)
+    fig, axes = subplots(1, len(PROBLEMS), figsize=(4 * len(PROBLEMS), 3.6), sharey=True)
+    for ax, problem in zip(axes, PROBLEMS, strict=True):
+        for row in (r for r in rows if r["problem"] == problem):
+            mean, sd = (float(x) for x in row["F1 (u > 0)"].split(" ± "))
+            ax.errorbar([row["projection"]], [mean], yerr=[sd], fmt="o", ms=4, capsize=3)
+        ax.set_title(problem, fontsize=9)
+        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    axes[0].set_ylabel("training F1, mean ± sd")
+    save_figure(fig, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=Path, default=Path("runs/compare_fixed"))
@@ -101,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     labels = [_label(family) for family, _ in ARMS]
     p.add_argument("--arms", nargs="+", choices=labels, default=labels, metavar="ARM")
     p.add_argument("--name", default="projection_modes", help="output file stem")
+    p.add_argument(
+        "--replot", action="store_true", help="draw NAME.png from --out's NAME.md; no runs"
+    )
     a = p.parse_args(argv)
+    if a.replot:
+        plot_table(a.out / f"{a.name}.md", a.out / f"{a.name}.png")
+        return 0
     arms = [arm for arm in ARMS if _label(arm[0]) in a.arms]
     a.runs.mkdir(parents=True, exist_ok=True)
     jobs = [(pr, f, v, s, BATCH, EPOCHS) for pr in PROBLEMS for f, v in arms for s in SEEDS]

@@ -2,6 +2,7 @@
 
     python -m benchmarks.reg_step --out docs/figures            # ~1 min on 2 cores
     python -m benchmarks.reg_step --device cuda --out docs/figures
+    python -m benchmarks.reg_step [--device cuda] --replot --out docs/figures   # figure from table
 
 One step: ``reg(u, idx)`` (the minibatch ``L_B``), its backward, the optimizer step of the
 regularizer's parameters and ``reg.after_step_()``, for random batches of ``B`` samples with ``n``
@@ -31,7 +32,7 @@ from types import ModuleType
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks._report import markdown_table, save_figure, subplots
+from benchmarks._report import markdown_table, read_markdown_table, save_figure, subplots
 from benchmarks._timing import machine_line, package_at
 from reparam import FBetaRegularizer
 
@@ -234,7 +235,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--note", default="", help="how busy the machine was, for the header")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
+    p.add_argument(
+        "--replot",
+        action="store_true",
+        help="draw the figure of --device from --out's table (reg_step.md, reg_step_cuda.md); no runs",
+    )
     a = p.parse_args(argv)
+    if a.replot:
+        stem = "reg_step" + ("" if a.device == "cpu" else f"_{a.device.split(':')[0]}")
+        results, sizes = _from_table(a.out / f"{stem}.md")
+        _plot(results, sizes, a.batch, a.out / f"{stem}.png")
+        return 0
     torch.set_num_threads(a.threads or torch.get_num_threads())
     sizes, load, tables = [int(float(s)) for s in a.sizes.split(",")], _load(), []
     compiled = {f"{m} + compile": {**o, "compile": True} for m, o in MODES.items()}
@@ -274,6 +285,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load() -> str:
     return f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+
+
+def _from_table(path: Path) -> tuple[dict[str, dict[int, dict[str, float]]], list[int]]:
+    """``(results, sizes)`` of the step-vs-n table ``step_table`` wrote (the step times only)."""
+    rows = read_markdown_table(path)
+    columns = {
+        int(float(c.split("= ")[1].split()[0])): c for c in rows[0] if c.startswith("step at")
+    }
+    results = {
+        row["mode"]: {n: {"step": float(row[c]) * 1e-6} for n, c in columns.items()} for row in rows
+    }
+    return results, list(columns)
 
 
 def _plot(results, sizes, batch, path: Path) -> None:

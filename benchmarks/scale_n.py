@@ -2,6 +2,7 @@
 
     python -m benchmarks.scale_n --out docs/figures                       # n up to 1e8 (~15 min)
     python -m benchmarks.scale_n --max-n 1e6 --out /tmp/scale_n           # quick
+    python -m benchmarks.scale_n --replot --out docs/figures              # the figure from its table
 
 ``FBetaRegularizer`` driven with synthetic scores (no network): half of the ``n`` samples positive,
 batches of ``--batch`` random indices, a random score per sample with a gradient, Adam (lr 1e-2) on
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._processes import measure_in_fresh_processes, run_child
-from ._report import markdown_table, save_figure, subplots
+from ._report import markdown_table, read_markdown_table, save_figure, subplots
 from ._timing import machine_line
 
 
@@ -177,9 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--replot", action="store_true", help="draw scale_n.png from --out's scale_n.md; no runs"
+    )
     a = p.parse_args(argv)
     if a.child:
         _child(a.child)
+        return 0
+    if a.replot:
+        _plot(_from_table(a.out / "scale_n.md"), a.out / "scale_n.png")
         return 0
     sizes = [10**k for k in range(4, 9) if 10**k <= a.max_n]
     results = []
@@ -239,6 +246,20 @@ def _report(results: list, a: argparse.Namespace) -> str:
         + markdown_table(header, rows)
         + "\n"
     )
+
+
+def _from_table(path: Path) -> list:
+    """The results as ``main`` collects them, read back from the table ``_report`` wrote (the
+    step and the epoch end, which ``_plot`` draws)."""
+    return [
+        (
+            row["mode"],
+            int(row["processes"]),
+            int(float(row["n"])),
+            {"step_s": float(row["step (ms)"]) / 1e3, "epoch_end_s": float(row["epoch end (s)"])},
+        )
+        for row in read_markdown_table(path)
+    ]
 
 
 def _plot(results: list, path: Path) -> None:

@@ -10,6 +10,12 @@
   "docs/method.md sec. 3, 3b" (as the docstrings write them) becomes a link to the heading of that
   section, wherever it is (a page of ``docs/method/``), on every page, the generated API pages
   included. The section numbers are read from the headings at build time.
+* Docstrings as the API pages show them (``site_docstring``, run on every docstring by the Griffe
+  extension ``griffe_extension`` that ``mkdocs.yml`` names): a bare ``>>>`` example becomes a
+  highlighted Python code block (not a nested blockquote), and the first line, which the summary
+  tables show, holds the whole first sentence (not the first physical line of a wrapped one).
+* Inherited members a class has no use for are left off its page (``UNUSED_INHERITED``: the rate
+  objectives take no sparse ``tau``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,25 @@ API = {
     "reparam.baselines": ("baselines", "reparam.baselines"),
 }
 API_NAV_TITLE = "API reference"
+# mkdocs.yml's ``filters`` of the python handler (a page that sets its own repeats them)
+FILTERS = ["!^_"]
+# A base class -> the members its subclasses inherit but do not use, left off their pages (and
+# the base's own, if it has one). The rate objectives (``reparam/rate_base.py``) take no
+# ``tau_update``: their ``tau`` is dense, stepped by the user's optimizer, so the sparse ``tau``'s
+# members of ``ReparamRegularizer`` are not theirs. A name that no longer exists is harmless.
+UNUSED_INHERITED = {
+    "RateObjective": (
+        "tau_lr",
+        "tau_update",
+        "sparse_tau",
+        "steps_tau_in_backward",
+        "deferred_tau_step",
+        "reserve_",
+        "tau_lr_source",
+        "share_sparse_grads_",
+        "eps_like",
+    ),
+}
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 
 # The method note: one folder of pages whose headings are numbered sections ("## 3b. Algorithm 3").
@@ -76,11 +101,44 @@ def api_pages() -> dict[str, str]:
             f"# {title}\n\n::: {package}\n    options:\n      members: false\n"
             f"      show_root_heading: false\n\n## Public names\n\n| name | |\n|---|---|\n{rows}\n"
         )
+        unused = _unused_members(package)
         for name in names:
-            pages[f"api/{folder}/{name}.md"] = (
-                f"::: {package}.{name}\n    options:\n      heading_level: 1\n"
-            )
+            page = f"::: {package}.{name}\n    options:\n      heading_level: 1\n"
+            if unused.get(name):
+                hidden = "|".join(re.escape(m) for m in unused[name])
+                page += f"      filters: {[*FILTERS, f'!^({hidden})$']}\n"
+            pages[f"api/{folder}/{name}.md"] = page
     return pages
+
+
+def _class_bases(package: str) -> dict[str, list[str]]:
+    """Class name -> the names of its bases (the last part of a dotted one), for every class
+    defined in ``package``'s folder (parsed, not imported)."""
+    bases: dict[str, list[str]] = {}
+    for path in sorted((ROOT / package.replace(".", "/")).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = [ast.unparse(b).rsplit(".", 1)[-1] for b in node.bases]
+    return bases
+
+
+def _unused_members(package: str) -> dict[str, tuple[str, ...]]:
+    """Class name -> the inherited members its page leaves off (``UNUSED_INHERITED`` of each of
+    its bases, transitively, and of itself)."""
+    bases = _class_bases(package)
+    out: dict[str, tuple[str, ...]] = {}
+    for name in bases:
+        seen, todo, members = set(), [name], []
+        while todo:
+            cls = todo.pop()
+            if cls in seen:
+                continue
+            seen.add(cls)
+            members += UNUSED_INHERITED.get(cls, ())
+            todo += bases.get(cls, [])
+        if members:
+            out[name] = tuple(dict.fromkeys(members))
+    return out
 
 
 def _api_index() -> str:
@@ -286,3 +344,87 @@ def on_post_page(output, page, config):
     if page.file.src_uri.startswith("api/"):
         return hide_private_bases(output)
     return output
+
+
+# --- docstrings as the API pages show them ----------------------------------------------------------
+
+# a line that interrupts a paragraph (so it ends the first one): indented, display math, a
+# doctest or quote, a fence, a heading, a Google section ("Args:"). (A list or a table does not
+# interrupt one in Python-Markdown: a line "+ nu a ..." continues the sentence before it.)
+_BLOCK_START = re.compile(r"^(\s|\$\$|>|```|~~~|#|[A-Z][A-Za-z ]*:\s*$)")
+# the end of a sentence: ". " (or "! ", "? ") before a capital, a code span or a parenthesis
+_SENTENCE_END = re.compile(r"[.!?](?=\s+[A-Z`(\"'])")
+# abbreviations whose period ends no sentence ("method note sec. 3", "e.g. ", "Eban et al. ")
+_ABBREVIATION = re.compile(r"(?:\b(?:sec|secs|e\.g|i\.e|vs|cf|al|eq|Eq|Fig|resp|approx)|\.\.)$")
+# spans a sentence does not end in: code (any number of backticks) and inline math
+_SPAN = re.compile(r"(`+).+?\1|\$[^$]+\$|\\\(.+?\\\)")
+
+
+def _first_sentence_end(text: str) -> int | None:
+    """The index just after the first sentence of ``text`` when more follows it, else ``None``."""
+    spans = [m.span() for m in _SPAN.finditer(text)]
+    for m in _SENTENCE_END.finditer(text):
+        end = m.end()
+        if any(a < end <= b for a, b in spans) or _ABBREVIATION.search(text[: m.start()]):
+            continue
+        return end
+    return None
+
+
+def _fence_doctests(lines: list[str]) -> list[str]:
+    """Each run of ``>>>`` lines (with their ``...`` continuations and output, up to a blank line)
+    that starts a line outside a fence wrapped in a ```` ```pycon ```` fence. An indented run (a
+    Google ``Examples:`` section, which the docstring parser already renders as code) is left."""
+    out: list[str] = []
+    fence = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        opener = re.match(r"^\s*(`{3,}|~{3,})", line)
+        if fence is None and opener:
+            fence = opener.group(1)
+        elif fence is not None and line.strip().startswith(fence):
+            fence = None
+        elif fence is None and line.startswith(">>>"):
+            end = i
+            while end < len(lines) and lines[end].strip():
+                end += 1
+            if out and out[-1].strip():
+                out.append("")
+            out += ["```pycon", *lines[i:end], "```"]
+            i = end
+            continue
+        out.append(line)
+        i += 1
+    return out
+
+
+def site_docstring(text: str) -> str:
+    """``text`` (a docstring, dedented) as the site renders it, the same in Markdown: bare doctests
+    fenced as Python code, and the first paragraph's lines joined, with a line break after its
+    first sentence, so that the first line, which mkdocstrings' summaries show, is that sentence
+    whole (a paragraph's line breaks are spaces in Markdown: the page reads the same)."""
+    lines = _fence_doctests(text.split("\n"))
+    end = 1
+    while end < len(lines) and lines[end].strip() and not _BLOCK_START.match(lines[end]):
+        end += 1
+    if lines and lines[0].strip() and not _BLOCK_START.match(lines[0]):
+        paragraph = " ".join(line.strip() for line in lines[:end])
+        cut = _first_sentence_end(paragraph)
+        first = [paragraph] if cut is None else [paragraph[:cut], paragraph[cut:].strip()]
+        lines = first + lines[end:]
+    return "\n".join(lines)
+
+
+def griffe_extension():
+    """The Griffe extension that ``mkdocs.yml`` loads for mkdocstrings (``docs/hooks.py:
+    griffe_extension``): every docstring, as Griffe reads it, becomes its ``site_docstring``
+    before it is parsed. (Griffe is imported here: the rest of this file does without it.)"""
+    import griffe
+
+    class SiteDocstrings(griffe.Extension):
+        def on_instance(self, *, obj, **kwargs) -> None:
+            if obj.docstring is not None:
+                obj.docstring.value = site_docstring(obj.docstring.value)
+
+    return SiteDocstrings()

@@ -9,6 +9,12 @@ from torch import Tensor
 
 # the exact projection methods (public as projections.PROJECTION_METHODS)
 METHODS = ("auto", "sort", "linear", "tree")
+"""The names ``project_onto_c`` and ``projection_root`` take as ``method``.
+
+``"sort"`` (O(n log n): a sort, a cumsum and the max of the top-i averages), ``"linear"`` (expected
+O(n), no full sort), ``"tree"`` (one row: a max tree of the coordinates, else verified Newton steps
+from a sample) and ``"auto"``, the default, which picks one of them by the shape and the device
+(``AUTO_SORT_MAX_N``). All four give the same projection (method note sec. 4)."""
 
 
 def check_float_tensor(name: str, x: object) -> Tensor:

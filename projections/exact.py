@@ -30,6 +30,12 @@ from .collective import LocalComm, root_over
 # (docs/projection.md): 64 rows between 128 and 256, grouped ~1e4. One row uses "tree" on CPU
 # at every n (faster than the sort from n = 8 on, measured) and elsewhere above AUTO_SORT_MAX_N.
 AUTO_SORT_MAX_N = 192
+"""Up to this many coordinates per row, ``method="auto"`` sorts (several rows, or one row off the CPU).
+
+One fused sort beats the linear method's passes on short rows; above it ``"auto"`` uses
+``"linear"`` (several rows) or ``"tree"`` (one row; on the CPU one row uses ``"tree"`` at every
+``n``). The crossover was measured on 2 CPU cores, 64 rows: between 128 and 256 coordinates
+(docs/projection.md)."""
 AUTO_GROUPED_SORT_MAX_N = 8192
 # The linear method first tries the exact root from the TOP_M largest coordinates (topk): it is
 # exact whenever fewer than TOP_M coordinates are clipped. torch.topk is linear in n up to ~2e6

@@ -44,7 +44,18 @@ from . import _checks
 from .exact import _LOW_PRECISION, project_onto_c, projection_root
 
 SOFT_METHODS = ("smooth", "sort")
+"""The names ``soft_project_onto_c`` takes as ``method``.
+
+``"smooth"`` (the default: the root of the softplus-smoothed equation by Newton, no sort, O(n) per
+step) and ``"sort"`` (the paper's route: a differentiable sort, the top-i averages and a softmax
+choice among them; needs a sorting backend, ``SORT_BACKENDS``)."""
 SORT_BACKENDS = ("auto", "torchsort", "diffsort")
+"""The differentiable sorts ``soft_project_onto_c(method="sort")`` takes as ``sort_backend``.
+
+``"torchsort"`` (Blondel et al. 2020, O(n log n); optional, compiled at install), ``"diffsort"``
+(Petersen et al. 2022, sorting networks; pure Python, dense O(n^2) memory per layer, so at most
+``DIFFSORT_MAX_N`` coordinates) and ``"auto"``, the default: torchsort when installed, else
+diffsort."""
 DIFFSORT_MAX_N = 1024
 _NEWTON_MAX_ITERS = 100
 

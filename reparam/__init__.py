@@ -1,8 +1,10 @@
 """Nondecomposable objectives by Lagrangian reparameterization (method note sec. 1-3b, 8).
 
 ``FBetaRegularizer`` (F-beta), ``PrecisionAtRecall``, ``RecallAtPrecision`` and ``ROCAUC`` share
-one protocol: ``loss = task_loss + alpha * reg(scores, idx)``, ``reg.after_step_()`` after every
-optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
+one contract: ``loss = task_loss + alpha * reg(scores, idx)``, ``reg.parameters()`` in the
+optimizer, ``reg.attach(optimizer)`` once (the per-row state steps with ``optimizer.step()``),
+``reg.epochs(E)`` or ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log, and ``Shard`` for
+a state spread over processes.
 
 >>> import torch
 >>> from reparam import FBetaRegularizer
@@ -10,7 +12,7 @@ optimizer step, ``reg.end_epoch_()`` once per epoch, ``reg.stats()`` to log.
 >>> loss = reg(torch.randn(2), torch.tensor([0, 2]))   # L_B for the batch of samples 0 and 2
 """
 
-__version__ = "0.3.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
+__version__ = "0.4.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
 
 from . import functional, rate_functional
 from ._checks import RETIRED as RETIRED_OPTIONS

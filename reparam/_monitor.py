@@ -49,7 +49,6 @@ class MisuseMonitor(nn.Module):
         self.since = [0, 0]
         self.fingerprint: Tensor | None = None  # of the parameters after the last epoch end
         self.warned: set[str] = set()
-        self.stepped_at: tuple | None = None  # (version, grad) of a parameter at the last step
         # inside torch.compile the counters are on the device: [samples since the last
         # end_epoch_(), since the last after_step_()], read at the epoch end
         self.register_buffer("calls_since", torch.zeros(2, dtype=torch.int64), persistent=False)
@@ -73,24 +72,6 @@ class MisuseMonitor(nn.Module):
         self.since[1] = 0
         if self.device_counted:  # (a flag set once, by the first compiled forward)
             self.calls_since[1].zero_()
-
-    def on_step_in_backward(self, param: Tensor) -> None:
-        """A sparse ``tau`` step in a backward pass (eager): warned once when ``param`` (the
-        objective's first parameter, which the optimizer steps in place) is unchanged since the
-        previous one and its gradient was accumulated into, not cleared: two backward passes
-        with no optimizer step between them, each stepping ``tau``'s rows (gradient
-        accumulation, which needs ``deferred_tau_step()``)."""
-        seen = (param._version, param.grad)
-        last, self.stepped_at = self.stepped_at, seen
-        if last is None or last[0] != seen[0] or last[1] is None or last[1] is not seen[1]:
-            return
-        self.warn_once(
-            "accumulate",
-            f"{self.owner}: two backward passes stepped the sparse tau with no optimizer step "
-            "between them (its gradient accumulates): each pass took a step of its own. For "
-            "gradient accumulation run the micro-batches inside `with reg.deferred_tau_step():` "
-            "and call reg.after_step_() after the optimizer's step",
-        )
 
     def mask_faults_(
         self, u: Tensor, rows: Tensor, finite: Tensor, in_range: Tensor, batches: Tensor

@@ -12,9 +12,7 @@ schedule (``reg.schedule``: ``tracked``, ``epoch`` or ``inline``; ``reparam.sche
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
-from functools import partial
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -22,7 +20,6 @@ from torch import Tensor
 from . import _checks
 from .compiling import compiled_steps
 from .objective import ShapeObjective
-from .options import DEFAULT_TAU_LR
 from .schedules import EpochEnd, Inline, Schedule
 from .sparse import SparseTau
 from .tracked import TrackedThreshold
@@ -41,6 +38,9 @@ class ReparamRegularizer(ShapeObjective):
         dual_lr_lambda: ``lambda``'s dual step (``>= 0``).
         groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``.
         shard: this process's block of the samples (``reparam.Shard``), or ``None``.
+        process_group: the ``torch.distributed`` group of processes that each hold the whole
+            objective (replicated data parallelism; ``None``: the default group once
+            initialized). ``attach`` keeps them equal.
 
     Examples:
         >>> import torch
@@ -69,10 +69,12 @@ class ReparamRegularizer(ShapeObjective):
         dual_lr_lambda: float,
         groups: object = None,
         shard: object = None,
+        process_group: object = None,
     ) -> None:
         super().__init__(
             shape_labels, positive_classes=positive_classes, groups=groups, shard=shard
         )
+        self.process_group = process_group  # replicated data parallelism (attach), or None
         self.schedule = self._schedule(projection, inline_strength)
         self.sparse_tau: SparseTau | None = None  # rows stepped by the objective's own rule
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
@@ -119,8 +121,7 @@ class ReparamRegularizer(ShapeObjective):
         compiles with graph breaks (``fullgraph=False``)."""
         routed = self.shard is not None and self.shard.sampling == "global"  # (_routed: a break)
         options = {"fullgraph": self.schedule.traces_whole and not routed, **kwargs}
-        forward, self._compiled_after_step = compiled_steps(type(self), **options)
-        self._compiled_forward = partial(_with_room, forward)
+        self._compiled_forward, self._compiled_after_step = compiled_steps(type(self), **options)
 
     # --- the loss -------------------------------------------------------------------------------
 
@@ -141,116 +142,88 @@ class ReparamRegularizer(ShapeObjective):
         seen = lambda: self.schedule.seen(raw, self._project, self.layout.row_groups)  # noqa: E731
         return self._memo(("constrained",), seen)[position]
 
-    # --- rows stepped by the objective (reg.sparse_tau, reparam/sparse.py) -----------------------
-
-    _dense_tau_lr = DEFAULT_TAU_LR
-
-    @property
-    def tau_lr(self) -> float:
-        """The sparse update's step size (``reg.sparse_tau.lr``)."""
-        return self.sparse_tau.lr if self.sparse_tau is not None else self._dense_tau_lr
-
-    @tau_lr.setter
-    def tau_lr(self, value: float) -> None:
-        if self.sparse_tau is None:
-            raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
-        self.sparse_tau.lr = value
-
-    @property
-    def steps_tau_in_backward(self) -> bool:
-        """Whether the backward passes step ``tau``, leaving ``after_step_()`` nothing to do.
-
-        True for a sparse ``tau`` on one process, outside ``deferred_tau_step()``, with no
-        deferred step pending."""
-        sparse = self.sparse_tau
-        return sparse is not None and sparse.fused and not sparse.pending
+    # --- the step point: the optimizer's step (attach) ------------------------------------------
 
     @property
     def _needs_after_step(self) -> str | None:
-        if self.sparse_tau is not None and not self.sparse_tau.fused:
-            return f"tau_update={self.tau_update!r} steps tau there, so tau does not move"
+        if self.sparse_tau is not None:
+            return "the sparse tau steps there, so tau does not move"
+        if isinstance(self.schedule, TrackedThreshold):
+            return "the tracked active set is re-tested there, so the loss sees a stale threshold"
         return super()._needs_after_step
 
-    def deferred_tau_step(self) -> contextlib.AbstractContextManager:
-        """Defer the sparse ``tau`` step of the block's backward passes to ``after_step_()``.
+    def attach(self, optimizer: torch.optim.Optimizer) -> _Handles:
+        """Step the objective's per-row state with ``optimizer``: after every ``optimizer.step()``
+        the rows of a sparse ``tau`` noted since the last step take their step on the summed
+        gradient (and the tracked active set is kept in step), so a read after ``step()``
+        returns holds the stepped values (``reg.tau``, ``stats()``, ``state_dict()``).
 
-        For gradient accumulation: run the micro-batches' forward and backward inside it, then
-        ``optimizer.step()`` and ``reg.after_step_()``: one step on the summed gradient, as a
-        dense ``tau`` takes. Without a sparse ``tau``, a no-op.
+        Checks first that the optimizer steps this objective's parameters (``ValueError``
+        otherwise). With a sparse ``tau`` and ``tau_lr`` not given, its step takes the lr of the
+        group that steps ``eps`` (lr schedules included). With several processes each holding the
+        whole objective (the ``process_group`` given at construction, else the initialized
+        default group, and no ``shard``), a hook before the step makes the processes agree: the
+        gradients of the objective's parameters are averaged, the sparse rows' gradients and the
+        batch's remembered scores are exchanged (method note sec. 11). Returns the hooks'
+        handle (``.remove()`` detaches them)."""
+        super()._check_stepped(optimizer)
+        group = (
+            None if self.sparse_tau is None else self.sparse_tau.lr_source(optimizer, self.eps_like)
+        )
 
-        Examples:
-            >>> import torch
-            >>> from reparam import FBetaRegularizer
-            >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))
-            >>> with reg.deferred_tau_step():
-            ...     for idx in (torch.tensor([0, 1]), torch.tensor([2, 4])):
-            ...         reg(torch.randn(2, requires_grad=True), idx).backward()
-            >>> reg.after_step_()  # (after the optimizer's step)
-            >>> int(reg.sparse_tau.step)
-            1
-        """
-        return contextlib.nullcontext() if self.sparse_tau is None else self.sparse_tau.deferred()
+        def before(*_) -> None:
+            replicas = self._replicas()
+            if replicas is not None:
+                self._share_(*replicas)
 
-    def reserve_(self, entries: int) -> None:
-        """Make room for ``entries`` batch entries between two steps.
+        def after(*_) -> None:
+            if group is not None:
+                self.sparse_tau.follow_lr_(group["lr"])
+            self.after_step_()
 
-        Call it, with the batch's entries, before your ``torch.compile`` traces a step: the
-        rows a step in the backward holds for their re-test have room for 256 entries, a
-        deferred step's gradient for 4096, and a graph cannot make more. Eagerly, and under
-        ``reg.compile()``, the room is made by itself."""
-        sparse = self.sparse_tau
-        if sparse is not None:
-            sparse.reserve_(entries)
-            if sparse.fused and isinstance(self.schedule, TrackedThreshold):  # the held rows
-                self.schedule.make_room_(entries)
+        self._track_writes = self._replicas() is not None
+        return _Handles(
+            optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)
+        )
 
-    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
-        """Run ``after_step_`` after every ``optimizer.step()``, as ``ShapeObjective.attach``.
+    @property
+    def eps_like(self) -> Tensor:
+        """The objective's first parameter (``eps``), whose optimizer group sets the sparse lr."""
+        return next(self.parameters())
 
-        With a sparse ``tau`` and ``tau_lr`` not given, the sparse step takes the lr of the group
-        that steps the first parameter (``eps``), schedules included, read at every forward and
-        optimizer step (a tensor lr with no host sync)."""
-        handle = super().attach(optimizer)
-        group = self.tau_lr_source(optimizer)
-        if group is None:
-            return handle
-        handle.remove()
-
-        def follow(*_) -> None:
-            self.sparse_tau.follow_lr_(group["lr"])
-
-        def hook(*_) -> None:
-            follow()
-            if not self.steps_tau_in_backward:  # (else nothing is left for it to do)
-                self.after_step_()
-
-        on_forward = self.register_forward_pre_hook(follow)
-        on_step = optimizer.register_step_post_hook(hook)
-        return _Handles(on_forward, on_step)
-
-    def tau_lr_source(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The param group of ``optimizer`` whose lr the sparse ``tau`` step takes.
-
-        With a sparse ``tau`` and ``tau_lr`` not given, the group that steps ``eps`` (set
-        ``self.tau_lr`` from its ``"lr"`` before each ``after_step_()``, as ``attach`` does); else
-        ``None``."""
-        if self.sparse_tau is None:
+    def _replicas(self) -> tuple[object, int] | None:
+        """``(process group, world size)`` of replicated data parallelism, or ``None``: the
+        ``process_group`` given, else ``torch.distributed``'s default group when initialized
+        with several processes; never for a sharded objective (its own collectives)."""
+        if self.shard is not None:
             return None
-        return self.sparse_tau.lr_source(optimizer, next(self.parameters()))
+        import torch.distributed as dist
 
-    def share_sparse_grads_(
-        self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int
-    ) -> None:
-        """Average the pending sparse ``tau`` gradient over data-parallel processes.
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = self.process_group
+        world = dist.get_world_size(group)
+        return (group, world) if world > 1 else None
 
-        For data parallelism with a replicated sparse ``tau``: the pending gradient becomes the mean
-        over the processes (``reparam.sparse.SparseTau.share_``). Call it after the backward pass
-        and before ``after_step_()``, on every process."""
-        if self.sparse_tau is None:
-            raise RuntimeError(
-                "share_sparse_grads_() is for a sparse tau (tau_update='dense' here)"
-            )
-        self.sparse_tau.share_(all_gather, processes, size)
+    @torch.no_grad()
+    def _share_(self, group: object, world: int) -> None:
+        """Before a replicated step: the parameters' gradients averaged over the processes
+        (idempotent when DDP has averaged them already), the sparse rows' gradients exchanged
+        (``SparseTau.exchange_``) and the scores written since the last step gathered in rank
+        order (``ShapeObjective._gather_written_``)."""
+        import torch.distributed as dist
+
+        params = list(self.parameters())
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else None
+        if flat is not None:
+            dist.all_reduce(flat, group=group)
+            flat /= world
+            for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
+                p.grad = part.view_as(p).clone()
+        if self.sparse_tau is not None:
+            self.sparse_tau.exchange_(group, world)
+        self._gather_written_(group, world)
 
     # --- the schedule ---------------------------------------------------------------------------
 
@@ -350,12 +323,3 @@ class _Handles:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
-
-
-def _with_room(forward: Callable, reg: ReparamRegularizer, scores: Tensor, idx: Tensor) -> Tensor:
-    """``reg.compile()``'s forward: the room for the batch's entries made eagerly first
-    (``reserve_``; a compiled graph cannot make it), then the compiled ``forward``."""
-    held = getattr(reg.schedule, "held_rows", None)
-    if held is not None and held.numel() != idx.numel():  # (a size check: no host read)
-        reg.reserve_(idx.numel())
-    return forward(reg, scores, idx)

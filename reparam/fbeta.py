@@ -73,6 +73,9 @@ class FBetaRegularizer(ReparamRegularizer):
             segmentation set, the mean Dice; method note sec. 12): one problem per (class,
             group with a positive of it).
         shard: this process's block of a state spread over processes (``reparam.Shard``).
+        process_group: the ``torch.distributed`` group of the processes that each hold the whole
+            objective (replicated data parallelism; ``None``: the default group once initialized,
+            if any). ``attach`` keeps their states equal at every step.
 
     After every ``end_epoch_`` ``reg.decision_threshold`` holds the exact F-beta-optimal threshold
     of the remembered scores per problem, and ``stats()`` the F-beta of ``u > threshold``.
@@ -112,6 +115,7 @@ class FBetaRegularizer(ReparamRegularizer):
         tau_lr: float | None = None,
         groups: object = None,
         shard: Shard | None = None,
+        process_group: object = None,
     ) -> None:
         r = resolve_options(  # the preset's values of the options left at None, and "auto"'s
             preset, tau_update=tau_update, projection=projection, dual_lr_lambda=dual_lr_lambda,
@@ -126,6 +130,7 @@ class FBetaRegularizer(ReparamRegularizer):
             dual_lr_lambda=r["dual_lr_lambda"],
             groups=groups,
             shard=shard,
+            process_group=process_group,
         )
         self.dual_lr_mu = _checks.number("dual_lr_mu", r["dual_lr_mu"], 0)
         self.preset = preset
@@ -181,12 +186,6 @@ class FBetaRegularizer(ReparamRegularizer):
             u, idx, rows, self._batch_of(idx)
         )  # (groups: the batch's problems only, in slots: at[slot] is the problem, O(B))
         mu = self.mu if at is None else self.mu.index_select(0, at)
-        if tracked is not None and sparse is None:  # the optimizer moved every row:
-            tracked.retest_all_(self.tau_param, self.eps_param, lay.row_groups)  # O(n)
-            self._forget_("constrained")
-        elif tracked is not None and sparse is not None:  # the last step's rows, at today's eps
-            room = (rows.numel() if sparse.fused else 0) if torch.is_grad_enabled() else None
-            tracked.settle_(self.tau_param, self.eps_param, lay.row_groups, room)
         slots = rows.clamp_min(0)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)
             tau, lam = self._batch_rows(tau, rows, touched, tracked, sparse)
@@ -222,14 +221,15 @@ class FBetaRegularizer(ReparamRegularizer):
         rows = slots.clamp_min(0)
         if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
             tau, lam = tau.new_zeros(1), self.lam.new_zeros(1)
-            probe = sparse.probe(rows, touched)
-            values = tau.expand(rows.shape[0]) + (0 if probe is None else probe)
+            values = tau.expand(rows.shape[0])
+            if sparse is not None:  # (its backward still notes the batch: every process steps)
+                values = sparse.rows_(values, rows, touched)
             return values, lam.expand(rows.shape[0])
         values = tau.index_select(0, rows)
         if tracked is not None:
             values = values + tracked.shift(rows, self.eps_param, self.layout.row_groups)
-        if sparse is not None:  # the step in the backward, or a probe for after_step_
-            values = sparse.rows_(values, rows, touched, self)
+        if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
+            values = sparse.rows_(values, rows, touched)
         return values, self.lam.index_select(0, rows)
 
     @property
@@ -250,20 +250,34 @@ class FBetaRegularizer(ReparamRegularizer):
             self._forget_("constrained")
         super()._end_epoch_body_()
 
-    def _after_step_body_(self, batch: tuple[Tensor, ...] | None = None) -> None:
-        """The sparse ``tau`` step (``reparam.sparse``) on the rows the backward passes since the
-        last call touched, or on ``batch``'s (``(rows, touched, grad)``: a step in the backward),
-        the tracked active set kept in step; with none pending, the re-test of the rows a step
-        in the backward held (``TrackedThreshold.settle_``: the state then reads as settled)."""
-        sparse, tau, tracked, groups = self.sparse_tau, self.tau_param, self._tracked, None
-        stepping = sparse is not None and (batch is not None or sparse.pending)
-        if tracked is not None and sparse is not None:  # A kept in step with the rows' change
-            groups = self.layout.row_groups
-            if not stepping:
-                return tracked.settle_(tau, self.eps_param, groups)
-            tracked = partial(tracked.step_, tau, self.eps_param, groups, settle=batch is None)
-        if stepping:
-            sparse.step_(tau, tracked, batch)
+    def _after_step_body_(self) -> None:
+        """After the optimizer's step: the sparse ``tau`` step (``reparam.sparse``) on the rows
+        the backward passes since the last step touched, the tracked active set kept in step
+        (``TrackedThreshold.step_``); a dense ``tau`` under ``"tracked"``, which the optimizer
+        moved everywhere: every row re-tested (O(n))."""
+        sparse, tau, tracked = self.sparse_tau, self.tau_param, self._tracked
+        if sparse is None:
+            if tracked is not None:
+                tracked.retest_all_(tau, self.eps_param, self.layout.row_groups)
+                self._forget_("constrained")
+            return
+        if not sparse.stepping:  # no forward since the last step: nothing moves
+            return
+        if tracked is not None:  # A kept in step with the rows' change
+            tracked = partial(tracked.step_, tau, self.eps_param, self.layout.row_groups)
+        sparse.step_(tau, tracked)
+
+    @property
+    def tau_lr(self) -> float:
+        """The sparse ``tau`` step's size (after ``attach``: the lr of the group that steps
+        ``eps``, unless ``tau_lr`` was given)."""
+        return self.sparse_tau.lr if self.sparse_tau is not None else self._dense_tau_lr
+
+    @tau_lr.setter
+    def tau_lr(self, value: float) -> None:
+        if self.sparse_tau is None:
+            raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
+        self.sparse_tau.lr = value
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form

@@ -3,8 +3,8 @@ recorded in, written by the forward pass, read by the epoch end's dual step and 
 extra pass over the data is needed.
 
 The buffers are the objective's (``scores`` ``(N, P)``, ``score_epoch`` ``(N,)``, ``-1``: never
-scored); these functions write them: ``remember_`` per forward call, ``merge_`` across
-data-parallel processes. ``Memo`` keeps what the epoch end computes from them once.
+scored); these functions write them: ``remember_`` per forward call, ``gather_written_`` (per
+step) and ``merge_`` (per epoch) across data-parallel processes. ``Memo`` keeps what the epoch end computes from them once.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from . import _checks
@@ -40,12 +41,50 @@ def remember_(
     score_epoch.index_copy_(0, idx, at)
 
 
+def all_gather_rows(mine: Tensor, group: object, world: int) -> Tensor:
+    """Every process's ``(E_p, k)`` ``mine`` stacked in rank order, ``(sum E_p, k)``, through
+    ``torch.distributed.all_gather`` over ``group`` (the sizes first: processes may hold
+    different numbers of entries)."""
+    size = torch.tensor([mine.shape[0]], dtype=torch.int64, device=mine.device)
+    sizes = [torch.zeros_like(size) for _ in range(world)]
+    dist.all_gather(sizes, size, group=group)
+    counts = [int(s) for s in sizes]
+    padded = mine.new_zeros(max(counts), mine.shape[1])
+    padded[: mine.shape[0]] = mine
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    return torch.cat([part[:count] for part, count in zip(parts, counts, strict=True)])
+
+
+@torch.no_grad()
+def gather_written_(
+    scores: Tensor, score_epoch: Tensor, written: list[Tensor], group: object, world: int
+) -> None:
+    """Replicated data parallelism: the scores (and their epochs) at the indices ``written`` by
+    every one of the ``world`` processes of ``group`` (``torch.distributed``) since the last step,
+    written on every process in rank order (``all_gather``, O(world B)), so the score memory is
+    the same on every process after every step."""
+    idx = torch.cat(written) if written else score_epoch.new_zeros(0, dtype=torch.int64)
+    mine = torch.cat(
+        [
+            idx.double().unsqueeze(1),
+            score_epoch.index_select(0, idx).double().unsqueeze(1),
+            scores.index_select(0, idx).double(),
+        ],
+        1,
+    )
+    every = all_gather_rows(mine, group, world)
+    at = every[:, 0].long()
+    scores.index_copy_(0, at, every[:, 2:].to(scores.dtype))
+    score_epoch.index_copy_(0, at, every[:, 1].to(score_epoch.dtype))
+
+
 @torch.no_grad()
 def merge_(
     scores: Tensor, score_epoch: Tensor, written: Tensor, all_reduce: Callable[[Tensor], object]
 ) -> None:
     """Make the remembered scores equal across data-parallel processes (``ShapeObjective.
-    merge_scores_``): every sample takes the mean of the scores written for it since the last
+    _merge_scores_``): every sample takes the mean of the scores written for it since the last
     merge (``written``: bool ``(N,)``, this process's), samples no process wrote keep their value,
     ``score_epoch`` takes the writers' value, or for a sample no process wrote the value of the
     processes that have a score for it. One ``all_reduce`` (an in-place sum) of ``(N, P + 4)``."""

@@ -5,7 +5,7 @@ The reparameterized objectives (F-beta, P@R, R@P, ROC-AUC) and the minibatch alt
 every optimizer step and ``reg.end_epoch_()`` per epoch. This base owns the training set's labels
 and problems (``reg.layout``), the **score memory** (each sample's last score and its epoch, which
 the dual steps and ``stats()`` read: no extra pass over the data), the epoch counters,
-``merge_scores_``, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
+``_merge_scores_``, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
 ``attach`` and ``epochs``. A subclass provides ``_loss``, ``_end_epoch_body_``,
 ``_after_step_body_`` and ``_objective_stats``.
 """
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from . import _checks
 from ._monitor import MisuseMonitor
 from .layout import ProblemLayout, smallest_int
-from .memory import Memo, merge_, remember_
+from .memory import Memo, gather_written_, merge_, remember_
 from .sharding import Shard, ShardedRows
 
 
@@ -63,6 +63,7 @@ class ShapeObjective(ShardedRows, nn.Module):
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
         self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
         self._memos = Memo()  # what the epoch end computes once (reparam/memory.py)
+        self._written: list[Tensor] = []  # indices written since the last step (_track_writes)
 
     @property
     def grouped(self) -> bool:
@@ -125,10 +126,21 @@ class ShapeObjective(ShardedRows, nn.Module):
         work = "dual step" + (" and no projection" if projects else "")
         return self._needs_end_epoch, self._needs_after_step, work
 
+    _track_writes = False  # replicated processes (ReparamRegularizer.attach): note written indices
+
     def _remember_(self, u: Tensor, idx: Tensor, ok: tuple[Tensor, Tensor] | None) -> None:
-        """Record the batch's scores and their epoch (``reparam.memory.remember_``), count it."""
+        """Record the batch's scores and their epoch (``reparam.memory.remember_``), count it;
+        with replicated processes, note the indices for the exchange at the next step."""
         remember_(self.scores, self.score_epoch, self.epoch, u, idx, ok)
         self.batches.add_(1)
+        if self._track_writes:
+            self._written.append(idx)
+
+    def _gather_written_(self, group: object, world: int) -> None:
+        """Replicated processes, before a step: the scores written since the last step, on
+        every process (``reparam.memory.gather_written_``)."""
+        written, self._written = self._written, []
+        gather_written_(self.scores, self.score_epoch, written, group, world)
 
     @property
     def seen_ever(self) -> Tensor:
@@ -209,9 +221,15 @@ class ShapeObjective(ShardedRows, nn.Module):
         """Run ``after_step_`` after every ``optimizer.step()`` (a step post-hook).
 
         Checks first that the optimizer steps this regularizer's parameters (``ValueError``
-        otherwise). Returns the hook's handle (``.remove()`` detaches it). The explicit call
-        ``reg.after_step_()`` remains the alternative.
+        otherwise). Returns the hook's handle (``.remove()`` detaches it).
         """
+        self._check_stepped(optimizer)
+        return optimizer.register_step_post_hook(lambda *_: self.after_step_())
+
+    def _check_stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        """``ValueError`` unless ``optimizer`` steps every parameter of the objective."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)!r}")
         stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
         missing = [name for name, p in self.named_parameters() if id(p) not in stepped]
         if missing:
@@ -219,7 +237,6 @@ class ShapeObjective(ShardedRows, nn.Module):
                 f"optimizer must step the regularizer's parameters {missing}: build it with "
                 f"[*model.parameters(), *reg.parameters()] (or add a param group)"
             )
-        return optimizer.register_step_post_hook(lambda *_: self.after_step_())
 
     def epochs(self, last: int) -> Iterator[int]:
         """``for epoch in reg.epochs(E): <the epoch's steps>``: yields the epoch numbers from the
@@ -233,7 +250,7 @@ class ShapeObjective(ShardedRows, nn.Module):
     # --- data-parallel training -----------------------------------------------------------------
 
     @torch.no_grad()
-    def merge_scores_(self, written: Tensor, all_reduce: Callable[[Tensor], object]) -> None:
+    def _merge_scores_(self, written: Tensor, all_reduce: Callable[[Tensor], object]) -> None:
         """Make the remembered scores equal across data-parallel processes, before ``end_epoch_``
         (``reparam.memory.merge_``): ``written``, bool ``(N,)``, the samples this process scored
         since the last merge; ``all_reduce``, an in-place sum over the processes. A sample takes

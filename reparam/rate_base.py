@@ -84,6 +84,7 @@ class RateObjective(ReparamRegularizer):
         dual_every: str | None = None,
         dual_lr_nu_step: float = DEFAULT_NU_STEP,
         shard: object = None,
+        process_group: object = None,
     ) -> None:
         if isinstance(positive_class, bool) or not isinstance(positive_class, int):
             raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
@@ -100,6 +101,7 @@ class RateObjective(ReparamRegularizer):
             inline_strength=inline_strength,
             dual_lr_lambda=dual_lr_lambda,
             shard=shard,
+            process_group=process_group,
         )
         self.positive_class = positive_class
         self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)

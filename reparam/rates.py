@@ -52,9 +52,11 @@ class PrecisionAtRecall(PointRateObjective):
     r"""Best precision at recall ``>= recall`` (8a of method note sec. 8); always feasible.
 
     $$
-    \min\ \tfrac1n fp^+(u)\quad\text{s.t.}\quad \tau_i \le u_i,\ \mathrm{mean}_{S^+}\tau \ge r,
-    \ \tau \le 1;\qquad
-    L = \tfrac1n fp^+(u) + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i) + \nu (r - \mathrm{mean}\,\tau)
+    \begin{aligned}
+    &\min\ \tfrac1n fp^+(u)\quad\text{s.t.}\quad \tau_i \le u_i,\ \mathrm{mean}_{S^+}\tau \ge r,
+    \ \tau \le 1;\\
+    &L = \tfrac1n fp^+(u) + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i) + \nu (r - \mathrm{mean}\,\tau)
+    \end{aligned}
     $$
 
     Minibatch: ``L_B = (N/(nB)) [sum_{B-} max(0, 1 + u_j) + sum_{B+} ((lambda_i - nu) tau_i -
@@ -123,10 +125,12 @@ class RecallAtPrecision(PointRateObjective):
     r"""Best recall at precision ``>= precision`` (8b of method note sec. 8).
 
     $$
-    \max\ \mathrm{mean}_{S^+}\tau\quad\text{s.t.}\quad \tau_i \le u_i,\
-    a\, fp^+(u) \le (1 - a) \textstyle\sum \tau,\ \tau \le 1;\qquad
-    L = -\mathrm{mean}\,\tau + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i)
+    \begin{aligned}
+    &\max\ \mathrm{mean}_{S^+}\tau\quad\text{s.t.}\quad \tau_i \le u_i,\
+    a\, fp^+(u) \le (1 - a) \textstyle\sum \tau,\ \tau \le 1;\\
+    &L = -\mathrm{mean}\,\tau + \tfrac1n \textstyle\sum \lambda_i(\tau_i - u_i)
         + \nu\,(a\, fp^+(u)/n - (1 - a)\,\mathrm{mean}\,\tau)
+    \end{aligned}
     $$
 
     Minibatch: ``L_B = (N/(nB)) [sum_{B+} ((lambda_i - 1 - nu (1 - a)) tau_i - lambda_i min(u_i, 1)) +

@@ -27,9 +27,8 @@ from torch import Tensor, nn
 
 from .sharding import block
 
-# rebuilt from the labels by the new objective; and the tracked set's rows held for their re-test
-# (a process of a sharded run holds none: its step waits for after_step_)
-DERIVED_PREFIXES = ("layout.", "shard_layout", "schedule.held_")
+# rebuilt from the labels by the new objective
+DERIVED_PREFIXES = ("layout.", "shard_layout")
 
 
 def saved_world(state: Mapping[str, Tensor]) -> tuple[int, int, int]:

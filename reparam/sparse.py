@@ -1,6 +1,6 @@
-r"""``tau_update="sparse_adam_ahead"``: the per-positive ``tau`` stepped on the rows a batch touched,
-on dense Adam's trajectory, in O(B) per step whatever the number of positives (method note
-sec. 11, which derives the rule and says why not ``torch.optim``).
+r"""``SparseTau()``: the per-positive ``tau`` stepped on the rows a batch touched, on dense Adam's
+trajectory, in O(B) per step whatever the number of positives (method note sec. 11, which derives
+the rule and says why not ``torch.optim``).
 
 A row stores its **rest point**, where dense Adam would carry it if no gradient came again:
 ``rho = tau - lr E(t) m / sqrt(v)``, ``E(t) = sum_{u > t} c_u r^(u - t)`` (``r = b1 / sqrt(b2)``,
@@ -8,30 +8,34 @@ A row stores its **rest point**, where dense Adam would carry it if no gradient 
 moments by ``b^k``, takes Adam's step on them and moves the rest point by
 ``lr E(t) (r^k a - a' / r)``, ``a = m / (sqrt(v) + eps)`` before and ``a'`` after it.
 
-By default the step is part of the backward pass, as a fused optimizer of an embedding table
-applies its update in the table's backward: the batch's rows enter the loss through one autograd
-node (``StepInBackward``) whose backward sums their gradient per row (repeated rows: one update,
-``1 / count`` per occurrence) and steps them, in place. A step costs no call of its own, and under
-``torch.compile`` of a user's loss the update is part of the compiled backward.
+**One step point.** The rows step when the optimizer steps, as a dense parameter does, on the
+gradient summed over every forward and backward since the last step. A batch's rows enter the loss
+through one autograd node (``RowGradient``) whose backward adds their gradient to a per-row
+accumulator (``[sum of gradients, touches]``, ``(n, 2)``): several calls per loss, several
+backward passes per step (gradient accumulation, DDP's ``no_sync``) all sum there, exactly as
+autograd sums a dense ``.grad``. Each forward that records a gradient notes its rows (a Python list,
+O(B)); the optimizer's step (``reg.attach(opt)``'s hook) steps those rows once and clears the
+accumulator on them. A step with no forward since the last one leaves every row as it is (dense
+Adam skips a parameter with no gradient). A non-finite gradient skips the step.
 
-Deferred (several processes, or inside ``reg.deferred_tau_step()`` for gradient accumulation): the
-loss sees ``tau[rows] + probe[a:b]``, ``probe`` a zero leaf that no optimizer steps, and
-``after_step_()`` sums ``probe.grad`` per row over the backward passes since the last step, steps
-the rows and clears the sums. Both paths take the same step on the same summed gradient. A
-non-finite gradient skips the step (on every process when the rows are spread over several).
+Several processes each holding the whole objective (replicated data parallelism): before the
+optimizer's step the processes' touched rows and their summed gradients are exchanged
+(``all_gather``), so every process steps the same rows on the mean gradient and the state stays
+equal on every process (``ReparamRegularizer`` runs it from ``attach``'s pre-step hook).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import Tensor, nn
 
 from projections.collective import LOCAL, LocalComm
+
+from .memory import all_gather_rows
 
 TAU_UPDATES = ("dense", "sparse_adam_ahead")
 ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
@@ -67,6 +71,7 @@ def sparse_step_(
     coef: Tensor | None = None,
     write: bool = True,
     comm: LocalComm = LOCAL,
+    scratch: Tensor | None = None,
 ) -> Tensor | None:
     """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
     and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
@@ -78,14 +83,22 @@ def sparse_step_(
 
     ``write=False``: ``tau`` is left alone and the step returns each entry's row change (the
     row's whole update, 0 where not touched) for the caller to write once (mode ``"tracked"``:
-    inductor copies all of ``tau`` when it is read, written and written again in one graph)."""
+    inductor copies all of ``tau`` when it is read, written and written again in one graph).
+
+    ``scratch``: an int32 ``(n,)`` buffer of the caller's (any content) in which one entry per
+    touched row is elected to carry the row's update (``_one_per_row``), whatever the number of
+    entries the row has; ``None``: each touched entry carries ``1 / count`` of it (``count``,
+    ``acc``'s second column, is then the row's number of touched entries)."""
     rows = rows.long()  # one conversion for the scatters below (int64 rows pass through)
     g, count = acc.index_select(0, rows).unbind(1)
     # a non-finite gradient skips the whole step (on the device)
     # (several processes: skipped on all of them when one has one, so the step counts agree)
     ok = comm.all_of_flag(torch.isfinite(g).all())
-    use = ok & touched
-    share = torch.where(use, count.reciprocal(), 0.0)  # 1/count per occurrence: one update a row
+    use = ok & touched & (count > 0)  # (count 0: a forward whose backward never ran)
+    if scratch is None:  # 1/count per occurrence: one update a row
+        share = torch.where(use, count.reciprocal(), 0.0)
+    else:  # the row's update once, on one of its entries
+        share = _one_per_row(rows, use, scratch).to(g.dtype)
     g = torch.where(ok, g, 0.0)
     old = moments.index_select(0, rows)
     coef = _coefficients(old.dtype).to(old.device) if coef is None else coef
@@ -152,6 +165,20 @@ def _write_touched_(state: Tensor, rows: Tensor, use: Tensor, value: Tensor) -> 
     state.index_copy_(0, target, torch.where(use, value, kept))
 
 
+def _one_per_row(rows: Tensor, use: Tensor, scratch: Tensor) -> Tensor:
+    """bool per entry: one entry of each row ``rows[use]`` (the one whose position the row's slot
+    of ``scratch`` holds after every entry in use wrote its own there; an entry not in use
+    writes what the first in use writes). Fixed shapes, O(B), no host read: whichever entry is
+    elected, the row's update is the same (every entry of a row computes it alike)."""
+    if rows.numel() == 0:
+        return use
+    position = torch.arange(rows.numel(), device=rows.device, dtype=scratch.dtype)
+    first = use.to(torch.uint8).argmax().view(1)
+    target = torch.where(use, rows, rows.index_select(0, first))
+    scratch.index_copy_(0, target, torch.where(use, position, position.index_select(0, first)))
+    return use & (scratch.index_select(0, rows) == position)
+
+
 def zero_rows_(acc: Tensor, rows: Tensor) -> None:
     """``acc[rows] = 0`` for int32 or int64 ``rows`` (the regularizer's are int32; ``index_fill_``
     takes int64: the batch's ``B`` rows are converted, measured cheaper on the CPU than a
@@ -164,34 +191,34 @@ def zero_rows_(acc: Tensor, rows: Tensor) -> None:
 COMPACT_FROM = 4096
 
 
-def touched_only(rows: Tensor, touched: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A large batch's ``(rows, touched, grad)`` on the CPU reduced to its touched entries (a
+def touched_only(rows: Tensor, touched: Tensor, *more: Tensor) -> tuple[Tensor, ...]:
+    """A large batch's ``(rows, touched, *more)`` on the CPU reduced to its touched entries (a
     batch of pixels is mostly negatives, which stand at row 0 with no gradient): the
     accumulation, the sparse step and the tracked set then work on the positives. Elsewhere, or
     below ``COMPACT_FROM`` entries, or inside ``torch.compile``, unchanged: on an accelerator the
     size read from the data would synchronize every step (method note sec. 11)."""
     if rows.device.type != "cpu" or rows.numel() < COMPACT_FROM or torch.compiler.is_compiling():
-        return rows, touched, grad  # (compiled: a size read from the data breaks the graph)
+        return (rows, touched, *more)  # (compiled: a size read from the data breaks the graph)
     keep = touched.nonzero().squeeze(1)
-    return rows.index_select(0, keep), touched.index_select(0, keep), grad.index_select(0, keep)
+    return tuple(x.index_select(0, keep) for x in (rows, touched, *more))
 
 
-# the probe's room (batch entries between two steps) before the first batch asks for more; growing
-# it inside torch.compile is refused (reserve_ first), so the default covers usual batches
-PROBE_ENTRIES = 4096
+# forwards noted before their entries are merged into one per row (SparseTau._compact_)
+MAX_NOTED = 64
 
 
 class SparseTau(nn.Module):
     """The per-positive rows of ``tau`` stepped in place by the ``"sparse_adam_ahead"`` rule (module
-    docstring): a child module of ``FBetaRegularizer`` (``reg.sparse_tau``) in the manner of an
-    indexed multiplier. It owns the rule's state (``moments`` ``[m, v]`` per row, the ``step``
-    count, each row's ``last`` touch; ``state_dict`` keys ``sparse_tau.*``) and the probe that
-    collects a batch's gradient; the rows themselves (``tau``) are its host's, passed in.
+    docstring): a child module of ``FBetaRegularizer`` (``reg.sparse_tau``), optimizer-shaped as an
+    indexed multiplier is. It owns the rule's state (``moments`` ``[m, v]`` per row, the ``step``
+    count, each row's ``last`` touch; ``state_dict`` keys ``sparse_tau.*``) and the accumulator of
+    the gradient since the last step; the rows themselves (``tau``) are its host's, passed in.
 
-    Per forward, ``probe`` gives the zeros to add to the batch's rows; after the optimizer's
-    step, ``step_`` steps the rows the backward passes since the last step touched. ``lr`` is
-    a plain attribute (``attach`` makes it follow the optimizer's group). ``comm``: the processes
-    over which the rows are spread (``projections.collective``; ``LOCAL``: one process)."""
+    Per forward, ``rows_`` routes the batch's rows through ``RowGradient`` and notes them; at the
+    optimizer's step, ``step_`` steps the rows noted since the last one. ``lr`` follows the
+    optimizer's group after ``attach`` (a tensor: an lr schedule changes it with no recompile).
+    ``comm``: the processes over which the rows are spread (``projections.collective``;
+    ``LOCAL``: one process)."""
 
     _row_state = ("moments", "last")  # one entry per row (reparam/resharding.py)
 
@@ -202,9 +229,8 @@ class SparseTau(nn.Module):
         # every change of it under an lr schedule would recompile)
         self.register_buffer("lr_value", torch.tensor(float(lr)), persistent=False)
         self._lr: float | None = float(lr)  # as given (lr_value holds it in the state's dtype)
-        # the leaf that makes a batch's rows differentiable in the fused path (StepInBackward)
+        # the leaf that makes a batch's rows differentiable (RowGradient): never stepped
         self.register_buffer("anchor", torch.zeros((), requires_grad=True), persistent=False)
-        self._deferring = 0  # nested deferred_tau_step() blocks
         # Adam's [m, v] per row, its step count and the step of each row's last touch
         self.register_buffer("moments", torch.zeros(n_pos, 2))
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
@@ -212,25 +238,19 @@ class SparseTau(nn.Module):
         # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
         self.register_buffer("ahead", _ahead_table(), persistent=False)
         self.register_buffer("coef", _coefficients(), persistent=False)
-        # the gradient summed since the last step and its count (zero outside touched rows)
-        self.register_buffer("grad", torch.zeros(n_pos, 2), persistent=False)
-        # the batch's rows of tau are tau[rows] + probe[a:b]: their gradient lands in probe.grad;
-        # the rows and which are positives are recorded beside it, in buffers (what a compiled
-        # forward writes there outlives its graph's outputs: CUDA graphs reuse those)
-        self._probe_buffers_(PROBE_ENTRIES, None)
-        # per forward since the last step: (probe, a, rows, touched); then in acc: (rows, touched)
-        self._pending: list[tuple[Tensor, int, Tensor, Tensor]] = []
-        self._accumulated: list[tuple[Tensor, Tensor]] = []
-        self._probe_used = 0
+        # [sum of gradients, touches] per row since the last step (zero outside the noted rows).
+        # Not a buffer: DDP broadcasts buffers at every forward, which would overwrite the sums
+        # another process accumulates under no_sync (moved by _apply)
+        self.acc = torch.zeros(n_pos, 2)
+        self.elect = torch.zeros(n_pos, dtype=torch.int32)  # scratch of the step (_one_per_row)
+        # (rows, touched) of every forward since the last step that recorded a gradient
+        self.pending: list[tuple[Tensor, Tensor]] = []
 
-    def _probe_buffers_(self, entries: int, like: Tensor | None) -> None:
-        device = None if like is None else like.device
-        probe = torch.zeros(entries, device=device, requires_grad=True)
-        self.register_buffer("probe_values", probe, persistent=False)
-        rows = torch.zeros(entries, dtype=torch.int64, device=device)
-        self.register_buffer("probe_rows", rows, persistent=False)
-        touched = torch.zeros(entries, dtype=torch.bool, device=device)
-        self.register_buffer("probe_touched", touched, persistent=False)
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.acc = self.acc.to(self.moments.device)
+        self.elect = self.elect.to(self.moments.device)
+        return self
 
     @property
     def lr(self) -> float:
@@ -251,97 +271,32 @@ class SparseTau(nn.Module):
         else:
             self.lr = lr
 
-    @property
-    def fused(self) -> bool:
-        """Whether a backward pass steps its batch's rows (``StepInBackward``), else
-        ``after_step_()`` does (several processes, or inside ``deferred_tau_step()``)."""
-        return self._deferring == 0 and self._comm.world == 1
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        """A block whose forwards take the deferred path (``reg.deferred_tau_step()``)."""
-        self._deferring += 1
-        try:
-            yield
-        finally:
-            self._deferring -= 1
-
-    def rows_(self, values: Tensor, rows: Tensor, touched: Tensor, owner: nn.Module) -> Tensor:
+    def rows_(self, values: Tensor, rows: Tensor, touched: Tensor) -> Tensor:
         """The batch's rows of ``tau`` (``values``, at ``rows``; ``touched``: the entries that are
-        positives) as the loss sees them: through ``StepInBackward`` (``fused``; ``owner``'s
-        ``_after_step_body_`` takes the step), or plus the probe (deferred); unchanged when no
-        gradient is recorded. O(B)."""
+        positives) as the loss sees them: through ``RowGradient``, the rows noted for the next
+        step; unchanged when no gradient is recorded. O(B)."""
         if not torch.is_grad_enabled():
             return values
-        if self.fused:
-            return StepInBackward.apply(self.anchor, values, rows, touched, owner)
-        return values + self.probe(rows, touched)
+        if len(self.pending) >= MAX_NOTED and not torch.compiler.is_compiling():
+            self._compact_()  # (forwards with no step between them: kept O(n))
+        if self.acc.shape[0] > 0:  # (a shard may hold no row: nothing to step there)
+            self.pending.append((rows, touched))
+        return RowGradient.apply(self.anchor, values, rows, touched, self)
 
-    def reserve_(self, entries: int) -> None:
-        """Make room for ``entries`` batch entries between two steps (eagerly the room grows by
-        itself)."""
-        if entries > self.probe_values.numel():
-            self._probe_buffers_(entries, self.probe_values)
-
-    def probe(self, rows: Tensor, touched: Tensor) -> Tensor | None:
-        """``(B,)`` zeros to add to the batch's rows of ``tau`` (``rows``, with ``touched``: the
-        entries that are positives), whose gradient is the rows' gradient; ``None`` when no
-        gradient is recorded (``torch.no_grad``). O(B): a slice, and the rows recorded."""
-        if not torch.is_grad_enabled():
-            return None
-        start, end = self._probe_used, self._probe_used + rows.numel()
-        if end > self.probe_values.numel():
-            if torch.compiler.is_compiling():
-                raise ValueError(
-                    f"a compiled step needs room for {end} batch entries of tau's gradient, the "
-                    f"regularizer has {self.probe_values.numel()}: call reg.reserve_({end}) "
-                    "before compiling"
-                )
-            # new buffers: the pending entries keep the old ones
-            self._probe_buffers_(max(end, 2 * self.probe_values.numel()), self.probe_values)
-        # kept in buffers: a compiled forward's outputs are reused by CUDA graphs
-        rows = self.probe_rows[start:end].copy_(rows)
-        touched = self.probe_touched[start:end].copy_(touched)
-        self._pending.append((self.probe_values, start, rows, touched))
-        self._probe_used = end
-        return self.probe_values[start:end]
-
-    def _collect_(self) -> tuple[Tensor, Tensor, Tensor] | None:
-        """The pending forwards' ``(rows, touched, grad)`` (a large batch on the CPU: its
-        touched entries, ``touched_only``), their probes' gradients cleared; ``None``
-        when none is pending."""
-        if len(self._pending) == 0:  # len(): torch 2.11's dynamo does not trace a list's truth
-            return None
-        parts = []
-        for probe, start, rows, touched in self._pending:
-            grad = probe.grad
-            if grad is None:  # a forward with no backward: no gradient on its rows
-                grad = torch.zeros_like(probe)
-            g = grad[start : start + rows.numel()].to(self.grad.dtype, copy=True)
-            if self._comm.world > 1:  # a row's share of the mean over the processes' gradients
-                g = g / self._comm.world
-            parts.append(touched_only(rows, touched, g))
-        for probe, *_ in self._pending:
-            probe.grad = None
-        self._pending.clear()
-        self._probe_used = 0
-        if len(parts) == 1:
-            return parts[0]
-        return tuple(torch.cat([part[k] for part in parts]) for k in range(3))
-
-    def accumulate_pending_(self) -> None:
-        """The pending gradients into the accumulator (``accumulate_``)."""
-        collected = self._collect_()
-        if collected is not None and self.grad.shape[0] > 0:  # (a shard may hold no row)
-            rows, touched, grad = collected
-            accumulate_(self.grad, rows, touched, grad)
-            self._accumulated.append((rows, touched))
+    @torch.no_grad()
+    def _compact_(self) -> None:
+        """The noted entries as one entry per touched row (its touches counted once): the
+        same step, in O(n) memory however many forwards run before it (eager)."""
+        rows, touched = self._noted(self.acc.device)
+        rows = torch.unique(rows[touched])
+        self.acc[:, 1].index_put_((rows,), self.acc[rows, 1].clamp_max(1))
+        self.pending = [(rows, torch.ones_like(rows, dtype=torch.bool))]
 
     @property
-    def pending(self) -> bool:
-        """Whether ``step_`` has rows to step (several processes: always, every process
-        steps at every step: the tracked sums are summed over them)."""
-        return len(self._pending) > 0 or len(self._accumulated) > 0 or self._comm.world > 1
+    def stepping(self) -> bool:
+        """Whether ``step_`` has rows to step (several processes: always, every process steps at
+        every step: the tracked sums are summed over them)."""
+        return len(self.pending) > 0 or self._comm.world > 1
 
     def lr_source(self, optimizer: torch.optim.Optimizer, eps: Tensor) -> dict | None:
         """The param group of ``optimizer`` that steps ``eps`` when ``lr`` was not given (the
@@ -350,54 +305,45 @@ class SparseTau(nn.Module):
             return None
         return next(g for g in optimizer.param_groups if any(p is eps for p in g["params"]))
 
-    @torch.no_grad()
-    def share_(self, all_gather: Callable[[Tensor], Tensor], processes: int, size: int) -> None:
-        """Data parallelism with a replicated sparse ``tau`` (method note sec. 11): make the
-        pending gradient the mean over ``processes`` of every process's, so that every process
-        takes the same step (its state stays replicated), as a dense ``tau`` whose gradient is
-        all-reduced would. Exchanges only the touched rows: this process's entries ``(row,
-        touched, grad)`` since the last step, padded to ``size`` (at least their number: the
-        per-process batch), go through ``all_gather`` (a ``(size, 3)`` float64 tensor ->
-        ``(processes * size, 3)``, rank order), O(``processes * size``) per step, no host read."""
-        if self.fused and len(self._pending) == 0:
-            raise RuntimeError(
-                "share_sparse_grads_(): the backward pass already stepped tau's rows with this "
-                "process's gradient alone; run the forward and backward inside "
-                "`with reg.deferred_tau_step():` so that the step waits for the exchange"
-            )
-        acc = self.grad
-        packed = acc.new_zeros(size, 3, dtype=torch.float64)
-        collected = self._collect_()
-        if collected is not None:
-            rows, touched, grad = collected
-            if len(rows) > size:
-                raise ValueError(f"size must be >= the pending entries ({len(rows)}), got {size}")
-            packed[: len(rows)] = torch.stack([rows.double(), touched.double(), grad.double()], 1)
-        every = all_gather(packed)
-        rows, touched = every[:, 0].long(), every[:, 1] > 0
-        grad = (every[:, 2] / processes).to(acc.dtype)
-        accumulate_(acc, rows, touched, grad)
-        self._accumulated.append((rows, touched))
-
-    def step_(
-        self,
-        tau: Tensor,
-        tracked: Callable[..., None] | None = None,
-        batch: tuple[Tensor, Tensor, Tensor] | None = None,
-    ) -> None:
-        """The sparse step (``sparse_step_``) on the rows of ``tau`` the backward passes since
-        the last call touched, or (``batch``: ``(rows, touched, grad)``, the fused path's
-        backward) on a batch's; ``tracked(rows, touched, step)`` runs it instead when the host
-        keeps a tracked active set in step with it (``reparam.tracked``)."""
-        if batch is not None:
-            rows, touched, grad = touched_only(*batch)
-            accumulate_(self.grad, rows, touched, grad.to(self.grad.dtype))
+    def _noted(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """``(rows, touched)`` of the forwards since the last step, concatenated; cleared."""
+        parts = self.pending
+        if len(parts) == 0:  # sharded, no row here since the last step
+            empty = torch.zeros(0, dtype=torch.int64, device=device)
+            parts = [(empty, empty >= 0)]
+        if len(parts) == 1:
+            rows, touched = parts[0]
         else:
-            rows, touched = self._accumulated_rows(tau.device)
+            rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
+        self.pending = []
+        return touched_only(rows.long(), touched)
+
+    @torch.no_grad()
+    def exchange_(self, group: object, world: int) -> None:
+        """Replicated data parallelism (module docstring): every process's noted rows and the
+        gradient summed on them, gathered from ``world`` processes of ``group``
+        (``torch.distributed``), become every process's, the gradient the mean over the
+        processes. Each entry of a touched row carries its share of the row's sums, so that the
+        gathered entries of a row sum to the processes' sums. O(world B) per step."""
+        rows, touched = self._noted(self.acc.device)
+        sums = self.acc.index_select(0, rows)
+        share = torch.where(touched & (sums[:, 1] > 0), sums[:, 1].reciprocal(), 0.0)
+        mine = torch.cat([rows.unsqueeze(1), touched.unsqueeze(1), sums * share.unsqueeze(1)], 1)
+        zero_rows_(self.acc, rows)
+        every = all_gather_rows(mine.double(), group, world)
+        rows, touched = every[:, 0].long(), every[:, 1] > 0
+        add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1])).float())
+        self.pending = [(rows, touched)]
+
+    def step_(self, tau: Tensor, tracked: Callable[..., None] | None = None) -> None:
+        """The sparse step (``sparse_step_``) on the rows of ``tau`` noted since the last call;
+        ``tracked(rows, touched, step)`` runs it instead when the host keeps a tracked active
+        set in step with it (``reparam.tracked``)."""
+        rows, touched = self._noted(tau.device)
         step = partial(
             sparse_step_,
             tau,
-            self.grad,
+            self.acc,
             rows,
             touched,
             lr=self.lr_value,
@@ -407,47 +353,35 @@ class SparseTau(nn.Module):
             ahead=self.ahead,
             coef=self.coef,
             comm=self._comm,
+            scratch=self.elect,
         )
         if tracked is not None:
             tracked(rows, touched, step)
         else:
             step()
 
-    def _accumulated_rows(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        """``(rows, touched)`` of the pending and accumulated backward passes (deferred)."""
-        self.accumulate_pending_()
-        parts = self._accumulated  # (rows, touched) of each pass
-        if len(parts) == 0:  # sharded, no row here since the last step
-            empty = torch.zeros(0, dtype=torch.int64, device=device)
-            parts = [(empty, empty >= 0)]
-        if len(parts) == 1:
-            rows, touched = parts[0]
-        else:
-            rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
-        self._accumulated.clear()
-        return rows, touched
 
-
-class StepInBackward(torch.autograd.Function):
-    """The identity on a batch's rows of ``tau`` whose backward steps them: it calls
-    ``owner._after_step_body_((rows, touched, grad))`` (the sparse step, and the tracked set's
-    bookkeeping, in place) and gives no gradient to its inputs; eagerly, a step with no optimizer
-    step since the last one is reported (``owner._monitor.on_step_in_backward``). ``anchor``: a zero leaf that
-    requires a gradient, so that the rows (a buffer's, which do not) are part of the graph.
-    Traced by ``torch.compile`` into the backward graph of the loss around it."""
+class RowGradient(torch.autograd.Function):
+    """The identity on a batch's rows of ``tau`` whose backward adds their gradient to the
+    accumulator of ``sparse`` (``SparseTau.acc``: ``[gradient, 1 per positive entry]`` per row,
+    ``index_add_``, O(B)) and gives no gradient to its inputs, as autograd adds to a dense
+    ``.grad``; the rows step at the optimizer's step. ``anchor``: a zero leaf that requires a
+    gradient, so that the rows (a buffer's, which do not) are part of the graph. Traced by
+    ``torch.compile`` into the backward graph of the loss around it."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, owner):
-        ctx.owner = owner
+    def forward(ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse):
+        ctx.sparse = sparse
         ctx.save_for_backward(rows, touched)
         return values.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         rows, touched = ctx.saved_tensors
-        owner = ctx.owner
-        if not torch.compiler.is_compiling():  # (gradient accumulation: deferred_tau_step())
-            owner._monitor.on_step_in_backward(next(owner.parameters()))
+        sparse = ctx.sparse
+        world = sparse._comm.world  # sharded: a row's share of the mean over the processes
         with torch.no_grad():
-            owner._after_step_body_((rows, touched, grad))
+            g = grad if world == 1 else grad / world
+            if sparse.acc.shape[0] > 0:  # (a shard may hold no row)
+                accumulate_(sparse.acc, *touched_only(rows, touched, g.to(sparse.acc.dtype)))
         return None, None, None, None, None

@@ -20,9 +20,6 @@ from projections.collective import LOCAL, LocalComm
 
 from .schedules import Project, Schedule
 
-# the held rows' room for a compiled step's batch before reserve_ (a larger one: reserve_ first)
-HELD_ENTRIES = 256
-
 
 class TrackedThreshold(Schedule):
     """Schedule ``"tracked"`` of ``FBetaRegularizer`` (``reg.schedule``): the active set ``A``
@@ -48,28 +45,25 @@ class TrackedThreshold(Schedule):
         self._row_comm = LOCAL if owned_here else comm  # a problem's rows: over these
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
         self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
-        # the rows a step in the backward moved, re-tested at the next settle_ (sorted entries,
-        # the first of each row, the touched ones: step_); saved, so a resume re-tests them too.
-        # (eagerly the batch's entries, set by the forward: settle_; inside torch.compile, whose
-        # graphs cannot make them, room for HELD_ENTRIES or what reserve_ made)
-        self._held_buffers_(HELD_ENTRIES if comm.world == 1 else 0, None)
 
-    def _held_buffers_(
-        self, entries: int, device: torch.device | None, dtype=torch.float32
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ) -> None:
-        for name, kind in (("held_rows", torch.int64), ("held_first", torch.bool)):
-            self.register_buffer(name, torch.zeros(entries, dtype=kind, device=device))
-        self.register_buffer("held_kept", torch.zeros(entries, dtype=torch.bool, device=device))
-        self.register_buffer("held_values", torch.zeros(entries, dtype=dtype, device=device))
-
-    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
-        """The held rows at the saved size (a state saved with none held may lack them)."""
-        held = state_dict.get(prefix + "held_rows")
-        values = self.held_values
-        self._held_buffers_(0 if held is None else held.numel(), values.device, values.dtype)
-        for name in ("held_rows", "held_first", "held_kept", "held_values"):
-            state_dict.setdefault(prefix + name, getattr(self, name))
-        super()._load_from_state_dict(state_dict, prefix, *args)
+        """A state saved by 0.3 may hold rows whose re-test waited for the next forward
+        (``schedule.held_*``): dropped when none waits, else a one-line error."""
+        held = [key for key in list(state_dict) if key.startswith(prefix + "held_")]
+        kept = state_dict.get(prefix + "held_kept")
+        if kept is not None and bool(kept.any()):
+            error_msgs.append(
+                "the state was saved by fbeta-reparam 0.3 between a step and its re-test of the "
+                "tracked rows (schedule.held_kept): load it with 0.3, run one forward, save again"
+            )
+            return
+        for key in held:
+            del state_dict[key]
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def threshold(self, eps: Tensor, at: Tensor | None = None) -> tuple[Tensor, Tensor]:
         r"""``(e*, share)`` per problem from the tracked active set ``A_j`` (O(P); ``at``: of the
@@ -158,9 +152,7 @@ class TrackedThreshold(Schedule):
 
     @torch.no_grad()
     def refresh_(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> None:
-        """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end), after the
-        re-test of the rows held (``settle_``), as a step before the epoch end takes it."""
-        self.settle_(tau, eps, groups)
+        """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
         eps, values = eps.detach(), self.values(tau, eps, groups)
         if groups is None:  # (over every process's rows: the communicator's)
             r = projection_root(eps[0], values, comm=self._comm).view(1)
@@ -177,20 +169,14 @@ class TrackedThreshold(Schedule):
         rows: Tensor,
         touched: Tensor,
         step: Callable[..., Tensor | None],
-        settle: bool = True,
     ) -> None:
         """Run the sparse ``step`` on ``rows`` (int, may repeat; ``touched``: the entries that
         are positives) and keep ``A`` in step in O(B): each touched row counted once (sorted);
         ``A``'s offset sum moves by its rows' exact change; then every touched row is re-tested
-        against the moved root ``r`` (``settle_``). ``settle=False`` (a step in the backward,
-        before the optimizer moves ``eps``): the rows and their new values are held, and the
-        next ``settle_`` (the next forward, ``after_step_`` or the epoch end) re-tests them at
-        the ``eps`` the optimizer left, as a step after it would, and writes them (``tau`` is
-        not written here: a compiled backward that writes what its forward wrote makes
-        AOTAutograd copy all of it). The batch's negatives stand at row 0
-        (``slots.clamp_min(0)``) untouched: only the touched rows are re-tested, so the rows a
-        step re-tests do not depend on how the batch is split (between processes, or into
-        accumulated micro-batches)."""
+        against the moved root ``r`` at the ``eps`` the optimizer left. The batch's negatives
+        stand at row 0 (``slots.clamp_min(0)``) untouched: only the touched rows are re-tested,
+        so the rows a step re-tests do not depend on how the batch is split (between processes,
+        or into accumulated micro-batches)."""
         before = tau.index_select(0, rows)
         change = step(write=False)  # each entry's row change: tau written once, below
         rows, first, before, change, kept = _rows_once(rows.long(), touched, before, change)
@@ -201,68 +187,7 @@ class TrackedThreshold(Schedule):
         moved = (t.double() - before.double()) * (was & first)
         # A's sums are over every process's rows: their moves summed over the processes
         _add_per_problem(self.active_sums[:, 0], group, moved, groups is None, self._row_comm)
-        if settle:
-            self._retest_(tau, eps, groups, (rows, first, kept, group, t, was))
-            return
-        n, room = rows.numel(), self.held_rows.numel()
-        if n != room and not torch.compiler.is_compiling():  # eagerly: exactly the entries
-            self._held_buffers_(n, rows.device, t.dtype)
-            room = n
-        if room > n:  # compiled: the rest are copies of the first entry, which write what it
-            # writes (settle_)
-            rows, kept, t = (torch.cat([x, x[:1].expand(room - n)]) for x in (rows, kept, t))
-            first = torch.cat([first, first.new_zeros(room - n)])
-        self.held_rows.copy_(rows)
-        self.held_first.copy_(first)
-        self.held_kept.copy_(kept)
-        self.held_values.copy_(t)
-
-    @torch.no_grad()
-    def settle_(
-        self, tau: Tensor, eps: Tensor, groups: Tensor | None, room: int | None = None
-    ) -> None:
-        """Re-test the rows held by a step in the backward (``step_``) at the current ``eps``;
-        then none is held (a no-op when none is: their entries are not ``kept``). O(B).
-        ``room``: make room for that many entries (a forward's batch entries, 0 for a deferred
-        step's; ``None``: keep the room). Eagerly the buffers take that size; inside
-        ``torch.compile``, which cannot make new ones, the room must be there (``ValueError``
-        naming ``reserve_``)."""
-        rows, first, kept, t = self.held_rows, self.held_first, self.held_kept, self.held_values
-        if rows.numel() > 0:
-            group = torch.zeros_like(rows) if groups is None else groups.index_select(0, rows)
-            was = self.tau_active.index_select(0, rows)
-            self._retest_(tau, eps, groups, (rows, first, kept, group.long(), t, was))
-            first.zero_()
-            kept.zero_()
-        if room is None:
-            return
-        if not torch.compiler.is_compiling():
-            if room != rows.numel():
-                self._held_buffers_(room, rows.device, tau.dtype)
-        elif room > rows.numel():
-            raise ValueError(
-                f"a compiled step needs room for {room} batch entries of the rows its backward "
-                f"steps, the regularizer has {rows.numel()}: call reg.reserve_({room}) before "
-                "compiling"
-            )
-
-    @torch.no_grad()
-    def make_room_(self, entries: int) -> None:
-        """Room for ``entries`` batch entries (eagerly, before a compiled step: a graph cannot
-        make it): exactly that many when no row is held (one host read, only when the size
-        differs), else at least that many, the rows held kept (padded with copies of the first
-        entry, which write what it writes)."""
-        rows, first, kept, t = self.held_rows, self.held_first, self.held_kept, self.held_values
-        pad = entries - rows.numel()
-        if pad == 0:
-            return
-        if rows.numel() == 0 or not bool(kept.any()):
-            self._held_buffers_(entries, rows.device, t.dtype)
-        elif pad > 0:
-            self.held_rows = torch.cat([rows, rows[:1].expand(pad)])
-            self.held_first = torch.cat([first, first.new_zeros(pad)])
-            self.held_kept = torch.cat([kept, kept[:1].expand(pad)])
-            self.held_values = torch.cat([t, t[:1].expand(pad)])
+        self._retest_(tau, eps, groups, (rows, first, kept, group, t, was))
 
     def _retest_(self, tau: Tensor, eps: Tensor, groups: Tensor | None, moved: tuple) -> None:
         """``step_``'s re-test of the moved rows (``(rows, first, kept, group, t, was)``: sorted

@@ -106,7 +106,7 @@ def test_merge_scores_with_an_identity_all_reduce_changes_nothing(name):
     before = {k: v.clone() for k, v in reg.state_dict().items()}
     written = torch.zeros(40, dtype=torch.bool)
     written[:10] = True
-    reg.merge_scores_(written, lambda t: t)  # one process
+    reg._merge_scores_(written, lambda t: t)  # one process
     for k, v in reg.state_dict().items():
         assert torch.equal(v, before[k]), k
 

@@ -2,9 +2,9 @@
 
 The loop trains with what ``train.setup.setup`` builds. Per step (docs/method/dual-ascent.md sec. 3b):
 ``loss = CE(logits, y) + alpha * L_B(u, idx)``; one optimizer steps the network and the
-regularizer's parameters; the backward steps a sparse ``tau`` (with several processes the
-rows' gradients are exchanged first and ``reg.after_step_()`` steps it), and ``after_step_()``
-serves the objectives that need it. Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
+regularizer's parameters, and its step steps the regularizer's per-row state too (``reg.attach``:
+a sparse ``tau``; with several processes the rows' gradients and the scores are exchanged first).
+Per epoch: ``reg.end_epoch_()`` (projection in mode ``epoch`` + dual ascent on the
 remembered scores), evaluation on the test split, logging (console, TensorBoard, ``metrics.json``)
 and an atomic checkpoint of the ``TrainState``. Whether a step was finite is read on the host every
 step under ``train.nonfinite=skip``; under ``stop`` (the default) it stays on the device and is read
@@ -17,7 +17,6 @@ rank 0 logs and writes.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import time
@@ -166,7 +165,7 @@ def _regularizer_epoch_end(s: Setup) -> float:
     start = time.perf_counter()
     if s.reg is not None:
         if s.written is not None:
-            s.reg.merge_scores_(s.written, distributed.all_reduce_)
+            s.reg._merge_scores_(s.written, distributed.all_reduce_)
             s.written.zero_()
         s.reg.end_epoch_()
     return time.perf_counter() - start
@@ -245,8 +244,8 @@ def train_step(
     check: bool,
 ) -> bool:
     """Step ``k`` of the epoch: forward, the finiteness flag, the regularized loss, backward, the
-    optimizer, the lr schedule and ``reg.after_step_()`` (when the backward has not stepped
-    ``tau``). ``check``: the flag is read first
+    optimizer (whose step steps the regularizer's per-row state: ``reg.attach``) and the lr
+    schedule. ``check``: the flag is read first
     (``stop`` raises; under ``skip``, which checks every step, a non-finite step is dropped:
     ``False`` is returned and nothing is updated). Unchecked (``stop`` between its periodic reads)
     the step runs with no host read; a non-finite one corrupts the state, which the next read,
@@ -264,31 +263,23 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         return False
     guard.unread += not check
-    # several processes, sparse tau: the backward collects, the exchange and after_step_ step
-    sharing = s.written is not None and getattr(reg, "tau_update", "dense") != "dense"
-    with reg.deferred_tau_step() if sharing else contextlib.nullcontext():
-        loss, reg_loss = task, None
-        if reg is not None:
-            if s.pixel_classes is not None:  # pixels' margins; unlabelled, padded ones dropped
-                pixels = batch["pixel"].to(device, non_blocking=True)
-                u, idx = labelled_pixel_scores(logits, s.pixel_classes, y, pixels, IGNORE_INDEX)
-            # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
-            reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
-            loss = task + alpha * reg_loss
-            if s.written is not None:
-                s.written.index_fill_(0, idx, True)
-        optimizer.zero_grad(set_to_none=True)
-        if s.tau_lr_group is not None:  # the lr this step uses (a step in the backward reads it)
-            reg.tau_lr = float(s.tau_lr_group["lr"])
-        if scaler is not None:
-            scaler.scale(loss).backward()
-        else:
-            loss.backward()
+    loss, reg_loss = task, None
+    if reg is not None:
+        if s.pixel_classes is not None:  # pixels' margins; unlabelled, padded ones dropped
+            pixels = batch["pixel"].to(device, non_blocking=True)
+            u, idx = labelled_pixel_scores(logits, s.pixel_classes, y, pixels, IGNORE_INDEX)
+        # unchecked (stop): finite placeholder scores, so the error is the guard's, at its read
+        reg_loss = reg(u if check else torch.where(ok, u, 0.0), idx)
+        loss = task + alpha * reg_loss
+        if s.written is not None:
+            s.written.index_fill_(0, idx, True)
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is not None:
+        scaler.scale(loss).backward()
+    else:
+        loss.backward()
     distributed.average_gradients_(s.reg_params)
-    if sharing:
-        # several processes, sparse tau: the mean gradient over the processes' touched rows,
-        # padded to the batch's samples (its images' pixels for target: pixels; equal on all ranks)
-        reg.share_sparse_grads_(distributed.all_gather, distributed.world_size(), y.numel())
+    # the optimizer's step steps the regularizer's per-row state too (reg.attach, train/setup.py)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
@@ -296,8 +287,6 @@ def train_step(
         optimizer.step()
     if s.scheduler is not None:
         s.scheduler.step()
-    if reg is not None and (sharing or not getattr(reg, "steps_tau_in_backward", False)):
-        reg.after_step_()  # (unless the backward has stepped tau: then nothing is left to do)
     n = len(y)
     losses = torch.stack((task, reg_loss if reg is not None else torch.zeros_like(task))).detach()
     state.totals[:3].add_(torch.cat((losses * n, losses.new_ones(1) * n)))
@@ -315,7 +304,7 @@ def save_checkpoint(
     totals = None
     if state.step_in_epoch:
         if written is not None:
-            state.regularizer.merge_scores_(written, distributed.all_reduce_)
+            state.regularizer._merge_scores_(written, distributed.all_reduce_)
             written.zero_()
         totals = state.totals.clone()
         totals[:3] = distributed.all_reduce_(totals[:3].clone())

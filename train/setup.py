@@ -60,7 +60,6 @@ class Setup:
     criterion: TaskLoss | None = None  # train.loss / class_weights; None: task_loss's cross-entropy
     # F-beta's sparse_adam_ahead with tau_lr null: the optimizer group whose lr (schedule included)
     # the sparse tau step takes, as a dense tau in that group would
-    tau_lr_group: dict | None = None
 
 
 def setup(
@@ -97,6 +96,8 @@ def setup(
     del labels, groups  # (target pixels: O(pixels), held by the regularizer's shard only)
     reg = reg.to(device) if reg is not None else None
     optimizer = build_optimizer(cfg, model, reg)
+    if reg is not None:  # its per-row state steps with the optimizer (and, with several
+        reg.attach(optimizer)  # processes, a reparameterized objective stays equal on each)
     train_loader, test_loader, val_loader = _loaders(cfg, data, ctx, shard)
     weighting = _group_weighting(cfg, data, ctx, device)
     scheduler = build_scheduler(cfg, optimizer, len(train_loader))
@@ -122,7 +123,9 @@ def setup(
             state.totals[:3] = 0  # the saved sums are over all processes already: count them once
     # each process remembers the scores of its own samples; they are merged before a dual step
     # (sharded: each process holds and writes its own samples' scores; nothing to merge)
+    # (a reparameterized objective exchanges its gradients and scores in attach's hook)
     merged = ctx.enabled and reg is not None and shard is None
+    merged = merged and not isinstance(reg, ReparamRegularizer)
     return Setup(
         out=out,
         device=device,
@@ -141,9 +144,8 @@ def setup(
         written=torch.zeros(reg.n_samples, dtype=torch.bool, device=device) if merged else None,
         pixel_classes=cfg.regularizer.positive_classes() if pixels else None,
         last_checkpoint="none yet" if found is None else str(found[0]),
-        reg_params=list(reg.parameters()) if reg is not None and shard is None else [],
+        reg_params=list(reg.parameters()) if merged else [],
         criterion=criterion.to(device) if criterion is not None else None,
-        tau_lr_group=reg.tau_lr_source(optimizer) if hasattr(reg, "tau_lr_source") else None,
     )
 
 

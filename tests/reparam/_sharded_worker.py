@@ -57,6 +57,16 @@ def batches(k: int, epoch: int, sampling: str, unit: int = 1) -> list[list[torch
 
 
 def make(kind: str, labels: torch.Tensor, shard: Shard | None):
+    """The objective of ``kind``: sharded by ``shard``, or (``None``) the one-process reference,
+    which holds the whole state in this process alone (a process group of its own: no replicas
+    to keep equal)."""
+    reg = _make(kind, labels, shard)
+    if shard is None and dist.is_initialized():
+        reg.process_group = dist.new_group([dist.get_rank()], use_local_synchronization=True)
+    return reg
+
+
+def _make(kind: str, labels: torch.Tensor, shard: Shard | None):
     if kind.startswith("fbeta_groups"):  # per group: each problem's rows on one process
         groups = GROUPS if shard is None else shard.local_labels(GROUPS)
         if kind == "fbeta_groups_epoch":
@@ -128,18 +138,17 @@ def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, s
     for epoch in range(first, first + epochs):
         for step in batches(k, epoch, sampling, unit(kind))[:STEPS]:
             opt.zero_grad()
-            if rank is None:  # one step on the micro-batches' summed gradient (deferred)
-                with reg.deferred_tau_step():
-                    losses = []
-                    for idx in step:
-                        losses.append(task(scores(idx), idx))
-                    if whole:  # (pr, rap: the per-step dual step once, on the global batch)
-                        idx = torch.cat(micro_batches(step, k, sampling, unit(kind)))
-                        losses.append(0.5 * k * reg(scores(idx), idx))
-                    else:
-                        for idx in micro_batches(step, k, sampling, unit(kind)):
-                            losses.append(0.5 * reg(scores(idx), idx))
-                    (sum(losses) / k).backward()
+            if rank is None:  # one step on the micro-batches' summed gradient
+                losses = []
+                for idx in step:
+                    losses.append(task(scores(idx), idx))
+                if whole:  # (pr, rap: the per-step dual step once, on the global batch)
+                    idx = torch.cat(micro_batches(step, k, sampling, unit(kind)))
+                    losses.append(0.5 * k * reg(scores(idx), idx))
+                else:
+                    for idx in micro_batches(step, k, sampling, unit(kind)):
+                        losses.append(0.5 * reg(scores(idx), idx))
+                (sum(losses) / k).backward()
             else:
                 idx = step[rank]
                 u = scores(idx)
@@ -335,8 +344,9 @@ def faults(rank: int, k: int, sampling: str, out: str) -> None:
         u = head(x[idx])[:, 0]
         opt.zero_grad()
         (F.binary_cross_entropy_with_logits(u, y[idx].float()) + 0.5 * reg(u, idx)).backward()
-        if s == 3 and rank == 1:
-            reg.sparse_tau.probe_values.grad[0] = float("nan")
+        if s == 3 and rank == 1:  # a non-finite gradient on a row this rank touched
+            rows, touched = reg.sparse_tau.pending[0]
+            reg.sparse_tau.acc[rows[touched][:1], 0] = float("nan")
         for p in head.parameters():
             dist.all_reduce(p.grad)
             p.grad /= k

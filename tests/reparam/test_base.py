@@ -160,10 +160,10 @@ def test_merge_scores_dates_the_merged_scores():
     reg(torch.ones(4), torch.tensor([0, 1, 2, 3]))  # recorded in epoch 1
     written = torch.zeros(40, dtype=torch.bool)
     written[:4] = True
-    reg.merge_scores_(written, lambda t: t.mul_(1))  # one "process": the identity collective
+    reg._merge_scores_(written, lambda t: t.mul_(1))  # one "process": the identity collective
     assert reg.score_epoch[:4].tolist() == [1, 1, 1, 1] and int(reg.score_epoch[5]) == -1
     with pytest.raises(ValueError, match="written must be a bool tensor of shape"):
-        reg.merge_scores_(written.long(), lambda t: t)
+        reg._merge_scores_(written.long(), lambda t: t)
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))

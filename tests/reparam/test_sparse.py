@@ -5,7 +5,6 @@ trips."""
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 
 import pytest
@@ -160,7 +159,7 @@ def test_rows_outside_the_batch_are_left_bit_for_bit():
     for name in ("tau_param", "sparse_tau.moments", "sparse_tau.last"):
         assert torch.equal(reg.state_dict()[name][others], before[name][others]), name
         assert not torch.equal(reg.state_dict()[name][rows], before[name][rows]), name
-    assert torch.count_nonzero(reg.sparse_tau.grad) == 0
+    assert torch.count_nonzero(reg.sparse_tau.acc) == 0
 
 
 def test_gradient_accumulation_sums_like_dense_gradients():
@@ -171,32 +170,31 @@ def test_gradient_accumulation_sums_like_dense_gradients():
     u = torch.randn(N)
     for idx in (torch.arange(0, 20), torch.arange(10, 30)):  # overlapping rows
         dense(u[idx].clone().requires_grad_(), idx).backward()
-        with sparse.deferred_tau_step():
-            sparse(u[idx].clone().requires_grad_(), idx).backward()
+        sparse(u[idx].clone().requires_grad_(), idx).backward()
     RuleOnDenseGradient(dense.tau_param, lr=0.5).step()
     sparse.after_step_()
     torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach())
     assert not torch.equal(sparse.tau_param, torch.ones_like(sparse.tau_param))
 
 
-@pytest.mark.parametrize("deferred", [False, True])
-def test_a_nonfinite_gradient_skips_the_step(deferred):
-    """In the backward (fused) or in after_step_ (deferred): nothing of tau's state moves."""
+@pytest.mark.parametrize("where", ["one row", "every row"])
+def test_a_nonfinite_gradient_skips_the_step(where):
+    """A non-finite gradient on one row (or all): nothing of tau's state moves at the step."""
     reg = FBetaRegularizer(
         LABELS, projection="epoch", tau_update="sparse_adam_ahead", lambda_init=0.5
     )
     before = {k: v.clone() for k, v in reg.state_dict().items()}
-    with reg.deferred_tau_step() if deferred else contextlib.nullcontext():
-        loss = reg(torch.randn(3, requires_grad=True), torch.tensor([1, 2, 3]))
-        if deferred:
-            loss.backward()
-            reg.sparse_tau.probe_values.grad[1] = float("nan")  # a positive's row's gradient
-        else:
-            (loss * float("inf")).backward()  # every gradient non-finite
+    loss = reg(torch.randn(3, requires_grad=True), torch.tensor([1, 2, 3]))
+    if where == "one row":
+        loss.backward()
+        reg.sparse_tau.acc[reg.layout.slot[1], 0] = float("nan")  # a positive's row's gradient
+    else:
+        (loss * float("inf")).backward()  # every gradient non-finite
     reg.after_step_()
     for k, v in reg.state_dict().items():
         if k not in ("scores", "score_epoch", "batches"):  # the forward's memory
             assert torch.equal(v, before[k]), k
+    assert torch.count_nonzero(reg.sparse_tau.acc) == 0  # the sums cleared
     # and the next finite step works
     reg(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
     reg.after_step_()
@@ -217,53 +215,45 @@ def test_bad_options_name_the_argument(kw, match):
         FBetaRegularizer(LABELS, projection="epoch", **kw)
 
 
-def test_forgetting_after_step_warns_when_the_step_is_deferred():
+def test_forgetting_attach_warns():
+    """No ``attach`` (and no explicit step): the sparse tau would not move; said after one
+    epoch's worth of samples."""
     reg = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead")
     with pytest.warns(RuntimeWarning, match=r"after_step_\(\) has not been called.*tau does not"):
         for _ in range(2):
             for idx in torch.arange(N).split(20):
-                with reg.deferred_tau_step():
-                    reg(torch.randn(len(idx), requires_grad=True), idx).backward()
+                reg(torch.randn(len(idx), requires_grad=True), idx).backward()
             reg.end_epoch_()
 
 
 @pytest.mark.parametrize("projection", ["epoch", "tracked"])
-def test_the_backward_steps_tau_so_a_loop_needs_no_after_step(projection):
-    """The default: each backward pass steps its batch's rows; a loop of forward, backward and
-    the optimizer's step, with no ``after_step_()``, ends bit for bit where the deferred step
-    (``after_step_()`` after each optimizer step, the rows re-tested at the eps it left) ends,
+def test_attach_steps_as_an_explicit_after_step(projection):
+    """``attach``'s hook is the step point: a loop of forward, backward and the optimizer's
+    step ends bit for bit where the same loop calling ``after_step_()`` after each step ends,
     and without a warning."""
     states = []
-    for deferred in (False, True):
+    for attached in (True, False):
         reg = FBetaRegularizer(LABELS, projection=projection, tau_update="sparse_adam_ahead")
         opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+        if attached:
+            reg.attach(opt)
         gen = torch.Generator().manual_seed(0)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             for _ in range(2):
                 for idx in torch.randperm(N, generator=gen).split(20):
                     u = torch.randn(len(idx), generator=gen, requires_grad=True)
-                    with reg.deferred_tau_step() if deferred else contextlib.nullcontext():
-                        reg(u, idx).backward()
+                    reg(u, idx).backward()
                     opt.step()
                     opt.zero_grad()
-                    if deferred:
+                    if not attached:
+                        reg.tau_lr = 1e-2
                         reg.after_step_()
                 reg.end_epoch_()
         assert int(reg.sparse_tau.step) == 2 * N // 20
         states.append(reg.state_dict())
     for k, value in states[1].items():
-        if ".held_" not in k:  # (the rows held for their re-test: the step in the backward's)
-            assert torch.equal(states[0][k], value), k
-
-
-def test_gradient_accumulation_without_deferral_is_warned():
-    """Two backward passes and no optimizer step between them: each stepped the rows; warned."""
-    reg = FBetaRegularizer(LABELS)
-    with pytest.warns(RuntimeWarning, match=r"no optimizer step between.*deferred_tau_step"):
-        for idx in (torch.arange(0, 20), torch.arange(20, 40)):
-            reg(torch.randn(20, requires_grad=True), idx).backward()
-    assert int(reg.sparse_tau.step) == 2
+        assert torch.equal(states[0][k], value), k
 
 
 def test_a_forward_without_a_backward_leaves_tau_alone():
@@ -273,10 +263,11 @@ def test_a_forward_without_a_backward_leaves_tau_alone():
     for extra in (False, True):
         reg = FBetaRegularizer(LABELS)
         opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+        reg.attach(opt)
         gen = torch.Generator().manual_seed(0)
         for k, idx in enumerate(torch.randperm(N, generator=gen).split(20)):
             u = torch.randn(len(idx), generator=gen)
-            if extra and k == 3:
+            if extra and k == 3:  # the same rows as the step's own batch
                 reg(u.clone().requires_grad_(), idx)  # no backward
             reg(u.requires_grad_(), idx).backward()
             opt.step()
@@ -306,47 +297,6 @@ def test_state_round_trip_and_dense_state_loads_into_sparse_tau():
     )
 
 
-def test_share_sparse_grads_takes_the_mean_over_processes_of_the_touched_rows():
-    """Two "processes" with batches that touch different rows: after sharing, each takes the step
-    of one process on both batches with the gradient halved (the mean of the two processes')."""
-    kw = dict(projection="epoch", tau_update="sparse_adam_ahead", tau_lr=0.5, lambda_init=0.4)
-    a, b, both = (FBetaRegularizer(LABELS, **kw) for _ in range(3))
-    u = torch.randn(N)
-    first, second = torch.arange(0, 10), torch.arange(10, 20)
-    with a.deferred_tau_step(), b.deferred_tau_step():  # the step waits for the exchange
-        a(u[first].clone().requires_grad_(), first).backward()
-        b(u[second].clone().requires_grad_(), second).backward()
-    packed = {}
-
-    def gather_from(me):
-        def all_gather(t):
-            packed[me] = t
-            return torch.cat([packed.get("a", t), packed.get("b", t)]) if len(packed) == 2 else t
-
-        return all_gather
-
-    b.share_sparse_grads_(gather_from("b"), 2, 12)  # b first: its gather sees only its own part
-    a.share_sparse_grads_(gather_from("a"), 2, 12)  # a sees both
-    a.after_step_()
-    with both.deferred_tau_step():
-        both(u[first].clone().requires_grad_(), first).backward()
-        both(u[second].clone().requires_grad_(), second).backward()
-    both.sparse_tau.accumulate_pending_()
-    both.sparse_tau.grad[:, 0] /= 2  # the mean of the two processes' gradients
-    both.after_step_()
-    torch.testing.assert_close(a.tau_param, both.tau_param)
-    assert not torch.equal(a.tau_param, FBetaRegularizer(LABELS, **kw).tau_param)
-    c = FBetaRegularizer(LABELS, **kw)
-    with pytest.raises(ValueError, match=r"size must be >= the pending entries \(10\)"):
-        with c.deferred_tau_step():
-            c(u[first].clone().requires_grad_(), first).backward()
-        c.share_sparse_grads_(lambda t: t, 2, 5)
-    # outside deferred_tau_step() the backward has stepped already: sharing then is refused
-    c(u[first].clone().requires_grad_(), first).backward()
-    with pytest.raises(RuntimeError, match=r"already stepped.*deferred_tau_step"):
-        c.share_sparse_grads_(lambda t: t, 2, 12)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_paired_row_adds_equal_index_add_with_repeated_rows(dtype, index_dtype):
@@ -371,25 +321,21 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
     )
     idx = torch.arange(12)
     u = torch.randn(12, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    with reg.deferred_tau_step():
-        reg(u, idx).backward()
-    ((probe, start, rows, touched),) = reg.sparse_tau._pending
-    assert rows.numel() == touched.numel() == 12 and start == 0
+    reg(u, idx).backward()
+    ((rows, touched),) = reg.sparse_tau.pending
+    assert rows.numel() == touched.numel() == 12
     assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
-    assert bool((probe.grad[:12] != 0).all()) and bool((probe.grad[12:] == 0).all())
-    reg.share_sparse_grads_(lambda t: t, 1, 12)  # a batch of 12 samples: 12 entries to share
-    torch.testing.assert_close(
-        reg.sparse_tau.grad[:, 1].sum(), torch.tensor(12.0)
-    )  # one count each
+    torch.testing.assert_close(reg.sparse_tau.acc[:, 1].sum(), torch.tensor(12.0))  # one each
+    assert int((reg.sparse_tau.acc[:, 0] != 0).sum()) == 12
 
 
-@pytest.mark.parametrize("deferred", [False, True])
+@pytest.mark.parametrize("accumulate", [1, 2])
 @pytest.mark.parametrize("projection", ["epoch", "tracked"])
 def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
-    projection, deferred, monkeypatch
+    projection, accumulate, monkeypatch
 ):
-    """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only for the sparse step
-    (in the backward, or deferred); the state ends where keeping every entry leaves it."""
+    """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only (the accumulation in
+    the backward, the sparse step); the state ends where keeping every entry leaves it."""
     from reparam import sparse
 
     labels = (torch.rand(20000, generator=torch.Generator().manual_seed(0)) < 0.3).long()
@@ -399,22 +345,17 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
         reg = FBetaRegularizer(labels, tau_update="sparse_adam_ahead", projection=projection)
         gen = torch.Generator().manual_seed(1)
         for _ in range(4):
-            idx = torch.randperm(20000, generator=gen)[:5000]
-            with reg.deferred_tau_step() if deferred else contextlib.nullcontext():
+            for _ in range(accumulate):
+                idx = torch.randperm(20000, generator=gen)[:5000]
                 reg(torch.randn(5000, generator=gen, requires_grad=True), idx).backward()
-            if compact and deferred:
-                reg.sparse_tau.accumulate_pending_()
-                ((rows, touched),) = reg.sparse_tau._accumulated
-                assert bool(touched.all()) and rows.numel() == int(labels[idx].sum())
+            if compact:
+                rows, touched = reg.sparse_tau._noted(reg.tau_param.device)
+                assert bool(touched.all()) and rows.numel() <= 5000 * accumulate
+                reg.sparse_tau.pending = [(rows, touched)]
             reg.after_step_()
-        if projection == "tracked":  # the rows the last step held, re-tested
-            reg.schedule.settle_(reg.tau_param, reg.eps_param, None)
         states[compact] = reg.state_dict()
     kept, every = states.values()
     for k, value in every.items():
-        if k.startswith("schedule.held_"):  # settled: which rows were held last does not matter
-            assert not kept["schedule.held_kept"].any()
-            continue
         torch.testing.assert_close(kept[k], value, rtol=0, atol=0, msg=k)
     assert not torch.equal(every["tau_param"], torch.ones_like(every["tau_param"]))
 
@@ -500,27 +441,18 @@ def test_attach_gives_sparse_adam_ahead_the_optimizers_lr():
     other(torch.randn(10, requires_grad=True), torch.arange(10)).backward()
     other_opt.step()
     assert int(other.sparse_tau.step) == 1 and other.tau_lr == 0.05
-    assert other.tau_lr_source(other_opt) is None
 
 
-def test_tau_lr_source_is_the_group_that_steps_eps():
-    """What a loop that calls ``after_step_()`` itself (the trainer) reads the lr from: the group
-    holding ``eps`` for ``sparse_adam_ahead`` without ``tau_lr``, else None."""
-    reg = FBetaRegularizer(LABELS)
-    groups = [{"params": [torch.zeros(1)]}, {"params": reg.parameters(), "lr": 3e-3}]
-    opt = torch.optim.Adam(groups)
-    assert reg.tau_lr_source(opt) is opt.param_groups[1]
-    assert FBetaRegularizer(LABELS, tau_lr=0.05).tau_lr_source(opt) is None
-
-
-def test_a_resume_with_rows_held_for_their_retest_is_bit_for_bit():
-    """Saved after the optimizer's step, before the next forward (the tracked set's rows of the
-    last step held for their re-test): a fresh regularizer loaded from the state continues as
-    the run that was not interrupted. A state saved without the held rows loads too."""
+def test_a_resume_after_a_step_is_bit_for_bit():
+    """Saved after the optimizer's step: a fresh regularizer loaded from the state continues as
+    the run that was not interrupted; a 0.3 state (with the rows its step left for their
+    re-test: ``schedule.held_*``) loads when none waits, else names its version."""
 
     def make():
         reg = FBetaRegularizer(LABELS)
-        return reg, torch.optim.Adam(reg.parameters(), lr=1e-2)
+        opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+        reg.attach(opt)
+        return reg, opt
 
     gen = torch.Generator().manual_seed(0)
     batches = [(torch.randn(20, generator=gen), idx) for idx in torch.randperm(N).split(20)[:6]]
@@ -535,14 +467,22 @@ def test_a_resume_with_rows_held_for_their_retest_is_bit_for_bit():
     steps(whole, whole_opt, batches)
     first, first_opt = make()
     steps(first, first_opt, batches[:3])
-    assert bool(first.schedule.held_kept.any())  # rows wait for their re-test
     resumed, resumed_opt = make()
     resumed.load_state_dict(first.state_dict())
     resumed_opt.load_state_dict(first_opt.state_dict())
     steps(resumed, resumed_opt, batches[3:])
     for k, value in whole.state_dict().items():
         assert torch.equal(resumed.state_dict()[k], value), k
-    older = {k: v for k, v in whole.state_dict().items() if ".held_" not in k}
-    fresh, _ = make()
-    fresh.load_state_dict(older)
-    assert fresh.schedule.held_rows.numel() == 0
+    old = dict(whole.state_dict())
+    held = {"held_rows": torch.zeros(2, dtype=torch.int64), "held_values": torch.zeros(2)}
+    held |= {"held_first": torch.zeros(2, dtype=torch.bool)}
+    for kept in (False, True):
+        saved = old | {f"schedule.{k}": v for k, v in held.items()}
+        saved["schedule.held_kept"] = torch.full((2,), kept)
+        fresh, _ = make()
+        if kept:
+            with pytest.raises(RuntimeError, match=r"saved by fbeta-reparam 0\.3"):
+                fresh.load_state_dict(saved)
+        else:
+            fresh.load_state_dict(saved)
+            assert torch.equal(fresh.tau_param, whole.tau_param)

@@ -17,8 +17,8 @@ from reparam.layout import smallest_int as _smallest_int
 PER_SAMPLE = 1 + 4 + 4 + 4  # shape_labels int8, slot int32, scores float32, score_epoch int32
 PER_POSITIVE = {  # pos_index int32, tau_group int8, tau_param, lam (+ the sparse Adam state)
     "dense": 4 + 1 + 4 + 4,
-    # + tau_adam_moments (n, 2), _tau_grad (n, 2), tau_adam_last
-    "sparse_adam_ahead": 4 + 1 + 4 + 4 + 8 + 8 + 4,
+    # + moments (n, 2), the gradient's accumulator acc (n, 2), last, the step's scratch elect
+    "sparse_adam_ahead": 4 + 1 + 4 + 4 + 8 + 8 + 4 + 4,
 }
 
 
@@ -28,19 +28,17 @@ def _half_positive(n: int) -> torch.Tensor:
     return labels
 
 
-# state whose size is fixed or set by the batch, not by the data: the sparse update's gradient probe
-# (4096 entries) and the tables of the rules
-PER_BATCH = (
-    "sparse_tau.probe_values",
-    "sparse_tau.probe_rows",
-    "sparse_tau.probe_touched",
-    "sparse_tau.ahead",
-)
+# state whose size is fixed, not set by the data: the tables of the rules
+PER_BATCH = ("sparse_tau.ahead",)
 
 
 def _state_bytes(reg: torch.nn.Module) -> int:
+    """The bytes the objective holds: parameters, buffers and the sparse step's working tensors
+    (attributes, not buffers: DDP broadcasts buffers)."""
     buffers = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
-    return sum(t.numel() * t.element_size() for t in [*reg.parameters(), *buffers])
+    sparse = getattr(reg, "sparse_tau", None)
+    work = [] if sparse is None else [sparse.acc, sparse.elect]
+    return sum(t.numel() * t.element_size() for t in [*reg.parameters(), *buffers, *work])
 
 
 def test_smallest_exact_dtypes():
@@ -147,7 +145,7 @@ def test_merge_scores_dates_the_writers_and_ors_seen_ever():
     written = [torch.tensor([True, True, False, False]), torch.tensor([True, False, False, False])]
     all_reduce = _fake_world(2)
     threads = [
-        threading.Thread(target=reg.merge_scores_, args=(w, all_reduce))
+        threading.Thread(target=reg._merge_scores_, args=(w, all_reduce))
         for reg, w in zip(regs, written, strict=True)
     ]
     for t in threads:

@@ -213,7 +213,7 @@ def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folde
     reg(torch.tensor(u, device=dev), torch.tensor(idx, device=dev))  # writes scores, score_epoch
     written = torch.zeros(4, dtype=torch.bool)  # on the CPU, as the loop keeps it
     written[idx] = True
-    reg.merge_scores_(written, distributed.all_reduce_)
+    reg._merge_scores_(written, distributed.all_reduce_)
     out["scores"], out["seen_ever"] = reg.scores.cpu(), reg.seen_ever.cpu()
 
     # average_gradients_: the mean over ranks; a missing gradient counts as zeros
@@ -562,7 +562,7 @@ def test_collectives_are_identities_in_one_process(monkeypatch):
     reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]))
     reg(torch.tensor([1.0, 2.0]), torch.tensor([0, 1]))
     before = {k: v.clone() for k, v in reg.state_dict().items()}
-    reg.merge_scores_(torch.tensor([True, True, False, False]), distributed.all_reduce_)
+    reg._merge_scores_(torch.tensor([True, True, False, False]), distributed.all_reduce_)
     assert all(torch.equal(before[k], v) for k, v in reg.state_dict().items())
     p = torch.nn.Parameter(torch.zeros(2))
     p.grad = g = torch.tensor([1.0, 2.0])
