@@ -15,36 +15,33 @@ a state spread over processes.
 __version__ = "0.4.0"  # the one place of the version (pyproject.toml reads it; CHANGELOG.md)
 
 from . import functional, rate_functional
-from ._checks import RETIRED as RETIRED_OPTIONS
-from .base import PROJECTION_MODES, ReparamRegularizer
+from .base import ReparamRegularizer
 from .fbeta import FBetaRegularizer
 from .functional import certified_fbeta_bound
 from .head import ShapeHead
-from .options import FBETA_DEFAULTS, FBETA_PRESETS, PAPER_PRESET, resolve_options, resolve_preset
+from .options import DenseTau, EpochEnd, Inline, SparseTau, Tracked
 from .rate_functional import RateThreshold
 from .rates import ROCAUC, PrecisionAtRecall, RecallAtPrecision
 from .resharding import needed_blocks, reshard_state
 from .sharding import Shard
 
 __all__ = [
-    "FBETA_DEFAULTS",
-    "FBETA_PRESETS",
-    "PAPER_PRESET",
-    "PROJECTION_MODES",
-    "RETIRED_OPTIONS",
     "ROCAUC",
+    "DenseTau",
+    "EpochEnd",
     "FBetaRegularizer",
+    "Inline",
     "PrecisionAtRecall",
     "RateThreshold",
     "RecallAtPrecision",
     "ReparamRegularizer",
     "ShapeHead",
     "Shard",
+    "SparseTau",
+    "Tracked",
     "certified_fbeta_bound",
     "functional",
     "needed_blocks",
     "rate_functional",
     "reshard_state",
-    "resolve_options",
-    "resolve_preset",
 ]

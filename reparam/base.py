@@ -20,11 +20,10 @@ from torch import Tensor
 from . import _checks
 from .compiling import compiled_steps
 from .objective import ShapeObjective
-from .schedules import EpochEnd, Inline, Schedule
-from .sparse import SparseTau
+from .options import SCHEDULES, EpochEnd, Inline, Tracked, check_option
+from .schedules import EpochEndSchedule, InlineSchedule, Schedule
+from .sparse import SparseRows
 from .tracked import TrackedThreshold
-
-PROJECTION_MODES = ("tracked", "epoch", "inline")  # the schedules' names (reparam.schedules)
 
 
 class ReparamRegularizer(ShapeObjective):
@@ -33,8 +32,8 @@ class ReparamRegularizer(ShapeObjective):
     Args:
         shape_labels: ``(N,)`` integer shape labels of the training set.
         positive_classes: the shape classes with a problem of their own.
-        projection: the schedule's name, one of ``PROJECTION_MODES``.
-        inline_strength: the inline schedule's smoothing (``> 0`` only with ``"inline"``).
+        schedule: where the projection onto ``C`` is applied: ``Tracked()``, ``EpochEnd()`` or
+            ``Inline(strength)`` (``reparam.options``).
         dual_lr_lambda: ``lambda``'s dual step (``>= 0``).
         groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``.
         shard: this process's block of the samples (``reparam.Shard``), or ``None``.
@@ -46,7 +45,8 @@ class ReparamRegularizer(ShapeObjective):
         >>> import torch
         >>> from reparam import ROCAUC, FBetaRegularizer, ReparamRegularizer
         >>> labels = torch.tensor([0, 1, 1, 0, 1])
-        >>> regs = [FBetaRegularizer(labels, projection="epoch"), ROCAUC(labels, grid=2)]
+        >>> from reparam import EpochEnd
+        >>> regs = [FBetaRegularizer(labels, schedule=EpochEnd()), ROCAUC(labels, grid=2)]
         >>> [isinstance(r, ReparamRegularizer) for r in regs], [r.projection for r in regs]
         ([True, True], ['epoch', 'inline'])
         >>> reg = regs[0]
@@ -64,8 +64,7 @@ class ReparamRegularizer(ShapeObjective):
         shape_labels: object,
         *,
         positive_classes: Sequence[int],
-        projection: str,
-        inline_strength: float,
+        schedule: Tracked | EpochEnd | Inline,
         dual_lr_lambda: float,
         groups: object = None,
         shard: object = None,
@@ -75,26 +74,22 @@ class ReparamRegularizer(ShapeObjective):
             shape_labels, positive_classes=positive_classes, groups=groups, shard=shard
         )
         self.process_group = process_group  # replicated data parallelism (attach), or None
-        self.schedule = self._schedule(projection, inline_strength)
-        self.sparse_tau: SparseTau | None = None  # rows stepped by the objective's own rule
+        self.schedule = self._schedule(schedule)
+        self.sparse_tau: SparseRows | None = None  # rows stepped by the objective's own rule
         self.dual_lr_lambda = _checks.number("dual_lr_lambda", dual_lr_lambda, 0)
         self.register_load_state_dict_pre_hook(_fresh_sparse_moments)
 
-    def _schedule(self, projection: str, inline_strength: float) -> Schedule:
-        """The schedule named ``projection`` (``inline_strength``: the inline one's smoothing)."""
-        name = _checks.choice("projection", projection, PROJECTION_MODES)
-        strength = _checks.number("inline_strength", inline_strength, 0)
-        if strength > 0 and name != "inline":  # it would do nothing
-            raise ValueError(
-                f"inline_strength={inline_strength!r} smooths the inline projection, but "
-                f"projection is {name!r}: pass projection='inline' with it"
-            )
-        if name == "tracked":
+    def _schedule(self, schedule: Tracked | EpochEnd | Inline) -> Schedule:
+        """The schedule module of the option ``schedule`` (``reparam.options``)."""
+        schedule = check_option("schedule", schedule, SCHEDULES)
+        if isinstance(schedule, Tracked):
             lay = self.layout
             return TrackedThreshold(
                 lay.pos_index.numel(), lay.n_problems, self._comm, lay.owned_here
             )
-        return Inline(strength) if name == "inline" else EpochEnd()
+        if isinstance(schedule, Inline):
+            return InlineSchedule(schedule.strength)
+        return EpochEndSchedule()
 
     @property
     def projection(self) -> str:
@@ -209,7 +204,7 @@ class ReparamRegularizer(ShapeObjective):
     def _share_(self, group: object, world: int) -> None:
         """Before a replicated step: the parameters' gradients averaged over the processes
         (idempotent when DDP has averaged them already), the sparse rows' gradients exchanged
-        (``SparseTau.exchange_``) and the scores written since the last step gathered in rank
+        (``SparseRows.exchange_``) and the scores written since the last step gathered in rank
         order (``ShapeObjective._gather_written_``)."""
         import torch.distributed as dist
 

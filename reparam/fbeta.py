@@ -3,8 +3,8 @@ r"""``FBetaRegularizer``: the F-beta S-measure regularizer (method note sec. 2-3
 ``eps`` (one per problem) is a parameter the user's optimizer steps; ``tau`` (one per positive
 sample) is a parameter too, or rows that ``reg.sparse_tau`` steps; ``lambda``, ``mu``, the scores
 remembered during the epoch and the counters are buffers, so ``.to()``, ``state_dict()`` and
-checkpoints carry all of it. Per step ``loss = task_loss + alpha * reg(scores, idx)``, then
-``reg.after_step_()``; per epoch ``reg.end_epoch_()``: the schedule's projection and the dual step
+checkpoints carry all of it. Per step ``loss = task_loss + alpha * reg(scores, idx)`` (after
+``reg.attach(optimizer)`` the rows of a sparse ``tau`` step with the optimizer); per epoch ``reg.end_epoch_()``: the schedule's projection and the dual step
 ``lambda_i <- max(0, lambda_i + eta_lambda (tau_i - u_i))``,
 ``mu_j <- mu_j + eta_mu (mean_{S+_j} tau - 1)`` on the scores recorded during the epoch.
 """
@@ -23,10 +23,18 @@ from . import _checks, fbeta_report
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
-from .options import DEFAULT_TAU_LR, resolve_options
-from .schedules import Inline
+from .options import (
+    DEFAULT_TAU_LR,
+    TAU_STORAGES,
+    DenseTau,
+    EpochEnd,
+    Inline,
+    SparseTau,
+    Tracked,
+    check_option,
+)
 from .sharding import Shard
-from .sparse import SparseTau
+from .sparse import SparseRows
 from .tracked import TrackedThreshold
 
 
@@ -42,32 +50,27 @@ class FBetaRegularizer(ReparamRegularizer):
         beta: the ``beta`` of F-beta (> 0).
         positive_classes: the shape classes with an F-beta term of their own (binary: ``(1,)``);
             the loss is the mean of their terms, each against all other samples.
-        projection: the schedule of ``Pi_C`` (``reparam.schedules``, method note sec. 3b):
-            ``"tracked"`` (the loss sees the exact projection's threshold
+        schedule: where ``Pi_C`` is applied (method note sec. 3b; ``reparam.options``):
+            ``Tracked()`` (the loss sees the exact projection's threshold
             ``e* = (eps + sum_A tau) / (1 + |A|)`` over an active set ``A`` kept in O(B) per step;
-            ``A``'s rows are stored as offsets above ``eps``: read ``reg.tau``), ``"epoch"``
-            (in place once per epoch, Algorithm 3) or ``"inline"`` (the loss takes
-            ``Pi_C(eps, tau)``, differentiated through). ``None``: the preset's.
-        inline_strength: with ``projection="inline"``, ``> 0`` uses the smooth
-            ``soft_project_onto_c`` of that strength (method note sec. 5); ``0``: the exact one.
-        dual_lr_lambda: ``lambda``'s constant dual step (``None``: the preset's; 0.1 by default);
-            a plain attribute: a decaying schedule is ``reg.dual_lr_lambda = c / epoch``.
-        dual_lr_mu: ``mu``'s constant dual step (``None``: the preset's; 0.1 by default).
+            ``A``'s rows are stored as offsets above ``eps``: read ``reg.tau``), ``EpochEnd()``
+            (in place once per epoch, Algorithm 3) or ``Inline(strength)`` (the loss takes
+            ``Pi_C(eps, tau)``, differentiated through; ``strength > 0``: the smooth
+            projection of method note sec. 5).
+        tau: who steps ``tau`` (method note sec. 11): ``SparseTau(lr)`` (the rows a batch touched
+            step at the optimizer's step on dense Adam's trajectory, O(B); ``lr=None``: the lr of
+            the optimizer's group that steps ``eps`` after ``attach``, else 1e-2) or
+            ``DenseTau()`` (a parameter your optimizer steps, O(n) per step). ``Inline()``
+            couples every row in each step: it needs ``DenseTau()``.
+        dual_lr_lambda: ``lambda``'s constant dual step; a plain attribute: a decaying schedule
+            is ``reg.dual_lr_lambda = c / epoch``.
+        dual_lr_mu: ``mu``'s constant dual step.
         mu_init: initial ``mu``; default ``-beta^2`` (the optimal ``mu`` on separable data).
         lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init`` makes every ``tau_i``
             stationary, so the positives are pulled up from the first step).
         cap_scores: dualize ``tau_i <= min(u_i, eps)`` (``eps`` detached) instead of
             ``tau_i <= u_i``: the same constraint in C, whose term stops pulling a score up at
-            ``eps`` (method note sec. 10). ``None``: the preset's.
-        preset: the values of the options left at ``None``: the library's (``None``,
-            ``FBETA_DEFAULTS``) or the paper's Algorithm 3 (``"paper"``, ``PAPER_PRESET``).
-        tau_update: who steps ``tau`` (method note sec. 11): ``"dense"`` (a parameter your
-            optimizer steps, O(n) per step) or ``"sparse_adam_ahead"`` (``reg.sparse_tau`` steps
-            the batch's rows in the backward pass on dense Adam's trajectory, O(B); not with
-            ``"inline"``). ``"auto"``: sparse with the library's defaults, else dense
-            (``reparam.resolve_options``).
-        tau_lr: the sparse step size (``None``: 1e-2, and ``attach`` makes it follow the lr of
-            the optimizer's group that steps ``eps``).
+            ``eps`` (method note sec. 10).
         groups: ``(N,)`` integer group of every sample (``-1``: none), or ``None``. Given, the
             objective is the mean over the groups of each group's F-beta (per image of a
             segmentation set, the mean Dice; method note sec. 12): one problem per (class,
@@ -77,7 +80,9 @@ class FBetaRegularizer(ReparamRegularizer):
             objective (replicated data parallelism; ``None``: the default group once initialized,
             if any). ``attach`` keeps their states equal at every step.
 
-    After every ``end_epoch_`` ``reg.decision_threshold`` holds the exact F-beta-optimal threshold
+    The defaults are the library's (chosen on the evidence of the comparison); the paper's
+    Algorithm 3 as published is ``FBetaRegularizer.paper(shape_labels)``. After every
+    ``end_epoch_`` ``reg.decision_threshold`` holds the exact F-beta-optimal threshold
     of the remembered scores per problem, and ``stats()`` the F-beta of ``u > threshold``.
 
     Examples:
@@ -86,10 +91,11 @@ class FBetaRegularizer(ReparamRegularizer):
         >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))
         >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
         >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
-        >>> reg(scores, torch.tensor([0, 2])).backward(); opt.step(); reg.after_step_()
+        >>> _ = reg.attach(opt)  # the rows of tau step with opt.step()
+        >>> reg(scores, torch.tensor([0, 2])).backward(); opt.step()
         >>> reg.end_epoch_()
-        >>> int(reg.epoch), reg.n_problems, reg.tau_update
-        (1, 1, 'sparse_adam_ahead')
+        >>> int(reg.epoch), reg.n_problems, reg.options, int(reg.sparse_tau.step)
+        (1, 1, (Tracked(), SparseTau(lr=None)), 1)
     """
 
     _constrained_names = ("eps_param", "tau_param")
@@ -103,52 +109,41 @@ class FBetaRegularizer(ReparamRegularizer):
         *,
         beta: float = 1.0,
         positive_classes: Sequence[int] = (1,),
-        projection: str | None = None,
-        inline_strength: float = 0.0,
-        dual_lr_lambda: float | None = None,
-        dual_lr_mu: float | None = None,
+        schedule: Tracked | EpochEnd | Inline = Tracked(),  # noqa: B008 (frozen values)
+        tau: SparseTau | DenseTau = SparseTau(),  # noqa: B008
+        dual_lr_lambda: float = 0.1,
+        dual_lr_mu: float = 0.1,
         mu_init: float | None = None,
         lambda_init: float = 0.0,
-        cap_scores: bool | None = None,
-        preset: str | None = None,
-        tau_update: str = "auto",
-        tau_lr: float | None = None,
+        cap_scores: bool = True,
         groups: object = None,
         shard: Shard | None = None,
         process_group: object = None,
     ) -> None:
-        r = resolve_options(  # the preset's values of the options left at None, and "auto"'s
-            preset, tau_update=tau_update, projection=projection, dual_lr_lambda=dual_lr_lambda,
-            dual_lr_mu=dual_lr_mu, cap_scores=cap_scores,
-        )  # fmt: skip
-        tau_update, cap_scores = r["tau_update"], r["cap_scores"]
+        tau = check_option("tau", tau, TAU_STORAGES)
         super().__init__(
             shape_labels,
             positive_classes=positive_classes,
-            projection=r["projection"],
-            inline_strength=inline_strength,
-            dual_lr_lambda=r["dual_lr_lambda"],
+            schedule=schedule,
+            dual_lr_lambda=dual_lr_lambda,
             groups=groups,
             shard=shard,
             process_group=process_group,
         )
-        self.dual_lr_mu = _checks.number("dual_lr_mu", r["dual_lr_mu"], 0)
-        self.preset = preset
+        _check_pair(schedule, tau, self.sharded)
+        self.options = (schedule, tau)  # as given (reg.schedule, reg.sparse_tau: the modules)
+        self.dual_lr_mu = _checks.number("dual_lr_mu", dual_lr_mu, 0)
         self.beta = _checks.number("beta", beta, 0, strict=True)
         mu_init = _checks.number("mu_init", -(self.beta**2) if mu_init is None else mu_init)
         p, n_pos = self.n_problems, self.layout.pos_index.numel()
         # (eps, tau) = (1, 1): a point of C with mean tau = 1, O(1) as (3') intends
         self.eps_param = nn.Parameter(torch.ones(p))
-        dense = tau_update == "dense"
-        _check_tau_update(tau_update, self.sharded, isinstance(self.schedule, Inline))
-        lr = _checks.number("tau_lr", DEFAULT_TAU_LR if tau_lr is None else tau_lr, 0, strict=True)
-        if dense:
-            self._dense_tau_lr = lr  # (unused: the user's optimizer steps tau)
+        if isinstance(tau, DenseTau):
             self.tau_param = nn.Parameter(torch.ones(n_pos))
         else:
             self.register_buffer("tau_param", torch.ones(n_pos))
-            # tau_lr not given: attach() follows the optimizer's lr
-            self.sparse_tau = SparseTau(n_pos, lr=lr, lr_given=tau_lr is not None, comm=self._comm)
+            lr = DEFAULT_TAU_LR if tau.lr is None else tau.lr  # None: attach follows the optimizer
+            self.sparse_tau = SparseRows(n_pos, lr=lr, lr_given=tau.lr is not None, comm=self._comm)
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -161,6 +156,21 @@ class FBetaRegularizer(ReparamRegularizer):
         self.register_buffer("inert_ref", torch.zeros(2 * p + 3))
         if self.sharded:  # eps is replicated: its gradient is the mean over the processes
             self.eps_param.register_post_accumulate_grad_hook(self._average_grad_)
+
+    @classmethod
+    def paper(cls, shape_labels: object, **options: object) -> FBetaRegularizer:
+        """The paper's Algorithm 3 as published: the projection once per epoch
+        (``EpochEnd()``), a dense ``tau``, dual steps 1e-3 (``lambda``) and 1e-5 (``mu``), scores
+        not capped; ``options`` override any of them (the other options are the constructor's).
+
+        Examples:
+            >>> import torch
+            >>> from reparam import FBetaRegularizer
+            >>> reg = FBetaRegularizer.paper(torch.tensor([0, 1, 1, 0, 1]))
+            >>> reg.projection, reg.tau_update, reg.dual_lr_mu, reg.cap_scores
+            ('epoch', 'dense', 1e-05, False)
+        """
+        return cls(shape_labels, **(PAPER | options))
 
     @property
     def eps(self) -> Tensor:
@@ -268,15 +278,15 @@ class FBetaRegularizer(ReparamRegularizer):
         sparse.step_(tau, tracked)
 
     @property
-    def tau_lr(self) -> float:
+    def tau_lr(self) -> float | None:
         """The sparse ``tau`` step's size (after ``attach``: the lr of the group that steps
         ``eps``, unless ``tau_lr`` was given)."""
-        return self.sparse_tau.lr if self.sparse_tau is not None else self._dense_tau_lr
+        return self.sparse_tau.lr if self.sparse_tau is not None else None
 
     @tau_lr.setter
     def tau_lr(self, value: float) -> None:
         if self.sparse_tau is None:
-            raise AttributeError("tau_lr steps a sparse tau; tau_update='dense' has none")
+            raise AttributeError("tau_lr steps a sparse tau; tau=DenseTau() has none")
         self.sparse_tau.lr = value
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -333,31 +343,36 @@ class FBetaRegularizer(ReparamRegularizer):
         lay = self.layout
         problems = f"groups={lay.n_groups}, problems={lay.n_problems}, " if self.grouped else ""
         positives = int(lay.n_pos.sum()) if self.grouped else lay.n_pos.long().tolist()
-        sparse = (
-            f", tau_update={self.tau_update!r}, tau_lr={self.tau_lr:g}" if self.sparse_tau else ""
-        )
+        schedule, tau = self.options
+        lr = f" (lr {self.tau_lr:g})" if self.sparse_tau is not None else ""
         return (
             f"n={self.n_samples}, {problems}positives={positives}, "
-            f"classes={self.classes}, beta={self.beta}, projection={self.projection!r}, "
+            f"classes={self.classes}, beta={self.beta}, schedule={schedule}, tau={tau}{lr}, "
             f"cap_scores={self.cap_scores}"
-            + (f", preset={self.preset!r}" if self.preset else "")
-            + sparse
         )
 
 
-def _check_tau_update(tau_update: str, sharded: bool, inline: bool) -> None:
-    """``ValueError`` for a ``tau`` update the other options rule out."""
-    if sharded and tau_update == "dense":
+# the paper's Algorithm 3 as published (FBetaRegularizer.paper)
+PAPER: dict[str, object] = {
+    "schedule": EpochEnd(),
+    "tau": DenseTau(),
+    "dual_lr_lambda": 1e-3,
+    "dual_lr_mu": 1e-5,
+    "cap_scores": False,
+}
+
+
+def _check_pair(schedule: object, tau: object, sharded: bool) -> None:
+    """``ValueError`` for a pair of options the objective cannot run."""
+    if sharded and isinstance(tau, DenseTau):
         raise ValueError(
-            f"shard: a sharded F-beta needs a sparse tau update (a dense tau is O(n) per "
-            f"step), got tau_update={tau_update!r} (tau_update='auto' is dense once "
-            "projection or preset is given: pass tau_update='sparse_adam_ahead'; the "
-            "trainer: regularizer.fbeta.tau_update)"
+            "tau=DenseTau() with a shard: a sharded F-beta needs tau=SparseTau() (a dense tau is "
+            "O(n) per step on every process)"
         )
-    if inline and tau_update != "dense":
+    if isinstance(schedule, Inline) and isinstance(tau, SparseTau):
         raise ValueError(
-            f"tau_update={tau_update!r} steps only the rows a batch touches, but "
-            "projection='inline' couples every tau in each step's loss (O(n) per step): "
-            "use projection 'tracked' (O(B)) or 'epoch' (the paper's), or "
-            "tau_update='dense'"
+            f"schedule={schedule!r} couples every row of tau in each step's loss (O(n) per step), "
+            f"so tau={tau!r}, which steps the batch's rows only, cannot follow it: pass "
+            "tau=DenseTau(), or schedule=Tracked() (the exact projection's threshold, O(B)) or "
+            "EpochEnd()"
         )

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from . import _checks
 from . import rate_functional as R
 from .base import ReparamRegularizer
+from .options import EpochEnd, Inline, Tracked
 
 # dual_every: "step" (the per-sample block at its saddle at every touch, nu stepped on every batch,
 # the exact epoch-end step as the correction) or "epoch" (the paper's Algorithm 3 schedule)
@@ -43,11 +44,11 @@ class RateObjective(ReparamRegularizer):
 
     Args:
         shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
-        projection, inline_strength: as for ``FBetaRegularizer`` (the projection is onto
-            ``tau <= 1``: ``min(tau, 1)``, or with ``inline_strength = s > 0`` the smooth
+        schedule: ``Inline(strength)`` or ``EpochEnd()`` (``reparam.options``; the projection is
+            onto ``tau <= 1``: ``min(tau, 1)``, or with ``strength = s > 0`` the smooth
             ``tau - s softplus((tau - 1)/s)``).
         dual_lr_lambda, dual_lr_nu: constant dual step sizes (defaults: what converges on the
-            fixed-feature problems of docs/rates.md with ``projection="inline"``); plain
+            fixed-feature problems of docs/rates.md with ``Inline()``); plain
             attributes, so a schedule is set from the user's loop.
         nu_max: cap on ``nu`` (``None``: no cap; with a cap the constraint becomes a penalty of
             bounded weight, the remedy for an unreachable target); nu_init: the initial ``nu``.
@@ -74,8 +75,7 @@ class RateObjective(ReparamRegularizer):
         shape_labels: object,
         *,
         positive_class: int = 1,
-        projection: str = "inline",
-        inline_strength: float = 0.0,
+        schedule: Inline | EpochEnd = Inline(),  # noqa: B008 (a frozen value)
         dual_lr_lambda: float = 0.1,
         dual_lr_nu: float = 1.0,
         nu_max: float | None = None,
@@ -88,21 +88,21 @@ class RateObjective(ReparamRegularizer):
     ) -> None:
         if isinstance(positive_class, bool) or not isinstance(positive_class, int):
             raise ValueError(f"positive_class must be an int class id, got {positive_class!r}")
-        if projection == "tracked":
+        if isinstance(schedule, Tracked):
             raise ValueError(
-                "projection='tracked' tracks F-beta's shared threshold eps; a rate objective's "
-                "box tau <= 1 has none (its projection is separable): use 'inline', which is "
-                "then the exact projection of the batch's rows, O(B) per step, or 'epoch'"
+                "schedule=Tracked() tracks F-beta's shared threshold eps; a rate objective's box "
+                "tau <= 1 has none (its projection is separable): use Inline(), which is then "
+                "the exact projection of the batch's rows, O(B) per step, or EpochEnd()"
             )
         super().__init__(
             shape_labels,
             positive_classes=(positive_class,),
-            projection=projection,
-            inline_strength=inline_strength,
+            schedule=schedule,
             dual_lr_lambda=dual_lr_lambda,
             shard=shard,
             process_group=process_group,
         )
+        self._schedule_option = schedule
         self.positive_class = positive_class
         self.dual_lr_nu = _checks.number("dual_lr_nu", dual_lr_nu, 0)
         self.nu_max = math.inf if nu_max is None else _checks.number("nu_max", nu_max, 0)
@@ -253,7 +253,7 @@ class RateObjective(ReparamRegularizer):
     def extra_repr(self) -> str:
         return (
             f"n={self.n_samples}, positives={int(self.layout.n_pos_list[0])}, {self._target_repr()}, "
-            f"projection={self.projection!r}, nu_max={self.nu_max}"
+            f"schedule={self._schedule_option}, nu_max={self.nu_max}"
         )
 
     def _target_repr(self) -> str:

@@ -65,8 +65,8 @@ class PrecisionAtRecall(PointRateObjective):
     Args:
         shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.
         recall: the target ``r`` in (0, 1).
-        **options: the options every rate objective takes (``positive_class``, ``projection``,
-            ``inline_strength``, ``dual_lr_lambda``, ``dual_lr_nu``, ``nu_max``, ``nu_init``,
+        **options: the options every rate objective takes (``positive_class``, ``schedule``,
+            ``dual_lr_lambda``, ``dual_lr_nu``, ``nu_max``, ``nu_init``,
             ``lambda_init``; see ``RateObjective``). The stationary ``lambda_init`` is ``nu_init``.
 
     Examples:

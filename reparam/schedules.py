@@ -1,9 +1,9 @@
 r"""The projection's schedule (method note sec. 3b): where ``Pi_C`` is applied to the constrained
 variables, one small module per schedule, a child ``reg.schedule`` of the regularizer.
 
-* ``EpochEnd`` (``"epoch"``, Algorithm 3 of the paper): the loss sees the raw parameters; the
+* ``EpochEndSchedule`` (``EpochEnd()``, ``"epoch"``, Algorithm 3 of the paper): the loss sees the raw parameters; the
   epoch end projects them in place.
-* ``Inline`` (``"inline"``): the loss sees ``Pi_C`` of the raw parameters, with autograd
+* ``InlineSchedule`` (``Inline()``, ``"inline"``): the loss sees ``Pi_C`` of the raw parameters, with autograd
   through it: the exact projection (``strength = 0``) or the smooth one of method note sec. 5.
 * ``reparam.tracked.TrackedThreshold`` (``"tracked"``, F-beta's default): the loss sees the exact
   projection's threshold over an active set kept in step in ``O(B)`` per step.
@@ -48,14 +48,14 @@ class Schedule(nn.Module):
         return repr(self.name)
 
 
-class EpochEnd(Schedule):
+class EpochEndSchedule(Schedule):
     """``"epoch"``: the raw parameters in the loss, projected in place at every epoch end."""
 
     name = "epoch"
     projects_at_epoch_end = True
 
 
-class Inline(Schedule):
+class InlineSchedule(Schedule):
     """``"inline"``: the loss takes ``Pi_C`` of the raw parameters (``strength > 0``: the smooth
     projection of that strength), differentiated through. The exact projection of all of
     F-beta's ``tau`` searches its root on values: it does not trace whole."""

@@ -1,4 +1,4 @@
-r"""``SparseTau()``: the per-positive ``tau`` stepped on the rows a batch touched, on dense Adam's
+r"""``SparseTau()``'s rows (``SparseRows``): the per-positive ``tau`` stepped on the rows a batch touched, on dense Adam's
 trajectory, in O(B) per step whatever the number of positives (method note sec. 11, which derives
 the rule and says why not ``torch.optim``).
 
@@ -133,7 +133,7 @@ _AHEAD_STEPS, _AHEAD_TERMS = 1 << 14, 512
 
 @functools.lru_cache(maxsize=2)
 def _coefficients(dtype: torch.dtype = torch.float32) -> Tensor:
-    """``[[b1, b2], [1 - b1, 1 - b2]]`` in ``dtype`` (a buffer of ``SparseTau``, as the table)."""
+    """``[[b1, b2], [1 - b1, 1 - b2]]`` in ``dtype`` (a buffer of ``SparseRows``, as the table)."""
     return torch.tensor([ADAM_BETAS, _ONE_MINUS_BETAS], dtype=dtype)
 
 
@@ -203,11 +203,11 @@ def touched_only(rows: Tensor, touched: Tensor, *more: Tensor) -> tuple[Tensor, 
     return tuple(x.index_select(0, keep) for x in (rows, touched, *more))
 
 
-# forwards noted before their entries are merged into one per row (SparseTau._compact_)
+# forwards noted before their entries are merged into one per row (SparseRows._compact_)
 MAX_NOTED = 64
 
 
-class SparseTau(nn.Module):
+class SparseRows(nn.Module):
     """The per-positive rows of ``tau`` stepped in place by the ``"sparse_adam_ahead"`` rule (module
     docstring): a child module of ``FBetaRegularizer`` (``reg.sparse_tau``), optimizer-shaped as an
     indexed multiplier is. It owns the rule's state (``moments`` ``[m, v]`` per row, the ``step``
@@ -363,7 +363,7 @@ class SparseTau(nn.Module):
 
 class RowGradient(torch.autograd.Function):
     """The identity on a batch's rows of ``tau`` whose backward adds their gradient to the
-    accumulator of ``sparse`` (``SparseTau.acc``: ``[gradient, 1 per positive entry]`` per row,
+    accumulator of ``sparse`` (``SparseRows.acc``: ``[gradient, 1 per positive entry]`` per row,
     ``index_add_``, O(B)) and gives no gradient to its inputs, as autograd adds to a dense
     ``.grad``; the rows step at the optimizer's step. ``anchor``: a zero leaf that requires a
     gradient, so that the rows (a buffer's, which do not) are part of the graph. Traced by

@@ -2,8 +2,8 @@
 projected onto ``C`` after every optimizer step, O(n) per step.
 
 The paper contrasts its once-per-epoch projection (Algorithm 3) with projecting after every step.
-The library's schedules are once per epoch (``projection="epoch"``), inside the loss
-(``"inline"``) and the tracked threshold (``"tracked"``, the default); this class keeps the
+The library's schedules are once per epoch (``EpochEnd()``), inside the loss (``Inline()``) and
+the tracked threshold (``Tracked()``, the default); this class keeps the
 per-step projection for reproducing that comparison (``benchmarks.smnist_results``).
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..fbeta import FBetaRegularizer
+from ..fbeta import PAPER, FBetaRegularizer
+from ..options import DenseTau, EpochEnd
 from ..schedules import Schedule
 
 
@@ -32,8 +33,8 @@ class FullProjectionsFBeta(FBetaRegularizer):
 
     Args:
         shape_labels: as for ``reparam.FBetaRegularizer``.
-        **options: the options of ``reparam.FBetaRegularizer`` but ``projection`` and
-            ``tau_update``, which this schedule fixes (``preset="paper"``: the paper's steps).
+        **options: the options of ``reparam.FBetaRegularizer`` but ``schedule`` and ``tau``,
+            which this schedule fixes (``FullProjectionsFBeta.paper``: the paper's steps).
 
     Examples:
         >>> import torch
@@ -46,7 +47,7 @@ class FullProjectionsFBeta(FBetaRegularizer):
         (1, True)
     """
 
-    _fixed_options = ("projection", "tau_update")
+    _fixed_options = ("schedule", "tau")
 
     def __init__(self, shape_labels: object, **options: Any) -> None:
         fixed = sorted(set(options) & set(self._fixed_options))
@@ -55,8 +56,15 @@ class FullProjectionsFBeta(FBetaRegularizer):
                 f"FullProjectionsFBeta fixes {', '.join(fixed)} (a dense tau projected after every "
                 f"step), got {', '.join(f'{k}={options[k]!r}' for k in fixed)}"
             )
-        super().__init__(shape_labels, projection="epoch", tau_update="dense", **options)
+        super().__init__(shape_labels, schedule=EpochEnd(), tau=DenseTau(), **options)
         self.schedule = EveryStep()
+
+    @classmethod
+    def paper(cls, shape_labels: object, **options: Any) -> FullProjectionsFBeta:
+        """The paper's dual steps and uncapped scores (``FBetaRegularizer.paper``'s), projected
+        after every step; ``options`` override them."""
+        fixed = {k: v for k, v in PAPER.items() if k not in cls._fixed_options}
+        return cls(shape_labels, **(fixed | options))
 
     @property
     def _needs_after_step(self) -> str | None:
