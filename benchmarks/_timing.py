@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import platform
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def median_seconds(
@@ -170,3 +172,42 @@ class Recordings:
     def __exit__(self, *exc) -> None:
         node, init = self._restore
         node.__init__ = init
+
+
+# the step whose dispatched operations interleave counts: a steady one, not the first
+COUNT_AT = 4
+
+
+class OpCount(TorchDispatchMode):
+    """Counts the tensor operations dispatched inside the ``with`` block (``ops``)."""
+
+    ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def interleave(arms: dict, batches, names: tuple[str, ...], steps: int) -> tuple[dict, dict]:
+    """Step every arm (label -> ``make(*batch)``, a generator that yields once before its step
+    and once after each part in ``names``) on the same ``batches(k)``, in rotating order: 10
+    warm-up steps, then ``steps`` timed. Returns the seconds of each part per arm and the
+    dispatched operations of each part at step ``COUNT_AT`` (not timed)."""
+    times = {a: {name: [] for name in names} for a in arms}
+    ops: dict = {a: {} for a in arms}
+    order = list(arms)
+    for k in range(steps + 10):
+        batch = batches(k)
+        for a in order[k % len(order) :] + order[: k % len(order)]:
+            step = arms[a](*batch)
+            next(step)
+            for name in names:
+                t0 = time.perf_counter()
+                count = k == COUNT_AT and "compile" not in a  # a dispatch mode breaks a graph
+                with OpCount() if count else contextlib.nullcontext() as counter:
+                    next(step)
+                if counter is not None:
+                    ops[a][name] = counter.ops
+                elif k >= 10:
+                    times[a][name].append(time.perf_counter() - t0)
+    return times, ops

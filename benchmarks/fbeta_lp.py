@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linprog
 
+from reparam import DenseTau, EpochEnd, Inline
+
 from ._report import markdown_row, markdown_table
 
 
@@ -162,18 +164,19 @@ def head_quality(
     return fn.fbeta_of_decisions(u_pos, u_neg, beta), obj
 
 
-SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 throughout)
+EPOCH, INLINE = dict(schedule=EpochEnd(), tau=DenseTau()), dict(schedule=Inline(), tau=DenseTau())
+SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 throughout; a dense tau)
     "paper preset: epoch, eta 1e-3/1e-5, B 20, 40 ep": dict(
-        projection="epoch", dual_lr_lambda=1e-3, dual_lr_mu=1e-5, batch_size=20, epochs=40
+        **EPOCH, dual_lr_lambda=1e-3, dual_lr_mu=1e-5, batch_size=20, epochs=40
     ),
     "paper preset, 400 ep": dict(
-        projection="epoch", dual_lr_lambda=1e-3, dual_lr_mu=1e-5, batch_size=20, epochs=400
+        **EPOCH, dual_lr_lambda=1e-3, dual_lr_mu=1e-5, batch_size=20, epochs=400
     ),
     "epoch, eta 0.1, full batch, 200 ep": dict(
-        projection="epoch", dual_lr_lambda=0.1, dual_lr_mu=0.1, batch_size=100, epochs=200
+        **EPOCH, dual_lr_lambda=0.1, dual_lr_mu=0.1, batch_size=100, epochs=200
     ),
     "documented: inline, eta 0.1, B 20, 200 ep (2-D) / 400 ep (20-D)": dict(
-        projection="inline", dual_lr_lambda=0.1, dual_lr_mu=0.1, batch_size=20, epochs=None
+        **INLINE, dual_lr_lambda=0.1, dual_lr_mu=0.1, batch_size=20, epochs=None
     ),
 }
 CASES = {"2-D, means +-1": (2, 1.0, 200), "20-D, means +-0.2": (20, 0.2, 400)}

@@ -12,7 +12,7 @@ module of the library, so that module runs its compiled forms eagerly, and nothi
 * ``_monitor``: the misuse counters on the device instead of in Python;
 * ``_checks``: the scores' check masked on the device instead of one host read;
 * ``sparse``: no compaction of large batches to their touched entries (a size read from the
-  data), and a probe too small for the batch refused instead of grown.
+  data).
 
 The objectives' entry points ask it once more (``ShapeObjective._dispatch``): not a second form
 of the step, but whether to call ``reg.compile()``'s compiled one.
@@ -36,9 +36,8 @@ from types import ModuleType
 import torch
 
 from benchmarks._report import markdown_table
-from benchmarks._timing import machine_line
+from benchmarks._timing import OpCount, machine_line
 from benchmarks.reg_loop import Loop, _batches
-from benchmarks.reg_step import OpCount
 
 # arm -> the modules whose compiled forms run eagerly in it
 FORKS = {
@@ -84,8 +83,6 @@ def compiled_forms(modules: tuple[str, ...]):
 def time_forks(batch: int, steps: int) -> list[dict]:
     """Median step seconds of every arm with the regularizer and of the loop without it."""
     arms = {name: Loop("cpu", True, "eager") for name in FORKS}
-    for loop in arms.values():
-        loop.reg.reserve_(batch)  # the probe's room: growing it is a compiled form's refusal
     arms["without reg"] = Loop("cpu", False, "eager")
     batches = _batches("cpu", batch, 16)
     times: dict = {a: [] for a in arms}

@@ -7,15 +7,15 @@
     python -m benchmarks.projection_modes --replot --out docs/figures [--name NAME]  # from NAME.md
 
 The runs of ``benchmarks.compare.fixed`` (a linear head alone, Adam 1e-2, batch 20, 200 epochs,
-seeds 0-2) for the library's defaults with a dense ``tau`` (``projection="inline"``, exact; dual
-steps 0.1; capped) and for the same settings with the projection once per epoch (``epoch``,
-Algorithm 3's place), the inline projection's threshold over a tracked active set (``tracked``:
-with a dense ``tau``, and with the sparse one at 1e-2 stepped by ``sparse_adam_ahead``: the
-library's default) and inline but smooth (``inline_strength`` 0.05, 0.2:
-``soft_project_onto_c``). Reported per problem, mean ± sd over seeds: the training F1 of ``u > 0``,
-the certified F1 bound and the LP gap of the final scores (the (3') objective at their best feasible
-``eps``, relative to HiGHS's optimum; runs without a feasible ``eps`` are counted), the sd of the F1
-over the last 20 epochs and the seconds per epoch. Runs are shared with ``compare.fixed``
+seeds 0-2) for the library's defaults with a dense ``tau`` (``schedule=Inline()``, exact, with
+``tau=DenseTau()``; dual steps 0.1; capped) and for the same settings with the projection once per
+epoch (``EpochEnd()``, Algorithm 3's place), the inline projection's threshold over a tracked
+active set (``Tracked()``: with a dense ``tau``, and with ``SparseTau(lr=1e-2)``, stepped by
+``sparse_adam_ahead``: the library's default) and inline but smooth (``Inline(strength=0.05)``,
+``Inline(strength=0.2)``: ``soft_project_onto_c``). Reported per problem, mean ± sd over seeds:
+the training F1 of ``u > 0``, the certified F1 bound and the LP gap of the final scores (the (3')
+objective at their best feasible ``eps``, relative to HiGHS's optimum; runs without a feasible
+``eps`` are counted), the sd of the F1 over the last 20 epochs and the seconds per epoch. Runs are shared with ``compare.fixed``
 (``--runs``). ``--arms`` (their labels) keeps some arms, written to ``--name``.md/.png.
 """
 

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from reparam import ROCAUC, PrecisionAtRecall, RecallAtPrecision
+from reparam import ROCAUC, EpochEnd, Inline, PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
 
 from ._report import markdown_row, markdown_table
@@ -149,10 +149,10 @@ def solve_roc_auc(a: np.ndarray, s: np.ndarray, grid: int) -> RateLP:
 SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 on (w, b, tau))
     # the library's defaults: multipliers at every batch (ROC-AUC: once per epoch, its default)
     "defaults: inline, eta 0.1 / 1.0, nu step 0.1, B 20, 200 ep": dict(
-        projection="inline", dual_lr_lambda=0.1, dual_lr_nu=1.0, batch_size=20, epochs=200
+        schedule=Inline(), dual_lr_lambda=0.1, dual_lr_nu=1.0, batch_size=20, epochs=200
     ),
     "epoch schedule: inline, eta 0.1 / 1.0, B 20, 200 ep": dict(
-        projection="inline",
+        schedule=Inline(),
         dual_lr_lambda=0.1,
         dual_lr_nu=1.0,
         dual_every="epoch",
@@ -160,7 +160,7 @@ SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 on (w, b, tau))
         epochs=200,
     ),
     "paper preset: epoch, eta 1e-3 / 1e-5, B 20, 40 ep": dict(
-        projection="epoch",
+        schedule=EpochEnd(),
         dual_lr_lambda=1e-3,
         dual_lr_nu=1e-5,
         dual_every="epoch",

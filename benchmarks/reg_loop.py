@@ -7,18 +7,18 @@ The loop a user writes around S-MNIST's paper model: ``Linear(3136, 11)`` (10 di
 the shape node), Adam 1e-3, B = 100 from 111860 samples of which 55930 are positives of the shape
 (S-MNIST's), cross-entropy on the digits plus ``alpha * reg(shape_score, idx)`` with the F-beta
 regularizer's defaults; one step is the forward, ``backward``, ``opt.step()`` and
-``opt.zero_grad()`` (the defaults step ``tau`` inside the backward: no ``after_step_()`` call).
+``opt.zero_grad()`` (``reg.attach(opt)``: the defaults' sparse ``tau`` steps inside ``opt.step()``).
 Every arm is timed with and without ``reg``, the arms in rotating order (drift of a shared machine
 hits all alike); the regularizer's own time is the median step with it minus the median step
 without it.
 
 * ``eager``: as written;
-* ``reg.compile``: eager model and loss, ``reg.compile()`` (the regularizer's forward and its
-  backward, with the step in it, one compiled graph each);
+* ``reg.compile``: eager model and loss, ``reg.compile()`` (the regularizer's forward with its
+  backward, and ``after_step_``, the sparse step, one compiled graph each);
 * ``compiled``: the user's ``torch.compile`` of the loss (model, cross-entropy and ``reg``) as one
-  graph (``fullgraph=True``; AOTAutograd compiles its backward, the regularizer's step inside it)
-  and ``torch.compile(opt.step)`` (torch's optimizers break the graph around their step by
-  design, so it is its own graph);
+  graph (``fullgraph=True``; AOTAutograd compiles its backward, the accumulation of the rows'
+  gradient inside it) and ``torch.compile(opt.step)`` (with ``attach``'s hook, the sparse step;
+  torch's optimizers break the graph around their step by design, so it is its own graph);
 * ``cudagraphs`` (CUDA, ``--cudagraphs``): the same with ``mode="reduce-overhead"`` (static
   shapes: every batch has B samples); the re-recordings after warm-up are counted
   (``cudagraph_recordings``).
@@ -42,8 +42,8 @@ import torch._inductor.config as inductor_config
 import torch.nn.functional as F
 
 from benchmarks._report import markdown_table
-from benchmarks._timing import Recordings, machine_line
-from benchmarks.reg_step import OpCount, _load
+from benchmarks._timing import OpCount, Recordings, machine_line
+from benchmarks.reg_step import _load
 from benchmarks.segmentation_step import segmentation_share
 from reparam import FBetaRegularizer
 
@@ -54,7 +54,7 @@ ALPHA = 0.1
 class Loop:
     """One arm's model, optimizer and (optional) regularizer, and its step."""
 
-    def __init__(self, device: str, with_reg: bool, mode: str, batch: int = 100) -> None:
+    def __init__(self, device: str, with_reg: bool, mode: str) -> None:
         torch.manual_seed(0)
         self.mode = mode
         self.model = torch.nn.Linear(FEATURES, OUTPUTS).to(device)
@@ -63,9 +63,9 @@ class Loop:
         self.reg = FBetaRegularizer(labels).to(device) if with_reg else None
         params = [*self.model.parameters(), *(self.reg.parameters() if with_reg else [])]
         self.opt = torch.optim.Adam(params, lr=1e-3, capturable=device != "cpu")
+        if self.reg is not None:
+            self.reg.attach(self.opt)  # the sparse tau steps at opt.step()
         self.opt_step, self.loss = self.opt.step, self._loss
-        if mode != "eager" and self.reg is not None:  # the batch's room: no recompile
-            self.reg.reserve_(batch)
         if mode == "reg.compile":
             if self.reg is not None:
                 self.reg.compile()
@@ -103,7 +103,7 @@ def _batches(device: str, batch: int, count: int) -> list[tuple[torch.Tensor, ..
 def time_arms(device: str, modes: list[str], batch: int, steps: int) -> dict[str, dict]:
     """Median and first-step seconds of every (mode, with reg) arm, in rotating order."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    arms = {(m, r): Loop(device, r, m, batch) for m in modes for r in (False, True)}
+    arms = {(m, r): Loop(device, r, m) for m in modes for r in (False, True)}
     batches = _batches(device, batch, 64)
     times: dict = {a: [] for a in arms}
     first: dict = {}  # arms of a mode that fails are dropped
@@ -142,17 +142,18 @@ def time_arms(device: str, modes: list[str], batch: int, steps: int) -> dict[str
 
 
 def dispatched(device: str, mode: str, batch: int) -> tuple[int, str]:
-    """What one steady step of the regularizer alone (its forward and its backward, which steps
-    ``tau``) dispatches: ``(tensor operations eagerly, or inductor kernels compiled; unit)``; on
-    CUDA compiled, the kernel launches of the profiler. Compiled arms: ``reg.compile()``."""
+    """What one steady step of the regularizer alone (its forward, its backward and
+    ``after_step_``, which steps ``tau``) dispatches: ``(tensor operations eagerly, or inductor
+    kernels compiled; unit)``; on CUDA compiled, the kernel launches of the profiler. Compiled
+    arms: ``reg.compile()``."""
     loop = Loop(device, True, "eager")
     reg, batches = loop.reg, _batches(device, batch, 4)
     if mode != "eager":
-        reg.reserve_(batch)
         reg.compile(**({"mode": "reduce-overhead"} if mode == "cudagraphs" else {}))
 
     def reg_step(u, idx):
         reg(u.requires_grad_(), idx).backward()
+        reg.after_step_()  # the sparse step (attach's hook runs it at opt.step())
 
     def update():  # eps's step between two steps, not counted
         with torch.no_grad():

@@ -7,81 +7,49 @@
 One step: ``reg(u, idx)`` (the minibatch ``L_B``), its backward, the optimizer step of the
 regularizer's parameters and ``reg.after_step_()``, for random batches of ``B`` samples with ``n``
 positives and ``n`` negatives; ``tau`` stepped densely by a fused Adam (the trainer's optimizer)
-with the paper's projection ``epoch`` (the epoch end timed apart) and with the ``inline``
-projection, and the library's defaults (``tracked``, ``tau`` stepped by ``sparse_adam_ahead`` on
-the batch's rows only, reparam.sparse). What is compared steps in turn (rotating order), so that
-drift of a shared machine hits all alike; ``--compile`` adds the defaults with ``reg.compile()``.
+with the paper's settings (``FBetaRegularizer.paper``: ``EpochEnd()``, the epoch end timed apart)
+and with ``schedule=Inline()``, and the library's defaults (``Tracked()``, ``tau`` stepped by
+``SparseTau()``'s ``sparse_adam_ahead`` rule on the batch's rows only, reparam.sparse). What is
+compared steps in turn (rotating order), so that drift of a shared machine hits all alike;
+``--compile`` adds the defaults with ``reg.compile()``.
 Prints the median step per ``n`` and the ratio to the first (target: <= 1.2). On the CPU also
 one step at S-MNIST's size taken apart (median us and dispatched operations of each part, at a
-steady step); ``--against REF`` adds the same for ``reparam`` at git revision ``REF``, interleaved
-in one process.
+steady step); ``--against REF`` adds the same for ``reparam`` at git revision ``REF`` (one with
+the option types), interleaved in one process.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+import reparam
 from benchmarks._report import markdown_table, read_markdown_table, save_figure, subplots
-from benchmarks._timing import machine_line, package_at
-from reparam import FBetaRegularizer
+from benchmarks._timing import interleave, machine_line, package_at
 
-MODES = {  # name -> FBetaRegularizer options (preset "paper" unless given: the S-MNIST configs')
-    "dense Adam (epoch)": dict(projection="epoch", tau_update="dense"),
-    "dense Adam (inline)": dict(projection="inline", tau_update="dense"),
-    # the library's defaults: tau_update auto = sparse_adam_ahead, tracked
-    "defaults (tracked, sparse_adam_ahead)": dict(preset=None),
+# name -> (the regularizer of a ``reparam`` module and labels, whether its tau is dense): the
+# paper's settings (the S-MNIST configs': EpochEnd(), DenseTau()) and the library's defaults
+MODES: dict[str, tuple[Callable[[ModuleType, torch.Tensor], Any], bool]] = {
+    "dense Adam (epoch)": (lambda lib, y: lib.FBetaRegularizer.paper(y), True),
+    "dense Adam (inline)": (
+        lambda lib, y: lib.FBetaRegularizer.paper(y, schedule=lib.Inline()),
+        True,
+    ),
+    "defaults (tracked, sparse_adam_ahead)": (lambda lib, y: lib.FBetaRegularizer(y), False),
 }
 PARTS_MODES = ("dense Adam (epoch)",)
 SEGMENTS = ("input checks", "score memory", "L_B forward", "backward", "optimizer", "after_step_")
 SMNIST = 55930  # S-MNIST's positives (and as many negatives here)
-COUNT_AT = 4  # the step whose dispatched operations are counted: a steady one, not the first
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class OpCount(TorchDispatchMode):
-    """Counts the tensor operations dispatched inside the ``with`` block (``ops``)."""
-
-    ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
-def interleave(arms: dict, batches, names: tuple[str, ...], steps: int) -> tuple[dict, dict]:
-    """Step every arm (label -> ``make(*batch)``, a generator that yields once before its step
-    and once after each part in ``names``) on the same ``batches(k)``, in rotating order: 10
-    warm-up steps, then ``steps`` timed. Returns the seconds of each part per arm and the
-    dispatched operations of each part at step ``COUNT_AT`` (not timed)."""
-    times = {a: {name: [] for name in names} for a in arms}
-    ops: dict = {a: {} for a in arms}
-    order = list(arms)
-    for k in range(steps + 10):
-        batch = batches(k)
-        for a in order[k % len(order) :] + order[: k % len(order)]:
-            step = arms[a](*batch)
-            next(step)
-            for name in names:
-                t0 = time.perf_counter()
-                count = k == COUNT_AT and "compile" not in a  # a dispatch mode breaks a graph
-                with OpCount() if count else contextlib.nullcontext() as counter:
-                    next(step)
-                if counter is not None:
-                    ops[a][name] = counter.ops
-                elif k >= 10:
-                    times[a][name].append(time.perf_counter() - t0)
-    return times, ops
 
 
 def _whole(reg, opt, u0, idx, sync=lambda: None):
@@ -100,18 +68,16 @@ def _whole(reg, opt, u0, idx, sync=lambda: None):
 
 def _segments(lib, reg, opt, u0, idx):
     """The regularizer's step part by part (``SEGMENTS``), the forward taken apart as
-    ``ShapeObjective.forward`` does it: input checks (the scores'; the indices' through the gather
-    of the batch's rows; at revision ``2a53c72`` ``_checks.batch`` checked them and ``_loss`` made
-    the gather)."""
+    ``ShapeObjective.forward`` does it (input checks: the scores'; the indices' through the gather
+    of the batch's rows)."""
     u = u0.clone().requires_grad_()
     yield
-    u, idx, *ok = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
-    slot = reg.layout.slot if hasattr(reg, "layout") else reg.slot  # (older revisions: the host's)
-    rows = (lib._checks.rows(slot, idx),) if hasattr(lib._checks, "rows") else ()
+    u, idx, ok = lib._checks.batch(u, idx, reg.classes, reg.n_samples, reg.shape_labels.device)
+    rows = lib._checks.rows(reg.layout.slot, idx)
     yield
-    reg._remember_(u, idx, *ok)  # ok: None (eager on the CPU), absent at older revisions
+    reg._remember_(u, idx, ok)  # ok: None (eager on the CPU)
     yield
-    loss = reg._loss(u, idx, *rows)
+    loss = reg._loss(u, idx, rows)
     yield
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -143,18 +109,16 @@ def _labels(n_pos: int) -> torch.Tensor:
 
 
 def step_times(
-    n_pos: int, batch: int, modes: dict[str, dict], device: str, steps: int
+    n_pos: int, batch: int, modes: dict[str, tuple], device: str, steps: int
 ) -> dict[str, dict[str, float]]:
     """Median seconds of one regularizer step (forward, backward, optimizer, after_step_) and of
-    one epoch end per mode, for ``n_pos`` positives and as many negatives, the modes in turn."""
+    one epoch end per mode (``MODES``' entries, ``compiled`` third), for ``n_pos`` positives and as
+    many negatives, the modes in turn."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     arms, runs = {}, {}
-    for name, options in modes.items():
-        options = dict(options)
-        compiled = options.pop("compile", False)
-        options.setdefault("preset", "paper")
-        reg = FBetaRegularizer(_labels(n_pos), **options).to(device)
-        if compiled:
+    for name, (build, _, *compiled) in modes.items():
+        reg = build(reparam, _labels(n_pos)).to(device)
+        if compiled and compiled[0]:
             reg.compile()
         runs[name] = (reg, torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True))
         arms[name] = lambda u, idx, run=runs[name]: _whole(*run, u, idx, sync)
@@ -179,7 +143,7 @@ def segment_table(
     for mode in modes:
         arms = {}
         for label, lib in libs.items():
-            reg = lib.FBetaRegularizer(_labels(SMNIST), **{"preset": "paper", **MODES[mode]})
+            reg = MODES[mode][0](lib, _labels(SMNIST))
             run = (lib, reg, torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True))
             arms[label] = lambda u, idx, run=run: _segments(*run, u, idx)
         times, ops = interleave(arms, _batches(2 * SMNIST, batch), SEGMENTS, steps)
@@ -231,15 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true", help="also the defaults compiled")
     p.add_argument("--no-sizes", action="store_true", help="skip the step-vs-n sweep")
-    p.add_argument("--against", metavar="REF", help="also reparam at git revision REF")
+    p.add_argument("--against", metavar="REF", help="also reparam at git revision REF (0.4+)")
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--note", default="", help="how busy the machine was, for the header")
     p.add_argument("--out", type=Path, default=Path("benchmarks/out"))
-    p.add_argument(
-        "--replot",
-        action="store_true",
-        help="draw the figure of --device from --out's table (reg_step.md, reg_step_cuda.md); no runs",
-    )
+    p.add_argument("--replot", action="store_true", help="the figure from --out's table; no runs")
     a = p.parse_args(argv)
     if a.replot:
         stem = "reg_step" + ("" if a.device == "cpu" else f"_{a.device.split(':')[0]}")
@@ -248,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(a.threads or torch.get_num_threads())
     sizes, load, tables = [int(float(s)) for s in a.sizes.split(",")], _load(), []
-    compiled = {f"{m} + compile": {**o, "compile": True} for m, o in MODES.items()}
-    sparse = {m: o for m, o in compiled.items() if o.get("tau_update", "auto") != "dense"}
+    # the sparse modes compiled too (reg.compile())
+    sparse = {f"{m} + compile": (b, d, True) for m, (b, d) in MODES.items() if not d}
     modes = MODES | (sparse if a.compile else {})
     results = {m: {} for m in modes}
     for n in [] if a.no_sizes else [sizes[0], *sizes]:  # the first: warm-up (and compilation)
@@ -261,9 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     tables += [] if a.no_sizes else [step_table(results, sizes)]
     if a.device == "cpu":
         libs = {a.against: reparam_at(a.against)} if a.against else {}
-        libs["now"] = importlib.import_module("reparam")
         parts = PARTS_MODES + (() if a.against else ("defaults (tracked, sparse_adam_ahead)",))
-        tables.append(segment_table(libs, a.batch, a.steps, parts))
+        tables.append(segment_table(libs | {"now": reparam}, a.batch, a.steps, parts))
     flags = [f"--{k} {v}" for k, v in (("against", a.against), ("threads", a.threads)) if v]
     flags += [f for f, on in (("--compile", a.compile), ("--no-sizes", a.no_sizes)) if on]
     cmd = " ".join(["python -m benchmarks.reg_step --batch", str(a.batch), "--steps", str(a.steps)])

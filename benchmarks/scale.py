@@ -49,6 +49,7 @@ def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
         )
         reg = FBetaRegularizer(torch.arange(118287) % 2)
         opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
+        reg.attach(opt)  # the sparse tau steps at opt.step()
         trainers[precision] = (model, reg, opt)
     x = torch.randint(0, 256, (batch, 3, 106, 160), dtype=torch.uint8)
     y = torch.randint(0, 92, (batch, 106, 160))

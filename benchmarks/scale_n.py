@@ -6,12 +6,13 @@
 
 ``FBetaRegularizer`` driven with synthetic scores (no network): half of the ``n`` samples positive,
 batches of ``--batch`` random indices, a random score per sample with a gradient, Adam (lr 1e-2) on
-the regularizer's parameters, ``after_step_()`` after every step; every measurement in a fresh
-process (so its peak memory is its own), ``--processes`` 1 and 2 (gloo, one thread each; 2 processes
-exchange what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse one).
-Modes: ``MODES`` below (the library's defaults: ``sparse_adam_ahead`` and the ``tracked``
-projection at every n, O(B) per step, eager and compiled; the exact inline projection with a dense
-``tau``, O(n) per step), all or ``--modes``. Reported per mode, n
+the regularizer's parameters, ``reg.attach(opt)`` (the sparse ``tau`` steps at ``opt.step()``);
+every measurement in a fresh process (so its peak memory is its own), ``--processes`` 1 and 2
+(gloo, one thread each; each process holds the whole objective, and ``attach``'s hook before the
+step exchanges what the mode needs: the dense ``tau`` gradient, or the touched rows of a sparse
+one). Modes: ``MODES`` below (the library's defaults, ``Tracked()`` with ``SparseTau()``, O(B) per
+step, eager and compiled; the exact inline projection with a dense ``tau``, ``Inline()`` with
+``DenseTau()``, O(n) per step), all or ``--modes``. Reported per mode, n
 and processes: the median step time (after
 warm-up) and its ratio to the smallest n, the epoch end (projection, dual step and the statistics
 over all n, every sample scored with a Gaussian score), the exact projection of ``(eps, tau)`` alone against one elementwise
@@ -26,7 +27,7 @@ State per mode (docs/method/cost.md sec. 11), per sample + per positive, and at 
   ``score_epoch`` int32);
 * dense ``tau`` stepped by Adam: + 21 B per positive (``pos_index`` int32, ``tau_group``
   int8, ``tau``, ``lambda``, Adam's two moments): 23.5 B per sample;
-* ``sparse_adam_ahead`` with the ``tracked`` projection (the default): + 34 B per positive
+* ``SparseTau()`` (``sparse_adam_ahead``) with ``Tracked()`` (the default): + 34 B per positive
   (``pos_index``, ``tau_group``, ``tau``, ``lambda``, the Adam moments 8 B, the gradient accumulator
   8 B, the active set 1 B (bool), the step of each row's last touch 4 B (int32)): 30 B per sample.
 """
@@ -34,7 +35,6 @@ State per mode (docs/method/cost.md sec. 11), per sample + per positive, and at 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import resource
 import statistics
@@ -42,6 +42,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from reparam import DenseTau, Inline
 
 from ._processes import measure_in_fresh_processes, run_child
 from ._report import markdown_table, read_markdown_table, save_figure, subplots
@@ -54,24 +56,14 @@ class ModeSpec:
     options: dict  # FBetaRegularizer keyword arguments
 
 
-# buffers whose size is fixed or set by the batch, not by n: the sparse update's gradient probe
-# (4096 entries) and the E(t) table of sparse_adam_ahead
-PER_BATCH = (  # the sparse tau's probe and table: sized by the batch and the rule, not n
-    "sparse_tau.probe_values",
-    "sparse_tau.probe_rows",
-    "sparse_tau.probe_touched",
-    "sparse_tau.ahead",
-    "schedule.held_rows",  # the tracked set's rows held for their re-test: one batch's
-    "schedule.held_first",
-    "schedule.held_kept",
-    "schedule.held_values",
-)
+# buffers whose size is fixed, not set by n: the E(t) table of sparse_adam_ahead
+PER_BATCH = ("sparse_tau.ahead",)
 
 MODES = (
-    # tau_update "auto": sparse_adam_ahead + tracked at every n
-    ModeSpec("default (auto: tracked + sparse_adam_ahead tau)", {}),
+    # the defaults: Tracked() + SparseTau() at every n
+    ModeSpec("default (tracked + sparse_adam_ahead tau)", {}),
     # the exact inline projection with a dense tau: every row every step
-    ModeSpec("inline projection, dense tau", {"tau_update": "dense"}),
+    ModeSpec("inline projection, dense tau", {"schedule": Inline(), "tau": DenseTau()}),
     ModeSpec("default compiled (reg.compile())", {"compile": True}),
 )
 
@@ -95,22 +87,18 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
     if compiled:  # the first (warm-up) steps compile
         reg.compile()
     opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
-    per_sample = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
-    state_bytes = sum(t.numel() * t.element_size() for t in [*reg.parameters(), *per_sample])
+    reg.attach(opt)  # the sparse step at opt.step(); 2 processes: the exchange before it
+    state_bytes = sum(t.numel() * t.element_size() for t in state_tensors(reg))
     local = batch // world
     times = []
     for k in range(steps + 3):
         idx = torch.randint(n, (local,), generator=gen)
         u = torch.randn(local, generator=gen).requires_grad_()
         start = time.perf_counter()
-        with reg.deferred_tau_step() if world > 1 else contextlib.nullcontext():
-            loss = reg(u, idx)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-        if world > 1:
-            _exchange(reg, world, local)
+        loss = reg(u, idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
         opt.step()
-        reg.after_step_()
         if k >= 3:
             times.append(time.perf_counter() - start)
     state_bytes += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values())
@@ -134,6 +122,14 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
     }
 
 
+def state_tensors(reg) -> list:
+    """The regularizer's state that grows with n: its parameters, its buffers but ``PER_BATCH``,
+    and the sparse ``tau``'s gradient accumulator (not a buffer: ``SparseRows.acc``)."""
+    buffers = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
+    acc = [reg.sparse_tau.acc] if reg.sparse_tau is not None else []
+    return [*reg.parameters(), *buffers, *acc]
+
+
 def _seconds(fn, repeats: int = 3) -> float:
     """The median wall time of ``fn()`` after one warm-up call."""
     fn()
@@ -143,17 +139,6 @@ def _seconds(fn, repeats: int = 3) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def _exchange(reg, world: int, local: int) -> None:
-    """What a trainer does between backward and step with several processes (train/loop.py)."""
-    from train import distributed
-
-    if reg.tau_update == "dense":
-        distributed.average_gradients_(list(reg.parameters()))
-    else:
-        distributed.average_gradients_([reg.eps_param])
-        reg.share_sparse_grads_(distributed.all_gather, world, local)
 
 
 def measure(mode: int, n: int, batch: int, steps: int, processes: int) -> dict[str, float]:

@@ -5,17 +5,18 @@
     python -m benchmarks.scale_shards --compile --max-n 1e4 --out docs/figures   # reg.compile()
     python -m benchmarks.scale_shards --groups 2500 --out docs/figures    # per image (groups)
 
-``FBetaRegularizer`` with the library's defaults (``tracked`` projection, ``sparse_adam_ahead``
-``tau``) driven with synthetic scores (no network), half of the samples positive, as
+``FBetaRegularizer`` with the library's defaults (``Tracked()`` projection, ``SparseTau()``)
+driven with synthetic scores (no network), half of the samples positive, as
 ``benchmarks.scale_n``. ``K = 1``: one process, the unsharded state. ``K > 1``: gloo processes, one
 thread each, each holding its block (``reparam.Shard``) and building only its block's labels;
 ``owner``: each draws its batch of ``--batch`` from its own block, ``global``: from all samples,
 routed to the owners. Each measurement runs in fresh processes (its peak memory is its own).
 Reported per (K, sampling, n), the largest over the processes: the median step (forward, backward,
-Adam on ``eps``, ``after_step_()``) and its ratio to the step at 1e4; the epoch end (every sample
-scored with a Gaussian score: the distributed root, dual step and statistics); the process's
-peak resident memory; the regularizer's state (parameters, buffers growing with n, Adam's state)
-per process and as a fraction of one process's. ``--compile``: the regularizer's ``compile()``
+Adam on ``eps`` and, at its step, the sparse ``tau``'s: ``reg.attach(opt)``) and its ratio to the
+step at 1e4; the epoch end (every sample scored with a Gaussian score: the distributed root, dual
+step and statistics); the process's peak resident memory; the regularizer's state (parameters,
+buffers and the sparse gradient accumulator growing with n, Adam's state) per process and as a
+fraction of one process's. ``--compile``: the regularizer's ``compile()``
 (owner sampling one graph per part; global sampling breaks at the routing), 30 warm-up steps,
 written as ``scale_shards_compiled.md``. ``--groups M``: the per-group layout (what ``target:
 pixels`` builds): groups of ``M`` consecutive samples (an image's pixels; ``n`` rounded down to a
@@ -36,7 +37,7 @@ from pathlib import Path
 from ._processes import measure_in_fresh_processes, run_child
 from ._report import markdown_table, save_figure, subplots
 from ._timing import machine_line
-from .scale_n import PER_BATCH  # buffers sized by the batch and the rule, not by n
+from .scale_n import state_tensors  # the state that grows with n
 
 SETUPS = ((1, "none"), (2, "owner"), (2, "global"), (4, "owner"), (4, "global"))
 
@@ -80,8 +81,7 @@ def _measure(
         opt.step()
         if k >= warm:
             times.append(time.perf_counter() - begin)
-    per_sample = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
-    state = [*reg.parameters(), *per_sample, *(v for s in opt.state.values() for v in s.values())]
+    state = [*state_tensors(reg), *(v for s in opt.state.values() for v in s.values())]
     reg.score_epoch.fill_(0)  # every sample scored, with a score of its own
     reg.scores.normal_(generator=gen)
     if dist.is_initialized():

@@ -58,6 +58,8 @@ def _case_step(device: str, case: tuple, mode: str, with_reg: bool, steps: int, 
     net = build_segmentation_model("deeplabv3plus", encoder, None, classes).to(device)
     reg = FBetaRegularizer(labels.reshape(-1) == 3).to(device) if with_reg else None
     opt = torch.optim.Adam([*net.parameters(), *(reg.parameters() if reg else [])])
+    if reg is not None:
+        reg.attach(opt)  # the sparse tau steps at opt.step()
 
     def loss_fn(xb, yb, idx):
         with torch.autocast(xb.device.type, dtype=autocast, enabled=autocast is not None):

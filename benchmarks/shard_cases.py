@@ -8,7 +8,7 @@ Each case is built as the guide shows it: ``Shard.from_process_group(N)``, the o
 are positive (a fifth of each of two classes in the two-class case; groups of 1000 consecutive
 samples in the grouped case, ``Shard(..., unit=1000)``), one step of Adam on a batch of 256 per process so that the optimizer's state of the
 objective's parameters counts too. The state is every parameter, buffer and Adam state tensor of
-the objective, without the sparse ``tau``'s per-batch probe (sized by the batch, not by ``N``).
+the objective, and the sparse ``tau``'s gradient accumulator (``SparseRows.acc``, not a buffer).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ CASES = {
     "RecallAtPrecision(precision=0.9)": "rap",
     "ROCAUC(grid=10)": "roc",
 }
-PER_BATCH = ("sparse_tau.probe_values", "sparse_tau.probe_rows", "sparse_tau.probe_touched")
 
 
 def _measure(case: str, n: int) -> dict:
@@ -74,8 +73,9 @@ def _measure(case: str, n: int) -> dict:
     if opt is not None:
         opt.step()
     reg.after_step_()
-    state = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
-    state += [*reg.parameters()]
+    state = [*reg.buffers(), *reg.parameters()]
+    if getattr(reg, "sparse_tau", None) is not None:
+        state.append(reg.sparse_tau.acc)
     if opt is not None:
         state += [v for s in opt.state.values() for v in s.values() if hasattr(v, "numel")]
     return {"bytes": float(sum(t.numel() * t.element_size() for t in state)), "error": ""}

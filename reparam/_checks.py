@@ -94,30 +94,8 @@ def number(
 
 def choice(name: str, x: object, allowed: Sequence[str]) -> str:
     if x not in allowed:
-        instead = RETIRED.get(name, {}).get(x) if isinstance(x, str) else None
-        if instead is not None:
-            raise ValueError(f"{name}={x!r} was removed in version 0.3.0: {instead}")
         raise ValueError(f"{name} must be one of {tuple(allowed)}, got {x!r}")
     return x  # type: ignore[return-value]
-
-
-# Options removed from the library (CHANGELOG.md, 0.3.0) -> what to use instead, for the error
-RETIRED: dict[str, dict[str, str]] = {
-    "projection": {
-        "clip": "use 'tracked' (F-beta's default: the exact projection's threshold at O(B) per "
-        "step) or, for a rate objective, 'inline' (its box projection on the batch's rows, O(B))",
-        "step": "use reparam.baselines.FullProjectionsFBeta (the paper's full projections after "
-        "every optimizer step; trainer: regularizer.name=fbeta_full_projections) or 'epoch'",
-        "none": "the ablation without a projection is gone; use 'tracked' (the default), "
-        "'epoch' or 'inline'",
-    },
-    "tau_update": {
-        "sparse_adam": "use 'sparse_adam_ahead' (dense Adam's trajectory at O(B) per step; lazy "
-        "Adam left a 4.9 % LP gap) or 'dense'",
-        "sparse_sgd": "use 'sparse_adam_ahead' (the default's rule), or 'dense' stepped by your "
-        "own optimizer (with SGD that is the same step)",
-    },
-}
 
 
 def positive_classes(classes: object) -> tuple[int, ...]:

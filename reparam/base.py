@@ -15,11 +15,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from . import _checks
 from .compiling import compiled_steps
-from .objective import ShapeObjective
+from .memory import gather_written_
+from .objective import ShapeObjective, check_stepped
 from .options import SCHEDULES, EpochEnd, Inline, Tracked, check_option
 from .schedules import EpochEndSchedule, InlineSchedule, Schedule
 from .sparse import SparseRows
@@ -148,77 +150,88 @@ class ReparamRegularizer(ShapeObjective):
         return super()._needs_after_step
 
     def attach(self, optimizer: torch.optim.Optimizer) -> _Handles:
-        """Step the objective's per-row state with ``optimizer``: after every ``optimizer.step()``
-        the rows of a sparse ``tau`` noted since the last step take their step on the summed
-        gradient (and the tracked active set is kept in step), so a read after ``step()``
-        returns holds the stepped values (``reg.tau``, ``stats()``, ``state_dict()``).
+        """Step the objective's per-row state with ``optimizer``, at every ``optimizer.step()``.
 
-        Checks first that the optimizer steps this objective's parameters (``ValueError``
-        otherwise). With a sparse ``tau`` and ``tau_lr`` not given, its step takes the lr of the
-        group that steps ``eps`` (lr schedules included). With several processes each holding the
-        whole objective (the ``process_group`` given at construction, else the initialized
-        default group, and no ``shard``), a hook before the step makes the processes agree: the
-        gradients of the objective's parameters are averaged, the sparse rows' gradients and the
-        batch's remembered scores are exchanged (method note sec. 11). Returns the hooks'
-        handle (``.remove()`` detaches them)."""
-        super()._check_stepped(optimizer)
+        After every step the rows of a sparse ``tau`` noted since the last step take their step
+        on the summed gradient (and the tracked active set is kept in step), so a read after
+        ``step()`` returns holds the stepped values (``reg.tau``, ``stats()``,
+        ``state_dict()``). Checks first that the optimizer steps this objective's parameters
+        (``ValueError`` otherwise). With a sparse ``tau`` and its ``lr`` not given, its step
+        takes the lr of the group that steps ``eps`` (lr schedules included).
+
+        Several processes each holding the whole objective (the ``process_group`` given at
+        construction, else the initialized default group; not with a ``shard``): each backward
+        pass averages the objective's parameters' gradients over the processes (a hook per
+        parameter, so a step that runs its backward inside ``optimizer.step(closure)`` is
+        covered), and each step first exchanges the sparse rows' gradients and the scores
+        written since the last step, so every process holds the same state (method note
+        sec. 11). Returns the hooks' handle (``.remove()`` detaches them)."""
+        check_stepped(self, optimizer)
         group = (
             None if self.sparse_tau is None else self.sparse_tau.lr_source(optimizer, self.eps_like)
         )
 
-        def before(*_) -> None:
+        def after(*_) -> None:
             replicas = self._replicas()
             if replicas is not None:
                 self._share_(*replicas)
-
-        def after(*_) -> None:
             if group is not None:
                 self.sparse_tau.follow_lr_(group["lr"])
             self.after_step_()
 
+        self._exchange_group = self._own_group()
         self._track_writes = self._replicas() is not None
-        return _Handles(
-            optimizer.register_step_pre_hook(before), optimizer.register_step_post_hook(after)
-        )
+        averaging = [
+            p.register_post_accumulate_grad_hook(self._average_replicas_)
+            for p in self.parameters()
+            if self.shard is None  # (sharded: replicated parameters average themselves)
+        ]
+        return _Handles(optimizer.register_step_post_hook(after), *averaging)
 
     @property
     def eps_like(self) -> Tensor:
         """The objective's first parameter (``eps``), whose optimizer group sets the sparse lr."""
         return next(self.parameters())
 
-    def _replicas(self) -> tuple[object, int] | None:
-        """``(process group, world size)`` of replicated data parallelism, or ``None``: the
-        ``process_group`` given, else ``torch.distributed``'s default group when initialized
-        with several processes; never for a sharded objective (its own collectives)."""
-        if self.shard is not None:
-            return None
-        import torch.distributed as dist
+    _exchange_group = None  # attach: the replicas' group of the objective's own collectives
 
-        if not (dist.is_available() and dist.is_initialized()):
+    def _own_group(self) -> object:
+        """A process group of the replicas for the objective's collectives alone (``attach``, on
+        every replica): they run inside backward passes, which must not interleave with the
+        collectives DDP runs there on its group. ``None`` with no replicas."""
+        if self.shard is not None or not (dist.is_available() and dist.is_initialized()):
             return None
-        group = self.process_group
-        world = dist.get_world_size(group)
-        return (group, world) if world > 1 else None
+        if dist.get_world_size(self.process_group) == 1:
+            return None
+        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
+        return dist.new_group(ranks, use_local_synchronization=True)
+
+    def _replicas(self) -> tuple[object, int] | None:
+        """``(process group, world size)`` of replicated data parallelism once attached (the
+        ``process_group`` given, else ``torch.distributed``'s default group, with several
+        processes), or ``None``; never for a sharded objective (its own collectives)."""
+        group = self._exchange_group
+        return None if group is None else (group, dist.get_world_size(group))
+
+    @torch.no_grad()
+    def _average_replicas_(self, p: Tensor) -> None:
+        """After a backward pass's gradient reached ``p``: its mean over the replicas (the same
+        value again when DDP averaged it already; with several backward passes per step the
+        mean of the sum, as the first passes' part is the mean already)."""
+        replicas = self._replicas()
+        if replicas is not None and p.grad is not None:
+            dist.all_reduce(p.grad, group=replicas[0])
+            p.grad /= replicas[1]
 
     @torch.no_grad()
     def _share_(self, group: object, world: int) -> None:
-        """Before a replicated step: the parameters' gradients averaged over the processes
-        (idempotent when DDP has averaged them already), the sparse rows' gradients exchanged
-        (``SparseRows.exchange_``) and the scores written since the last step gathered in rank
-        order (``ShapeObjective._gather_written_``)."""
-        import torch.distributed as dist
-
-        params = list(self.parameters())
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else None
-        if flat is not None:
-            dist.all_reduce(flat, group=group)
-            flat /= world
-            for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                p.grad = part.view_as(p).clone()
+        """A replicated step: the sparse rows' gradients exchanged (``SparseRows.exchange_``) and
+        the scores written since the last step gathered in rank order (``memory.gather_written_``)
+        before the rows step."""
         if self.sparse_tau is not None:
             self.sparse_tau.exchange_(group, world)
-        self._gather_written_(group, world)
+        written, self._written = self._written, []
+        gather_written_(self.scores, self.score_epoch, written, group, world)
 
     # --- the schedule ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from .base import ReparamRegularizer
 from .lagrangian import batch_lagrangian
 from .options import (
     DEFAULT_TAU_LR,
+    PAPER,
     TAU_STORAGES,
     DenseTau,
     EpochEnd,
@@ -159,9 +160,11 @@ class FBetaRegularizer(ReparamRegularizer):
 
     @classmethod
     def paper(cls, shape_labels: object, **options: object) -> FBetaRegularizer:
-        """The paper's Algorithm 3 as published: the projection once per epoch
-        (``EpochEnd()``), a dense ``tau``, dual steps 1e-3 (``lambda``) and 1e-5 (``mu``), scores
-        not capped; ``options`` override any of them (the other options are the constructor's).
+        """The objective with the paper's Algorithm 3 as published.
+
+        The projection once per epoch (``EpochEnd()``), a dense ``tau``, dual steps 1e-3
+        (``lambda``) and 1e-5 (``mu``), scores not capped; ``options`` override any of them (the
+        other options are the constructor's).
 
         Examples:
             >>> import torch
@@ -209,25 +212,14 @@ class FBetaRegularizer(ReparamRegularizer):
         elif at is not None:
             eps = eps.index_select(0, at)
         return batch_lagrangian(
-            eps,
-            tau,
-            u,
-            lam,
-            mu,
-            is_pos,
-            slots,
-            beta=self.beta,
-            scale=scale,
-            cap=self.cap_scores,
-            share=share,
-            problem=problem,
-            eps_weight=eps_weight,
-        )
+            eps, tau, u, lam, mu, is_pos, slots, beta=self.beta, scale=scale,
+            cap=self.cap_scores, share=share, problem=problem, eps_weight=eps_weight,
+        )  # fmt: skip
 
     def _batch_rows(self, tau: Tensor, slots: Tensor, touched: Tensor, tracked, sparse) -> tuple:
         """The batch's view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values (the
-        ``tracked`` schedule: plus ``eps`` for a row of ``A``; a ``sparse`` tau: plus the probe that
-        collects their gradient) and ``lambda``. ``touched``: the samples that are positives."""
+        ``tracked`` schedule: plus ``eps`` for a row of ``A``; a ``sparse`` tau: through the node
+        that accumulates their gradient) and ``lambda``. ``touched``: the positives."""
         rows = slots.clamp_min(0)
         if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
             tau, lam = tau.new_zeros(1), self.lam.new_zeros(1)
@@ -279,15 +271,11 @@ class FBetaRegularizer(ReparamRegularizer):
 
     @property
     def tau_lr(self) -> float | None:
-        """The sparse ``tau`` step's size (after ``attach``: the lr of the group that steps
-        ``eps``, unless ``tau_lr`` was given)."""
-        return self.sparse_tau.lr if self.sparse_tau is not None else None
+        """The sparse ``tau`` step's size (``None`` with a dense ``tau``).
 
-    @tau_lr.setter
-    def tau_lr(self, value: float) -> None:
-        if self.sparse_tau is None:
-            raise AttributeError("tau_lr steps a sparse tau; tau=DenseTau() has none")
-        self.sparse_tau.lr = value
+        After ``attach``: the lr of the group that steps ``eps``, unless ``SparseTau(lr)`` gave
+        one."""
+        return self.sparse_tau.lr if self.sparse_tau is not None else None
 
     def _project(self, eps: Tensor, tau: Tensor, strength: float = 0.0) -> tuple[Tensor, Tensor]:
         one = self.n_problems == 1  # the plain form is faster than one group of the grouped form
@@ -350,16 +338,6 @@ class FBetaRegularizer(ReparamRegularizer):
             f"classes={self.classes}, beta={self.beta}, schedule={schedule}, tau={tau}{lr}, "
             f"cap_scores={self.cap_scores}"
         )
-
-
-# the paper's Algorithm 3 as published (FBetaRegularizer.paper)
-PAPER: dict[str, object] = {
-    "schedule": EpochEnd(),
-    "tau": DenseTau(),
-    "dual_lr_lambda": 1e-3,
-    "dual_lr_mu": 1e-5,
-    "cap_scores": False,
-}
 
 
 def _check_pair(schedule: object, tau: object, sharded: bool) -> None:

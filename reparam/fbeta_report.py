@@ -11,6 +11,7 @@ import torch
 
 from . import functional as Fn
 from .base import ReparamRegularizer
+from .options import PAPER
 
 
 def figures(reg: ReparamRegularizer) -> dict[str, float | int | list | bool | None]:
@@ -142,8 +143,9 @@ def _remedies(reg: ReparamRegularizer) -> str:
             f"start lambda at beta^2 with capped scores (lambda_init={reg.beta**2:g}, "
             f"cap_scores=True) or raise dual_lr_lambda"
         )
-    if reg.preset is not None:
-        out.append("use the library defaults (preset=None)")
+    paper = (PAPER["dual_lr_lambda"], PAPER["dual_lr_mu"], PAPER["cap_scores"])
+    if (reg.dual_lr_lambda, reg.dual_lr_mu, reg.cap_scores) == paper:
+        out.append("use the library defaults (FBetaRegularizer(labels), not .paper(labels))")
     return "Remedies: " + "; ".join(out)
 
 

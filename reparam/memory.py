@@ -58,22 +58,26 @@ def all_gather_rows(mine: Tensor, group: object, world: int) -> Tensor:
 
 @torch.no_grad()
 def gather_written_(
-    scores: Tensor, score_epoch: Tensor, written: list[Tensor], group: object, world: int
+    scores: Tensor,
+    score_epoch: Tensor,
+    written: list[tuple[Tensor, Tensor]],
+    group: object,
+    world: int,
 ) -> None:
-    """Replicated data parallelism: the scores (and their epochs) at the indices ``written`` by
+    """Replicated data parallelism: the scores ``written`` (``(indices, values)`` per forward) by
     every one of the ``world`` processes of ``group`` (``torch.distributed``) since the last step,
-    written on every process in rank order (``all_gather``, O(world B)), so the score memory is
-    the same on every process after every step."""
-    idx = torch.cat(written) if written else score_epoch.new_zeros(0, dtype=torch.int64)
-    mine = torch.cat(
-        [
-            idx.double().unsqueeze(1),
-            score_epoch.index_select(0, idx).double().unsqueeze(1),
-            scores.index_select(0, idx).double(),
-        ],
-        1,
+    written on every process in rank order with the epoch of this process's (``all_gather``,
+    O(world B)), so the score memory is the same on every process after every step."""
+    if written:
+        idx = torch.cat([w[0] for w in written])
+        values = torch.cat([w[1] for w in written])
+    else:
+        idx = score_epoch.new_zeros(0, dtype=torch.int64)
+        values = scores.new_zeros(0, scores.shape[1])
+    dated = score_epoch.index_select(0, idx).double().unsqueeze(1)
+    every = all_gather_rows(
+        torch.cat([idx.double().unsqueeze(1), dated, values.double()], 1), group, world
     )
-    every = all_gather_rows(mine, group, world)
     at = every[:, 0].long()
     scores.index_copy_(0, at, every[:, 2:].to(scores.dtype))
     score_epoch.index_copy_(0, at, every[:, 1].to(score_epoch.dtype))

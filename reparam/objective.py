@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from . import _checks
 from ._monitor import MisuseMonitor
 from .layout import ProblemLayout, smallest_int
-from .memory import Memo, gather_written_, merge_, remember_
+from .memory import Memo, merge_, remember_
 from .sharding import Shard, ShardedRows
 
 
@@ -63,7 +63,8 @@ class ShapeObjective(ShardedRows, nn.Module):
         self.register_buffer("projections_last_epoch", torch.zeros((), dtype=torch.int64))
         self._monitor = MisuseMonitor(type(self).__name__)  # reparam/_monitor.py
         self._memos = Memo()  # what the epoch end computes once (reparam/memory.py)
-        self._written: list[Tensor] = []  # indices written since the last step (_track_writes)
+        # (indices, scores) written since the last step (_track_writes)
+        self._written: list[tuple[Tensor, Tensor]] = []
 
     @property
     def grouped(self) -> bool:
@@ -133,14 +134,8 @@ class ShapeObjective(ShardedRows, nn.Module):
         with replicated processes, note the indices for the exchange at the next step."""
         remember_(self.scores, self.score_epoch, self.epoch, u, idx, ok)
         self.batches.add_(1)
-        if self._track_writes:
-            self._written.append(idx)
-
-    def _gather_written_(self, group: object, world: int) -> None:
-        """Replicated processes, before a step: the scores written since the last step, on
-        every process (``reparam.memory.gather_written_``)."""
-        written, self._written = self._written, []
-        gather_written_(self.scores, self.score_epoch, written, group, world)
+        if self._track_writes:  # (the values as written: DDP may broadcast the buffer over them)
+            self._written.append((idx, self.scores.index_select(0, idx)))
 
     @property
     def seen_ever(self) -> Tensor:
@@ -223,20 +218,8 @@ class ShapeObjective(ShardedRows, nn.Module):
         Checks first that the optimizer steps this regularizer's parameters (``ValueError``
         otherwise). Returns the hook's handle (``.remove()`` detaches it).
         """
-        self._check_stepped(optimizer)
+        check_stepped(self, optimizer)
         return optimizer.register_step_post_hook(lambda *_: self.after_step_())
-
-    def _check_stepped(self, optimizer: torch.optim.Optimizer) -> None:
-        """``ValueError`` unless ``optimizer`` steps every parameter of the objective."""
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)!r}")
-        stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        missing = [name for name, p in self.named_parameters() if id(p) not in stepped]
-        if missing:
-            raise ValueError(
-                f"optimizer must step the regularizer's parameters {missing}: build it with "
-                f"[*model.parameters(), *reg.parameters()] (or add a param group)"
-            )
 
     def epochs(self, last: int) -> Iterator[int]:
         """``for epoch in reg.epochs(E): <the epoch's steps>``: yields the epoch numbers from the
@@ -341,3 +324,16 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         raise NotImplementedError
+
+
+def check_stepped(objective: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """``ValueError`` unless ``optimizer`` steps every parameter of ``objective`` (``attach``)."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer)!r}")
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [name for name, p in objective.named_parameters() if id(p) not in stepped]
+    if missing:
+        raise ValueError(
+            f"optimizer must step the regularizer's parameters {missing}: build it with "
+            f"[*model.parameters(), *reg.parameters()] (or add a param group)"
+        )

@@ -1,7 +1,8 @@
-r"""The options of an objective as public types (method note sec. 3b, 11): where the projection onto
-``C`` is applied (the **schedule**) and who steps ``tau`` (its **storage**). Each is a small frozen
-value: it validates itself, prints what it is, and changes no other option; an objective refuses
-a pair it cannot run, at construction.
+r"""The options of an objective as public types (method note sec. 3b, 11).
+
+Where the projection onto ``C`` is applied (the **schedule**) and who steps ``tau`` (its
+**storage**). Each is a small frozen value: it validates itself, prints what it is, and changes
+no other option; an objective refuses a pair it cannot run, at construction.
 
 * Schedules: ``Tracked()`` (F-beta's default: the exact projection's threshold over an active set
   kept in step, O(B) per step), ``EpochEnd()`` (Algorithm 3 of the paper: the projection once per
@@ -35,24 +36,52 @@ DEFAULT_TAU_LR = 1e-2
 
 @dataclass(frozen=True)
 class Tracked:
-    """The loss sees the exact projection's threshold ``e*`` over an active set kept in step with
-    the rows each step moves, in O(B) per step with a ``SparseTau`` (method note sec. 3b)."""
+    """The schedule that shows the loss the exact projection's threshold, kept in step.
+
+    The threshold ``e*`` is over an active set kept in step with the rows each step moves, in
+    O(B) per step with a ``SparseTau`` (method note sec. 3b). F-beta's default.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import FBetaRegularizer, Tracked
+        >>> FBetaRegularizer(torch.tensor([0, 1, 1]), schedule=Tracked()).projection
+        'tracked'
+    """
 
     name = "tracked"
 
 
 @dataclass(frozen=True)
 class EpochEnd:
-    """The loss sees the raw parameters; they are projected onto ``C`` in place at every epoch
-    end (Algorithm 3 of the paper)."""
+    """The schedule that projects the parameters onto ``C`` in place at every epoch end.
+
+    The loss sees the raw parameters (Algorithm 3 of the paper).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import EpochEnd, FBetaRegularizer
+        >>> FBetaRegularizer(torch.tensor([0, 1, 1]), schedule=EpochEnd()).projection
+        'epoch'
+    """
 
     name = "epoch"
 
 
 @dataclass(frozen=True)
 class Inline:
-    """The loss takes ``Pi_C`` of the parameters with autograd through it: exact
-    (``strength = 0``) or the smooth projection of that strength (method note sec. 5)."""
+    """The schedule whose loss takes ``Pi_C`` of the parameters, with autograd through it.
+
+    Exact (``strength = 0``) or the smooth projection of that strength (method note sec. 5); it
+    couples every row of ``tau`` in each step, so F-beta needs ``DenseTau()`` with it. The rate
+    objectives' default.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import DenseTau, FBetaRegularizer, Inline
+        >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1]), schedule=Inline(0.1), tau=DenseTau())
+        >>> reg.projection, reg.inline_strength
+        ('inline', 0.1)
+    """
 
     strength: float = 0.0
     name = "inline"
@@ -63,10 +92,19 @@ class Inline:
 
 @dataclass(frozen=True)
 class SparseTau:
-    """``tau`` a buffer whose rows a batch touched step at the optimizer's step, on dense Adam's
-    trajectory (``"sparse_adam_ahead"``, method note sec. 11), O(B) per step. ``lr``: its step
-    size; ``None``: the lr of the optimizer's group that steps ``eps`` once attached (else
-    ``DEFAULT_TAU_LR``)."""
+    """The storage of ``tau`` whose rows a batch touched step at the optimizer's step.
+
+    The rows step on dense Adam's trajectory (``"sparse_adam_ahead"``, method note sec. 11),
+    O(B) per step. ``lr``: its step size; ``None``: the lr of the optimizer's group that steps
+    ``eps`` once attached (else ``DEFAULT_TAU_LR``). F-beta's default.
+
+    Examples:
+        >>> import torch
+        >>> from reparam import FBetaRegularizer, SparseTau
+        >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1]), tau=SparseTau(lr=0.05))
+        >>> reg.tau_update, reg.tau_lr, [name for name, _ in reg.named_parameters()]
+        ('sparse_adam_ahead', 0.05, ['eps_param'])
+    """
 
     lr: float | None = None
     name = "sparse_adam_ahead"
@@ -78,11 +116,29 @@ class SparseTau:
 
 @dataclass(frozen=True)
 class DenseTau:
-    """``tau`` an ``nn.Parameter`` in ``reg.parameters()``, stepped by your optimizer on every
-    row at every step (O(n))."""
+    """The storage of ``tau`` as an ``nn.Parameter`` that your optimizer steps.
+
+    Every row steps at every step (O(n)).
+
+    Examples:
+        >>> import torch
+        >>> from reparam import DenseTau, FBetaRegularizer
+        >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1]), tau=DenseTau())
+        >>> reg.tau_update, [name for name, _ in reg.named_parameters()]
+        ('dense', ['eps_param', 'tau_param'])
+    """
 
     name = "dense"
 
+
+# the paper's Algorithm 3 as published (FBetaRegularizer.paper)
+PAPER: dict[str, object] = {
+    "schedule": EpochEnd(),
+    "tau": DenseTau(),
+    "dual_lr_lambda": 1e-3,
+    "dual_lr_mu": 1e-5,
+    "cap_scores": False,
+}
 
 SCHEDULES = (Tracked, EpochEnd, Inline)
 TAU_STORAGES = (SparseTau, DenseTau)

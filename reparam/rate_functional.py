@@ -4,10 +4,8 @@ Scores ``u`` of a linear head; positives ``S+`` (``n`` of them) and negatives ``
 hinge bounds of Eban et al. hold for every ``u``:
 
 $$
-\begin{aligned}
-tp(u) &= \sum_{S^+} 1[u_i > 0] \ge tp^-(u) := \sum_{S^+} \min(1, u_i),\\
-fp(u) &= \sum_{S^-} 1[u_j > 0] \le fp^+(u) := \sum_{S^-} \max(0, 1 + u_j).
-\end{aligned}
+\begin{aligned} tp(u) &= \sum_{S^+} 1[u_i > 0] \ge tp^-(u) := \sum_{S^+} \min(1, u_i),\\
+fp(u) &= \sum_{S^-} 1[u_j > 0] \le fp^+(u) := \sum_{S^-} \max(0, 1 + u_j). \end{aligned}
 $$
 
 Recall and precision are monotone in ``tp`` and ``fp``: the certified bounds below are sound.
@@ -381,19 +379,17 @@ def best_rescaled_precision_margin(
     comm: LocalComm = LOCAL,
 ) -> float | None:
     r"""How well the *direction* of the current scores can certify precision ``a``: the largest
-    margin ``g(c, d)`` over rescalings ``c > 0`` and shifts ``d`` of the scores.
-
-    The margin is
+    margin over rescalings ``c > 0`` and shifts ``d`` of the scores.
 
     $$
     g(c, d) = \big[(1 - a)\, tp^-(c u + d) - a\, fp^+(c u + d)\big] / n
     $$
 
-    (the LP (8b) restricted to the heads ``c (w, b) + (0, d)``). ``g >= 0`` iff some rescaled head meets the precision under the hinge
-    bounds; when (8b) itself is infeasible, ``g < 0`` for every direction. ``g`` and
-    ``G(c) = max_d g(c, d)`` are concave: ``G`` is maximized on a log grid of ``c``, refined by
-    ternary search, each ``max_d`` by ternary search over the breakpoints' range; ``g`` costs
-    ``O(log N)`` (sorted scores, prefix sums). Accurate to ~1e-6 (checked against HiGHS).
+    is the LP (8b) restricted to the heads ``c (w, b) + (0, d)``. ``g >= 0`` iff some rescaled
+    head meets the precision under the hinge bounds; when (8b) itself is infeasible, ``g < 0`` for
+    every direction. ``g`` and ``G(c) = max_d g(c, d)`` are concave: ``G`` is maximized on a log
+    grid of ``c``, refined by ternary search, each ``max_d`` by ternary search over the
+    breakpoints' range; ``g`` costs ``O(log N)`` (sorted scores, prefix sums). Accurate to ~1e-6 (checked against HiGHS).
     ``n_pos`` / ``n_neg``: the whole set's counts when the scores are a subset. ``None`` without
     positives or negatives. ``comm`` with several processes: each ``g`` sums the processes' ``tp``
     and ``fp`` (one all-reduce of the lanes, ~1,400 per call), over every process's scores.

@@ -203,7 +203,7 @@ def touched_only(rows: Tensor, touched: Tensor, *more: Tensor) -> tuple[Tensor, 
     return tuple(x.index_select(0, keep) for x in (rows, touched, *more))
 
 
-# forwards noted before their entries are merged into one per row (SparseRows._compact_)
+# noted entries, per row of tau, past which they are merged into one per row (SparseRows._compact_)
 MAX_NOTED = 64
 
 
@@ -243,13 +243,16 @@ class SparseRows(nn.Module):
         # another process accumulates under no_sync (moved by _apply)
         self.acc = torch.zeros(n_pos, 2)
         self.elect = torch.zeros(n_pos, dtype=torch.int32)  # scratch of the step (_one_per_row)
-        # (rows, touched) of every forward since the last step that recorded a gradient
-        self.pending: list[tuple[Tensor, Tensor]] = []
+        # (rows, touched) of every forward since the last step that recorded a gradient, one
+        # tensor each (a list would be guarded on its length by torch.compile: a graph per call)
+        self._note_([])
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.acc = self.acc.to(self.moments.device)
         self.elect = self.elect.to(self.moments.device)
+        self.noted_rows = self.noted_rows.to(self.moments.device)
+        self.noted_touched = self.noted_touched.to(self.moments.device)
         return self
 
     @property
@@ -277,26 +280,33 @@ class SparseRows(nn.Module):
         step; unchanged when no gradient is recorded. O(B)."""
         if not torch.is_grad_enabled():
             return values
-        if len(self.pending) >= MAX_NOTED and not torch.compiler.is_compiling():
-            self._compact_()  # (forwards with no step between them: kept O(n))
         if self.acc.shape[0] > 0:  # (a shard may hold no row: nothing to step there)
-            self.pending.append((rows, touched))
+            many = self.noted_rows.numel() > MAX_NOTED * self.acc.shape[0]
+            if many and not torch.compiler.is_compiling():
+                self._compact_()  # (forwards with no step between them: kept O(n))
+            self.noted_rows = torch.cat([self.noted_rows, rows.long()])
+            self.noted_touched = torch.cat([self.noted_touched, touched])
         return RowGradient.apply(self.anchor, values, rows, touched, self)
+
+    def _note_(self, parts: list[tuple[Tensor, Tensor]]) -> None:
+        """The noted entries: ``parts`` concatenated (``[]``: none)."""
+        device = self.moments.device
+        rows = [p[0].long() for p in parts] or [torch.zeros(0, dtype=torch.int64, device=device)]
+        touched = [p[1] for p in parts] or [torch.zeros(0, dtype=torch.bool, device=device)]
+        self.noted_rows, self.noted_touched = torch.cat(rows), torch.cat(touched)
 
     @torch.no_grad()
     def _compact_(self) -> None:
-        """The noted entries as one entry per touched row (its touches counted once): the
-        same step, in O(n) memory however many forwards run before it (eager)."""
-        rows, touched = self._noted(self.acc.device)
-        rows = torch.unique(rows[touched])
-        self.acc[:, 1].index_put_((rows,), self.acc[rows, 1].clamp_max(1))
-        self.pending = [(rows, torch.ones_like(rows, dtype=torch.bool))]
+        """The noted entries as one entry per touched row: the same step, in O(n) memory however
+        many forwards run before it (eager)."""
+        rows = torch.unique(self.noted_rows[self.noted_touched])
+        self._note_([(rows, torch.ones_like(rows, dtype=torch.bool))])
 
     @property
     def stepping(self) -> bool:
         """Whether ``step_`` has rows to step (several processes: always, every process steps at
         every step: the tracked sums are summed over them)."""
-        return len(self.pending) > 0 or self._comm.world > 1
+        return self.noted_rows.numel() > 0 or self._comm.world > 1
 
     def lr_source(self, optimizer: torch.optim.Optimizer, eps: Tensor) -> dict | None:
         """The param group of ``optimizer`` that steps ``eps`` when ``lr`` was not given (the
@@ -306,17 +316,10 @@ class SparseRows(nn.Module):
         return next(g for g in optimizer.param_groups if any(p is eps for p in g["params"]))
 
     def _noted(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        """``(rows, touched)`` of the forwards since the last step, concatenated; cleared."""
-        parts = self.pending
-        if len(parts) == 0:  # sharded, no row here since the last step
-            empty = torch.zeros(0, dtype=torch.int64, device=device)
-            parts = [(empty, empty >= 0)]
-        if len(parts) == 1:
-            rows, touched = parts[0]
-        else:
-            rows, touched = (torch.cat([part[k] for part in parts]) for k in range(2))
-        self.pending = []
-        return touched_only(rows.long(), touched)
+        """``(rows, touched)`` of the forwards since the last step; cleared."""
+        rows, touched = self.noted_rows, self.noted_touched
+        self._note_([])
+        return touched_only(rows, touched)
 
     @torch.no_grad()
     def exchange_(self, group: object, world: int) -> None:
@@ -333,7 +336,7 @@ class SparseRows(nn.Module):
         every = all_gather_rows(mine.double(), group, world)
         rows, touched = every[:, 0].long(), every[:, 1] > 0
         add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1])).float())
-        self.pending = [(rows, touched)]
+        self._note_([(rows, touched)])
 
     def step_(self, tau: Tensor, tracked: Callable[..., None] | None = None) -> None:
         """The sparse step (``sparse_step_``) on the rows of ``tau`` noted since the last call;

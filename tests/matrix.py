@@ -10,7 +10,7 @@ The cells are used by:
   training equals eager;
 * ``tests/reparam/test_lagrangian.py``: gradcheck in float64 of the one autograd node every F-beta
   cell's loss goes through (clipped or not, capped or not, one problem or several);
-* LP optimality against HiGHS: ``tests/reparam/test_lp.py`` (the defaults, the paper's preset,
+* LP optimality against HiGHS: ``tests/reparam/test_lp.py`` (the defaults, ``FBetaRegularizer.paper``,
   inline), ``tests/reparam/test_grouped.py`` (groups), ``tests/reparam/test_rates_lp.py`` (the
   rate objectives);
 * sharding (``reparam.Shard``): the cells ``SHARDED`` lists, against one process at K = 2 and 3
@@ -23,7 +23,15 @@ from collections.abc import Callable
 
 import torch
 
-from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision
+from reparam import (
+    ROCAUC,
+    DenseTau,
+    EpochEnd,
+    FBetaRegularizer,
+    Inline,
+    PrecisionAtRecall,
+    RecallAtPrecision,
+)
 
 N = 400
 LABELS = (torch.rand(N, generator=torch.Generator().manual_seed(0)) < 0.3).long()
@@ -34,18 +42,12 @@ GROUPS = torch.arange(N) % 7
 CELLS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
     # F-beta: the projection's schedule x the storage of tau
     "fbeta-tracked-sparse": (lambda: FBetaRegularizer(LABELS), 1),  # the defaults
-    "fbeta-tracked-dense": (
-        lambda: FBetaRegularizer(LABELS, projection="tracked", tau_update="dense"),
-        1,
-    ),
-    "fbeta-epoch-dense": (lambda: FBetaRegularizer(LABELS, preset="paper"), 1),  # Algorithm 3
-    "fbeta-epoch-sparse": (
-        lambda: FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead"),
-        1,
-    ),
-    "fbeta-inline-exact": (lambda: FBetaRegularizer(LABELS, projection="inline"), 1),
+    "fbeta-tracked-dense": (lambda: FBetaRegularizer(LABELS, tau=DenseTau()), 1),
+    "fbeta-epoch-dense": (lambda: FBetaRegularizer.paper(LABELS), 1),  # Algorithm 3
+    "fbeta-epoch-sparse": (lambda: FBetaRegularizer(LABELS, schedule=EpochEnd()), 1),
+    "fbeta-inline-exact": (lambda: FBetaRegularizer(LABELS, schedule=Inline(), tau=DenseTau()), 1),
     "fbeta-inline-soft": (
-        lambda: FBetaRegularizer(LABELS, projection="inline", inline_strength=0.1),
+        lambda: FBetaRegularizer(LABELS, schedule=Inline(strength=0.1), tau=DenseTau()),
         1,
     ),
     # F-beta's layouts (with the defaults)
@@ -54,16 +56,16 @@ CELLS: dict[str, tuple[Callable[[], torch.nn.Module], int]] = {
     # the rate objectives: their two schedules
     "precision-at-recall-inline": (lambda: PrecisionAtRecall(LABELS, recall=0.9), 1),
     "precision-at-recall-epoch": (
-        lambda: PrecisionAtRecall(LABELS, recall=0.9, projection="epoch"),
+        lambda: PrecisionAtRecall(LABELS, recall=0.9, schedule=EpochEnd()),
         1,
     ),
     "recall-at-precision-inline": (lambda: RecallAtPrecision(LABELS, precision=0.8), 1),
     "recall-at-precision-epoch": (
-        lambda: RecallAtPrecision(LABELS, precision=0.8, projection="epoch"),
+        lambda: RecallAtPrecision(LABELS, precision=0.8, schedule=EpochEnd()),
         1,
     ),
     "roc-auc-inline": (lambda: ROCAUC(LABELS), 1),
-    "roc-auc-epoch": (lambda: ROCAUC(LABELS, projection="epoch"), 1),
+    "roc-auc-epoch": (lambda: ROCAUC(LABELS, schedule=EpochEnd()), 1),
 }
 
 # the inline projection of all of tau reads values (the exact one's root search, the soft one's

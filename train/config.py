@@ -4,9 +4,10 @@ Every section is a dataclass with typed defaults; loading rejects unknown keys (
 ones) and values of the wrong type or outside their choices, with a ``ValueError`` naming the dotted
 key. The resolved tree is saved in the run folder (``config.yaml``) and in every checkpoint.
 
-Choices are ``Literal`` types; the regularizer's come from the library's option tuples
-(``reparam.PROJECTION_MODES``, ...), and its defaults from ``FBetaRegularizer``'s signature, so the
-library is the one source of truth (``tests/train/test_config.py`` checks that they agree).
+Choices are ``Literal`` types. The regularizer's sections come from the library's signatures, so
+the library is the one source of truth (``tests/train/test_config.py`` checks that they agree);
+the options the library takes as types (``schedule=Tracked()``, ``tau=SparseTau(lr)``) have YAML
+names, mapped to the types in one place (``YAML_TYPES``).
 """
 
 from __future__ import annotations
@@ -23,16 +24,15 @@ from typing import Any, Literal
 import yaml
 
 from reparam import (
-    FBETA_DEFAULTS,
-    FBETA_PRESETS,
-    PROJECTION_MODES,
-    RETIRED_OPTIONS,
     ROCAUC,
+    DenseTau,
+    EpochEnd,
     FBetaRegularizer,
+    Inline,
     PrecisionAtRecall,
     RecallAtPrecision,
-    resolve_options,
-    resolve_preset,
+    SparseTau,
+    Tracked,
 )
 from reparam.baselines import (
     LPAUC,
@@ -44,8 +44,9 @@ from reparam.baselines import (
     SoftFBeta,
 )
 from reparam.baselines.objectives import NEWTON
-from reparam.sparse import TAU_UPDATES
+from reparam.fbeta import PAPER
 
+from .config_legacy import drop_removed, refuse_retired
 from .dotted import build_dataclass, flatten, set_dotted
 from .losses import CLASS_WEIGHT_RULES, TASK_LOSSES
 
@@ -96,6 +97,33 @@ def options(cls: type) -> dict[str, tuple[inspect.Parameter, Any]]:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             return out
     return out
+
+
+# The YAML names of the options the library takes as types: the one place they meet. A schedule
+# (``regularizer.projection``, ``regularizer.inline_strength``) and F-beta's ``tau``
+# (``regularizer.fbeta.tau_update``, ``.tau_lr``).
+YAML_TYPES: dict[str, dict[str, type]] = {
+    "projection": {"tracked": Tracked, "epoch": EpochEnd, "inline": Inline},
+    "tau_update": {"sparse_adam_ahead": SparseTau, "dense": DenseTau},
+}
+PROJECTION_MODES = tuple(YAML_TYPES["projection"])
+FBETA_PRESETS = (None, "paper")  # null: the library's defaults; "paper": FBetaRegularizer.paper
+# the F-beta options a preset sets when the config leaves them at null
+PRESET_KEYS = ("dual_lr_lambda", "dual_lr_mu", "cap_scores")
+# the constructor's typed options, written in YAML by the names above
+TYPED = ("schedule", "tau")
+
+
+def schedule_of(projection: str, inline_strength: float) -> Tracked | EpochEnd | Inline:
+    """The library's schedule type of the YAML ``projection`` (and ``inline_strength``)."""
+    kind = YAML_TYPES["projection"][projection]
+    return kind(inline_strength) if kind is Inline else kind()
+
+
+def tau_of(tau_update: str, tau_lr: float | None) -> SparseTau | DenseTau:
+    """The library's ``tau`` type of the YAML ``tau_update`` (and ``tau_lr``)."""
+    kind = YAML_TYPES["tau_update"][tau_update]
+    return kind(tau_lr) if kind is SparseTau else kind()
 
 
 def _default(cls: type, name: str) -> Any:
@@ -156,16 +184,33 @@ class OptimConfig:
 
 
 # the constructor's data, not options: the trainer passes them from the data set
-DATA_ARGUMENTS = ("shape_labels", "groups", "shard")  # given by the trainer, not the config
-# options the reparameterized objectives share (the alternatives take none of them)
+DATA_ARGUMENTS = (
+    "shape_labels",
+    "groups",
+    "shard",
+    "process_group",
+)  # given by the trainer, not the config
+# options the reparameterized objectives share (the alternatives take none of them): the YAML
+# form of their ``schedule``
 COMMON = ("projection", "inline_strength")
 # the library's choices for options its signatures type as ``str``
-CHOICES: dict[str, tuple[str, ...]] = {
-    "projection": PROJECTION_MODES,
-    "newton": NEWTON,
-    "preset": FBETA_PRESETS,
-    "tau_update": ("auto", *TAU_UPDATES),
+CHOICES: dict[str, tuple[str, ...]] = {"newton": NEWTON}
+# the YAML fields of a section whose class takes ``tau`` (F-beta) or presets (F-beta's and the
+# full projections'): name -> (type, default); the PRESET_KEYS become null (the preset's)
+TAU_FIELDS = {
+    "tau_update": (Literal[("auto", *YAML_TYPES["tau_update"])], "auto"),
+    "tau_lr": (float | None, None),
 }
+PRESET_FIELDS = {"preset": (Literal[FBETA_PRESETS], None)}
+
+
+def _yaml_fields(cls: type) -> dict[str, tuple[Any, Any]]:
+    """The YAML fields a class's typed options add to its section (``TAU_FIELDS``,
+    ``PRESET_FIELDS``)."""
+    fields = dict(TAU_FIELDS) if "tau" in options(cls) else {}
+    if hasattr(cls, "paper"):
+        fields |= PRESET_FIELDS
+    return fields
 
 
 def options_section(cls: type) -> type:
@@ -175,8 +220,12 @@ def options_section(cls: type) -> type:
     default; a required argument (a target) becomes ``None`` until set. So the config cannot drift
     from the library, and the regularizer is built from the section as it is."""
     fields = []
+    presets = hasattr(cls, "paper")
     for p, hint in options(cls).values():
-        if p.name in DATA_ARGUMENTS or p.name in COMMON:
+        if p.name in DATA_ARGUMENTS or p.name in COMMON or p.name in TYPED:
+            continue
+        if presets and p.name in PRESET_KEYS:  # null: the preset's value (_resolve_defaults)
+            fields.append((p.name, hint | None, None))
             continue
         hint = Literal[CHOICES[p.name]] if p.name in CHOICES else hint
         if typing.get_origin(hint) is collections.abc.Sequence:
@@ -187,6 +236,7 @@ def options_section(cls: type) -> type:
             fields.append((p.name, hint, field(default_factory=lambda d=p.default: list(d))))
         else:
             fields.append((p.name, hint, p.default))
+    fields += [(name, hint, default) for name, (hint, default) in _yaml_fields(cls).items()]
     section = dataclasses.make_dataclass(f"{cls.__name__}Options", fields)
     section.__module__ = __name__
     section.__doc__ = f"The options of ``{cls.__module__}.{cls.__name__}`` (its signature)."
@@ -215,28 +265,36 @@ class _RegularizerBase:
     # batches from its block; "global": DistributedSampler, the batch routed to the owners
     shard: Literal["none", "owner", "global"] = "none"
     # null: each objective's own default (F-beta: its preset's, ``regularizer.fbeta.preset``)
-    projection: Literal[PROJECTION_MODES] | None = _default(FBetaRegularizer, "projection")
-    inline_strength: float = _default(FBetaRegularizer, "inline_strength")
+    projection: Literal[PROJECTION_MODES] | None = None
+    inline_strength: float = 0.0
     # then one sub-section per regularizer, ``SECTIONS[name]`` (added below the class)
 
     def kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``REGULARIZERS[name]``: the shared options it takes and the
-        sub-section ``name``'s. A shared option set away from its default for an objective that
-        does not take it is a ``ValueError`` (it would be silently ignored)."""
+        """The keyword arguments of ``REGULARIZERS[name]``: the sub-section ``name``'s options,
+        with the YAML names of the typed ones as the library's types (``schedule`` from the shared
+        ``projection`` / ``inline_strength``, F-beta's ``tau`` from ``tau_update`` / ``tau_lr``;
+        ``YAML_TYPES``). A shared option set away from its default for an objective that does
+        not take it is a ``ValueError`` (it would be silently ignored)."""
         takes = options(REGULARIZERS[self.name])
-        shared = {}
+        out = asdict(getattr(self, self.name))
+        out.pop("preset", None)  # (resolved into the options it sets: _resolve_defaults)
+        if "tau_update" in out:  # ("auto": the trainer's choice, once resolved)
+            tau_update, tau_lr = out.pop("tau_update"), out.pop("tau_lr")
+            if tau_update != "auto":
+                out["tau"] = tau_of(tau_update, tau_lr)
+        if "schedule" in takes:
+            if self.projection is not None:  # None: the objective's own default
+                out["schedule"] = schedule_of(self.projection, self.inline_strength)
+            return out
         for key in COMMON:
-            if key in takes:
-                if getattr(self, key) is not None:  # None: the objective's own default
-                    shared[key] = getattr(self, key)
-            elif getattr(self, key) != getattr(_RegularizerBase, key):
+            if getattr(self, key) != getattr(_RegularizerBase, key):
                 raise ValueError(
                     f"regularizer.{key} does not apply to regularizer.name={self.name} (it is an "
                     f"option of the reparameterized objectives); leave it at its default "
                     f"{getattr(_RegularizerBase, key)!r}"
                     + (" (null)" if getattr(_RegularizerBase, key) is None else "")
                 )
-        return {**shared, **asdict(getattr(self, self.name))}
+        return out
 
     def positive_classes(self) -> list[int]:
         """The shape classes the shape head scores (its columns; the shape node's metrics use the
@@ -330,63 +388,12 @@ NON_NEGATIVE = {
 }
 
 
-# Options removed from the library (the method note, docs/method/, says why) -> the one value they may still have in
-# a saved config: with it they meant what the library does now, so they are dropped on loading
-# (an older run resumes); any other value is an error naming the key.
-REMOVED: dict[str, Any] = {
-    "regularizer.rho": 0.0,
-    "regularizer.dual_schedule": "constant",
-    "regularizer.fbeta.negative_loss": "hinge",
-    "regularizer.fbeta.projection_method": "auto",
-    "regularizer.fbeta.eps_init": 1.0,
-    "regularizer.fbeta.tau_init": 1.0,
-    "regularizer.precision_at_recall.tau_init": 1.0,
-    "regularizer.recall_at_precision.tau_init": 1.0,
-    "regularizer.roc_auc.tau_init": 1.0,
-    "regularizer.cooper_fbeta.eps_init": 1.0,
-    "regularizer.cooper_fbeta.tau_init": 1.0,
-}
-
-
-def _drop_removed(raw: dict[str, Any]) -> None:
-    """Drop the ``REMOVED`` options that a config sets to their one remaining meaning."""
-    for key, value in REMOVED.items():
-        *path, last = key.split(".")
-        node: Any = raw
-        for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and last in node:
-            if node[last] != value:
-                raise ValueError(
-                    f"{key}={node[last]!r}: this option was removed from the library (only "
-                    f"{value!r}, what it does now, is accepted; the method note, docs/method/, says why)"
-                )
-            del node[last]
-
-
-def _refuse_retired(raw: dict[str, Any]) -> None:
-    """A mode the library no longer has (``reparam.RETIRED_OPTIONS``) in any section: one line
-    naming the key and what to use instead."""
-    sections = raw.get("regularizer")
-    if not isinstance(sections, dict):
-        return
-    for path, node in [("regularizer", sections)] + [
-        (f"regularizer.{name}", sub) for name, sub in sections.items() if isinstance(sub, dict)
-    ]:
-        for option, retired in RETIRED_OPTIONS.items():
-            value = node.get(option)
-            if isinstance(value, str) and value in retired:
-                raise ValueError(
-                    f"{path}.{option}={value!r} was removed in version 0.3.0: {retired[value]}"
-                )
-
-
 def from_dict(raw: dict[str, Any]) -> Config:
     """Build a validated ``Config`` from nested plain data (YAML); the options of the chosen
     objective left at ``null`` get the values it will use (:func:`_resolve_defaults`)."""
     raw = copy.deepcopy(raw)
-    _drop_removed(raw)
-    _refuse_retired(raw)
+    drop_removed(raw)
+    refuse_retired(raw)
     cfg = build_dataclass(Config, raw, "")
     _validate(cfg)
     _check_pixel_target(cfg)
@@ -435,34 +442,40 @@ def _check_pixel_target(cfg: Config) -> None:
 
 def _resolve_defaults(cfg: Config) -> None:
     """Write into the config the values the chosen objective takes for options left at ``null``
-    or ``auto`` (F-beta: ``reparam.resolve_options``, its preset's and its ``tau_update``; a rate
-    objective: its projection), so the saved config pins them even if the library's defaults
-    change. F-beta's ``tau_update: auto`` is the library's choice, except that the objective on
-    the pixels (``target: pixels``: every training pixel a sample) is sparse whatever the
-    schedule, and an optimizer other than Adam or fp16 keeps it dense (the sparse rule is Adam's,
-    and reads the unscaled gradient)."""
+    or ``auto`` (F-beta: its preset's, ``tau_update`` and the projection; a rate objective: its
+    projection), so the saved config pins them even if the library's defaults change.
+    ``tau_update: auto`` is the trainer's choice: sparse with the library's preset and schedule
+    (the projection and the preset left at null), and for the objective on the pixels
+    (``target: pixels``: every training pixel a sample) whatever the schedule; dense otherwise,
+    and with an optimizer other than Adam or fp16 (the sparse rule is Adam's, and reads the
+    unscaled gradient)."""
     r = cfg.regularizer
     if r.name == "none":
         return
+    cls = REGULARIZERS[r.name]
+    if hasattr(cls, "paper"):  # F-beta's presets: the options left at null
+        section = getattr(r, r.name)
+        base = PAPER if section.preset == "paper" else {k: _default(cls, k) for k in PRESET_KEYS}
+        for key in PRESET_KEYS:
+            if getattr(section, key) is None:
+                setattr(section, key, base[key])
     if r.name == "fbeta":
-        owners = {key: r if key in COMMON else r.fbeta for key in FBETA_DEFAULTS}
-        given = {key: getattr(owner, key) for key, owner in owners.items()}
-        adam = cfg.optim.name == "adam" and cfg.train.precision != "fp16"
-        sparse = True if r.target == "pixels" else (None if adam else False)
-        resolved = resolve_options(
-            r.fbeta.preset, tau_update=r.fbeta.tau_update, sparse=sparse, **given
-        )
-        r.fbeta.tau_update = resolved.pop("tau_update")
-        for key, value in resolved.items():
-            setattr(owners[key], key, value)
-    elif r.name == "fbeta_full_projections":  # its preset's, but the projection it fixes
-        section = r.fbeta_full_projections
-        given = {key: getattr(section, key) for key in FBETA_DEFAULTS if key != "projection"}
-        for key, value in resolve_preset(section.preset, **given).items():
-            if key != "projection":
-                setattr(section, key, value)
-    elif r.projection is None and "projection" in options(REGULARIZERS[r.name]):
-        r.projection = _default(REGULARIZERS[r.name], "projection")
+        library = r.fbeta.preset is None and r.projection is None
+        if r.fbeta.tau_update == "auto":
+            adam = cfg.optim.name == "adam" and cfg.train.precision != "fp16"
+            sparse = r.target == "pixels" or (adam and library)
+            r.fbeta.tau_update = "sparse_adam_ahead" if sparse else "dense"
+        if r.projection is None:
+            sparse = r.fbeta.tau_update != "dense"
+            r.projection = "epoch" if r.fbeta.preset == "paper" else _library_schedule(sparse)
+    elif r.projection is None and "schedule" in options(cls):
+        r.projection = _default(cls, "schedule").name
+
+
+def _library_schedule(sparse: bool) -> str:
+    """The trainer's schedule for F-beta's library preset: the tracked threshold with a sparse
+    ``tau`` (O(B) per step), the exact inline projection with a dense one."""
+    return "tracked" if sparse else "inline"
 
 
 def load(path: str | Path, overrides: list[str] = ()) -> Config:

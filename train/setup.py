@@ -58,8 +58,6 @@ class Setup:
     last_checkpoint: str
     reg_params: list[nn.Parameter]  # their gradients are averaged over processes after backward
     criterion: TaskLoss | None = None  # train.loss / class_weights; None: task_loss's cross-entropy
-    # F-beta's sparse_adam_ahead with tau_lr null: the optimizer group whose lr (schedule included)
-    # the sparse tau step takes, as a dense tau in that group would
 
 
 def setup(

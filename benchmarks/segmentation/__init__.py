@@ -10,9 +10,9 @@ and what the regularizer costs a training step.
 2. Training step time, regularized / baseline, DeepLabV3+ with a ResNet-18 encoder (random init)
    on CPU at 106x160, batch ``--batch``: the two trainers' steps are interleaved (base, reg, ...),
    medians over ``--steps`` steps after warm-up; the regularizer has one state per training image
-   of COCO-Stuff train2017 (118287, half of them positive) and runs in mode ``epoch``, with ``tau``
-   stepped densely by the optimizer and, as a third interleaved trainer, sparsely
-   (``tau_update="sparse_adam_ahead"``, docs/method/cost.md sec. 11); its epoch end (projection + dual
+   of COCO-Stuff train2017 (118287, half of them positive) and runs with ``schedule=EpochEnd()``,
+   with ``tau`` stepped densely by the optimizer (``DenseTau()``) and, as a third interleaved
+   trainer, sparsely (``SparseTau()``, docs/method/cost.md sec. 11); its epoch end (projection + dual
    step) is timed too and set against an epoch of 118287 images.
 3. Seconds per training step of the paper configs' models on this CPU (README numbers).
 

@@ -15,10 +15,11 @@ from torch.utils.data import Dataset
 from .spec import COCO_TRAIN_IMAGES, PAPER_MODELS, SIZE
 
 
-def _trainer(classes: int, tau_update: str | None) -> tuple[Any, Any, Any]:
+def _trainer(classes: int, tau: Any) -> tuple[Any, Any, Any]:
     """``(model, regularizer or None, SGD)``: DeepLabV3+ / ResNet-18 from seed 0 and, unless
-    ``tau_update`` is ``None``, an F-beta regularizer (mode ``epoch``) over COCO-Stuff train."""
-    from reparam import FBetaRegularizer
+    ``tau`` is ``None``, an F-beta regularizer (``schedule=EpochEnd()``, ``tau`` its option:
+    ``DenseTau()`` or ``SparseTau()``) over COCO-Stuff train."""
+    from reparam import EpochEnd, FBetaRegularizer
     from train.config import ModelConfig
     from train.models import build_model
 
@@ -26,9 +27,9 @@ def _trainer(classes: int, tau_update: str | None) -> tuple[Any, Any, Any]:
     config = ModelConfig(name="deeplabv3plus", encoder="resnet18", encoder_weights=None)
     model = build_model(config, SIZE, classes)
     reg = None
-    if tau_update is not None:
+    if tau is not None:
         labels = torch.arange(COCO_TRAIN_IMAGES) % 2
-        reg = FBetaRegularizer(labels, projection="epoch", tau_update=tau_update)
+        reg = FBetaRegularizer(labels, schedule=EpochEnd(), tau=tau)
     params = [{"params": list(model.parameters())}]
     if reg is not None:
         params.append({"params": list(reg.parameters()), "weight_decay": 0.0})
@@ -36,7 +37,8 @@ def _trainer(classes: int, tau_update: str | None) -> tuple[Any, Any, Any]:
 
 
 def _step(trainer: tuple[Any, Any, Any], x: Any, y: Any, k: int) -> float:
-    """Seconds of one training step (forward, loss, backward, SGD, ``after_step_``)."""
+    """Seconds of one training step (forward, loss, backward, SGD, ``after_step_``: the sparse
+    ``tau``'s step)."""
     from train.loop import task_loss
 
     model, reg, opt = trainer
@@ -57,8 +59,10 @@ def _step(trainer: tuple[Any, Any, Any], x: Any, y: Any, k: int) -> float:
 def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[str, float]:
     """Median step times of the baseline, the regularized trainer (``tau`` stepped densely) and
     the sparse one, interleaved after 2 warm-up rounds; the epoch end of the regularized one."""
+    from reparam import DenseTau, SparseTau
+
     torch.set_num_threads(threads)
-    rules = {"base": None, "reg": "dense", "sparse": "sparse_adam_ahead"}
+    rules = {"base": None, "reg": DenseTau(), "sparse": SparseTau()}
     trainers = {name: _trainer(classes, rule) for name, rule in rules.items()}
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (batch, 3, *SIZE), dtype=torch.uint8, generator=gen)
@@ -107,6 +111,7 @@ def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
         )
         reg = FBetaRegularizer(torch.arange(COCO_TRAIN_IMAGES) % 2)
         opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
+        reg.attach(opt)  # the sparse tau steps at opt.step()
         x = torch.randint(0, 256, (batch, 3, 106, 160), dtype=torch.uint8)
         y = torch.randint(0, classes, (batch, 106, 160))
         times = []

@@ -33,7 +33,7 @@ def rows(a: argparse.Namespace, lo: dict[str, float], st: dict[str, float]) -> l
             "≤ 1.02",
         ],
         [
-            "the same, tau_update=sparse_adam_ahead",
+            "the same, tau=SparseTau()",
             f"regularized {st['sparse_s']:.3f} s",
             f"baseline {st['base_s']:.3f} s",
             f"**{st['sparse_ratio']:.4f}**",

@@ -61,8 +61,10 @@ class FullProjectionsFBeta(FBetaRegularizer):
 
     @classmethod
     def paper(cls, shape_labels: object, **options: Any) -> FullProjectionsFBeta:
-        """The paper's dual steps and uncapped scores (``FBetaRegularizer.paper``'s), projected
-        after every step; ``options`` override them."""
+        """The full projections with the paper's dual steps and uncapped scores.
+
+        Those of ``FBetaRegularizer.paper``, projected after every step; ``options`` override
+        them."""
         fixed = {k: v for k, v in PAPER.items() if k not in cls._fixed_options}
         return cls(shape_labels, **(fixed | options))
 

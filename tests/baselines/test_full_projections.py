@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reparam import FBetaRegularizer
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline
 from reparam.baselines import FullProjectionsFBeta
 
 LABELS = torch.tensor([1, 0, 0, 1, 1, 0] * 10)
@@ -35,22 +35,40 @@ def _train(reg, project_by_hand: bool = False):
 
 
 def test_every_step_projects_and_the_trajectory_is_the_manual_loops():
-    """Six steps an epoch: six projections; the state is what ``FBetaRegularizer(projection=
-    "epoch")`` with ``project_()`` after each step reaches (its epoch end's projection is then a
-    no-op)."""
-    full, counts = _train(FullProjectionsFBeta(LABELS, preset="paper"))
+    """Six steps an epoch: six projections; the state is what ``FBetaRegularizer.paper`` (the
+    projection at the epoch end, a dense tau) with ``project_()`` after each step reaches (its
+    epoch end's projection is then a no-op)."""
+    full, counts = _train(FullProjectionsFBeta.paper(LABELS))
     assert counts == [6, 6]
-    manual, _ = _train(
-        FBetaRegularizer(LABELS, preset="paper", projection="epoch", tau_update="dense"),
-        project_by_hand=True,
-    )
+    manual = FBetaRegularizer.paper(LABELS)
+    assert manual.options == (EpochEnd(), DenseTau())
+    manual, _ = _train(manual, project_by_hand=True)
     for name, value in manual.state_dict().items():
         if "projections" not in name:
             assert torch.equal(full.state_dict()[name], value), name
     assert not torch.equal(full.tau_param, torch.ones_like(full.tau_param))
 
 
-@pytest.mark.parametrize("option", [{"projection": "inline"}, {"tau_update": "dense"}])
+@pytest.mark.parametrize(
+    "option", [{"schedule": Inline()}, {"tau": DenseTau()}], ids=lambda o: next(iter(o))
+)
 def test_the_options_it_fixes_are_refused(option):
-    with pytest.raises(ValueError, match=r"FullProjectionsFBeta fixes"):
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=rf"FullProjectionsFBeta fixes {name} .*got {name}="):
         FullProjectionsFBeta(LABELS, **option)
+    with pytest.raises(ValueError, match=rf"FullProjectionsFBeta fixes {name}"):
+        FullProjectionsFBeta.paper(LABELS, **option)
+
+
+def test_paper_takes_the_papers_steps_and_keeps_its_own_schedule():
+    """``FullProjectionsFBeta.paper``: ``FBetaRegularizer.paper``'s dual steps and uncapped
+    scores, a dense tau projected after every step; an option given overrides the paper's."""
+    reg = FullProjectionsFBeta.paper(LABELS)
+    assert (reg.dual_lr_lambda, reg.dual_lr_mu, reg.cap_scores) == (1e-3, 1e-5, False)
+    assert (reg.projection, reg.tau_update) == ("every_step", "dense")
+    assert type(reg) is FullProjectionsFBeta
+    assert FullProjectionsFBeta.paper(LABELS, dual_lr_mu=0.1).dual_lr_mu == 0.1
+    ours = FullProjectionsFBeta(LABELS)  # the library's steps
+    assert (ours.dual_lr_lambda, ours.dual_lr_mu, ours.cap_scores) == (0.1, 0.1, True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'preset'"):
+        FullProjectionsFBeta(LABELS, preset="paper")

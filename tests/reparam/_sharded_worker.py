@@ -12,7 +12,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision, Shard
+from reparam import (
+    ROCAUC,
+    DenseTau,
+    EpochEnd,
+    FBetaRegularizer,
+    PrecisionAtRecall,
+    RecallAtPrecision,
+    Shard,
+)
 
 N, D, B = 240, 6, 16  # samples, features, per-process batch
 STEPS = int(os.environ.get("SHARDED_TEST_STEPS", 7))  # steps per epoch
@@ -70,35 +78,21 @@ def _make(kind: str, labels: torch.Tensor, shard: Shard | None):
     if kind.startswith("fbeta_groups"):  # per group: each problem's rows on one process
         groups = GROUPS if shard is None else shard.local_labels(GROUPS)
         if kind == "fbeta_groups_epoch":
-            return FBetaRegularizer(
-                labels,
-                groups=groups,
-                shard=shard,
-                projection="epoch",
-                tau_update="sparse_adam_ahead",
-            )
+            return FBetaRegularizer(labels, groups=groups, shard=shard, schedule=EpochEnd())
         return FBetaRegularizer(labels, groups=groups, shard=shard)
     if kind in ("fbeta", "fbeta_ordered", "fbeta_compiled"):
         return FBetaRegularizer(labels, shard=shard)
     if kind == "fbeta_epoch":  # the projection at the epoch end, on the shards
-        return FBetaRegularizer(
-            labels, shard=shard, projection="epoch", tau_update="sparse_adam_ahead"
-        )
+        return FBetaRegularizer(labels, shard=shard, schedule=EpochEnd())
     if kind == "fbeta_classes":  # two positive classes: two problems over the processes
         return FBetaRegularizer(labels, positive_classes=(1, 2), shard=shard)
     if kind == "fbeta_classes_epoch":
-        return FBetaRegularizer(
-            labels,
-            positive_classes=(1, 2),
-            shard=shard,
-            projection="epoch",
-            tau_update="sparse_adam_ahead",
-        )
+        return FBetaRegularizer(labels, positive_classes=(1, 2), shard=shard, schedule=EpochEnd())
     if kind in ("roc", "roc_ordered"):  # the per-grid-point rows, the AUC by a sample sort
-        return ROCAUC(labels, grid=4, shard=shard, projection="epoch")
+        return ROCAUC(labels, grid=4, shard=shard, schedule=EpochEnd())
     if kind == "rap":  # its infeasibility watch and threshold at a precision on the shards
-        return RecallAtPrecision(labels, precision=0.7, shard=shard, projection="epoch")
-    return PrecisionAtRecall(labels, recall=0.8, shard=shard, projection="epoch")
+        return RecallAtPrecision(labels, precision=0.7, shard=shard, schedule=EpochEnd())
+    return PrecisionAtRecall(labels, recall=0.8, shard=shard, schedule=EpochEnd())
 
 
 def train(kind: str, k: int, rank: int | None, sampling: str, epochs: int = 2, state=None):
@@ -318,7 +312,7 @@ def errors(rank: int, k: int, out: str) -> None:
     reg = FBetaRegularizer(shard.local_labels(y), shard=shard)
     other = (shard.start + shard.stop) % N
     catch("owner_idx", lambda: reg(torch.zeros(2), torch.tensor([shard.start, other])))
-    catch("dense", lambda: FBetaRegularizer(shard.local_labels(y), shard=shard, tau_update="dense"))
+    catch("dense", lambda: FBetaRegularizer(shard.local_labels(y), shard=shard, tau=DenseTau()))
     split = shard.local_labels(torch.arange(N) // 16)  # group 7 is [112, 128): in both blocks
     catch("split", lambda: FBetaRegularizer(shard.local_labels(y), groups=split, shard=shard))
     saved = [None] * k
@@ -345,7 +339,7 @@ def faults(rank: int, k: int, sampling: str, out: str) -> None:
         opt.zero_grad()
         (F.binary_cross_entropy_with_logits(u, y[idx].float()) + 0.5 * reg(u, idx)).backward()
         if s == 3 and rank == 1:  # a non-finite gradient on a row this rank touched
-            rows, touched = reg.sparse_tau.pending[0]
+            rows, touched = reg.sparse_tau.noted_rows, reg.sparse_tau.noted_touched
             reg.sparse_tau.acc[rows[touched][:1], 0] = float("nan")
         for p in head.parameters():
             dist.all_reduce(p.grad)

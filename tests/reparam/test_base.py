@@ -9,7 +9,16 @@ import pytest
 import torch
 
 from projections import project_onto_c
-from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall, RecallAtPrecision, ShapeHead
+from reparam import (
+    ROCAUC,
+    DenseTau,
+    EpochEnd,
+    FBetaRegularizer,
+    Inline,
+    PrecisionAtRecall,
+    RecallAtPrecision,
+    ShapeHead,
+)
 from reparam.baselines import FullProjectionsFBeta
 from tests.protocol import run_protocol
 
@@ -127,7 +136,7 @@ def test_break_out_of_epochs_skips_the_epoch_end():
 
 
 def test_inline_mode_reports_the_values_the_loss_uses():
-    reg = MAKERS["fbeta"](projection="inline")
+    reg = MAKERS["fbeta"](schedule=Inline(), tau=DenseTau())
     with torch.no_grad():
         reg.eps_param.fill_(-0.4)
         reg.tau_param.copy_(torch.linspace(-1, 3, reg.tau_param.numel()))
@@ -135,7 +144,7 @@ def test_inline_mode_reports_the_values_the_loss_uses():
     torch.testing.assert_close(reg.eps[0], e)
     torch.testing.assert_close(reg.tau, t)
     assert reg.stats()["eps"] == pytest.approx(float(e))
-    epoch_mode = MAKERS["fbeta"](projection="epoch")
+    epoch_mode = MAKERS["fbeta"](schedule=EpochEnd(), tau=DenseTau())
     assert epoch_mode.eps is epoch_mode.eps_param  # outside inline mode: the parameter itself
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reparam import FBetaRegularizer, ShapeHead
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline, ShapeHead
 
 LABELS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1, 0, 1] * 10)  # N = 100
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -15,10 +15,12 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-def _train(compiled: bool, device: str, **options):
+def _train(compiled: bool, device: str, paper: bool = False, **options):
+    """Two epochs of a head and ``FBetaRegularizer(**options)`` (``paper``: its ``.paper``)."""
     torch.manual_seed(0)
     head = ShapeHead(2).to(device)
-    reg = FBetaRegularizer(LABELS, lambda_init=0.3, **options).to(device)
+    make = FBetaRegularizer.paper if paper else FBetaRegularizer
+    reg = make(LABELS, lambda_init=0.3, **options).to(device)
     if compiled:
         reg.compile()
     opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2)
@@ -41,7 +43,7 @@ def _train(compiled: bool, device: str, **options):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "options",
-    [dict(projection="epoch", tau_update="sparse_adam_ahead"), dict(preset="paper"), dict()],
+    [dict(schedule=EpochEnd()), dict(paper=True), dict()],
     ids=["epoch-sparse", "paper-dense", "defaults"],
 )
 def test_compiled_regularizer_matches_eager(options, device):
@@ -130,8 +132,9 @@ def test_cuda_graphs_replay_a_users_compiled_step_without_recording_again():
 def test_inline_compiles_with_graph_breaks_and_matches_eager():
     """Mode ``"inline"``'s exact root search reads values: ``compile()`` takes it with graph breaks
     (no ``fullgraph``) instead of failing, and the step is eager's."""
-    eager_losses, eager = _train(False, "cpu", projection="inline")
-    compiled_losses, compiled = _train(True, "cpu", projection="inline")
+    inline = dict(schedule=Inline(), tau=DenseTau())
+    eager_losses, eager = _train(False, "cpu", **inline)
+    compiled_losses, compiled = _train(True, "cpu", **inline)
     torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compiled.tau_param, eager.tau_param, rtol=1e-5, atol=1e-6)
 
@@ -175,7 +178,7 @@ def test_a_regularizer_compiles_from_its_own_sizes_whatever_compiled_before():
 
     for tag, n, batches in (("first", 300, (50, 50, 30)), ("second", 100, (24,))):
         labels = (torch.arange(n) % 2).long()
-        reg = FBetaRegularizer(labels, projection="epoch", tau_update="sparse_adam_ahead")
+        reg = FBetaRegularizer(labels, schedule=EpochEnd())
         reg.compile(backend=recording(tag))
         gen = torch.Generator().manual_seed(0)
         for b in batches:  # a new batch size: dynamo recompiles with dynamic sizes

@@ -172,7 +172,7 @@ def test_bad_entries_are_masked_on_the_device_and_reported_at_the_epoch_end(name
 def test_a_masked_entry_adds_nothing_to_the_loss():
     """A NaN score in a batch of 7 leaves the 6 others' terms: ``L_B - beta^2 eps`` is theirs
     scaled by 6/7 (``N / (n B)`` counts every entry of the batch)."""
-    reg = FBetaRegularizer(LABELS, preset="paper")
+    reg = FBetaRegularizer.paper(LABELS)
     compiled = torch.compile(lambda u, idx: reg(u, idx), fullgraph=True, backend="aot_eager")
     u = torch.randn(6)
     good = compiled(u, torch.arange(6))

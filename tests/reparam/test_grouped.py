@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.fbeta_lp import gaussian_toy, head_quality, solve_fbeta_lp, train_head
-from reparam import FBetaRegularizer
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline, Tracked
 
 
 def _toy(seed: int = 0, n: int = 60, groups: int = 3, classes: int = 2):
@@ -28,12 +28,12 @@ def _grads(reg, u, idx):
     return loss.detach(), grads
 
 
-@pytest.mark.parametrize("projection", ["inline", "tracked", "epoch"])
-def test_one_group_is_the_ungrouped_objective(projection):
+@pytest.mark.parametrize("schedule", [Inline(), Tracked(), EpochEnd()], ids=repr)
+def test_one_group_is_the_ungrouped_objective(schedule):
     labels, _, gen = _toy()
     u = torch.randn(60, generator=gen)
     idx = torch.randperm(60, generator=gen)[:25]
-    kw = dict(projection=projection, lambda_init=0.3)
+    kw = dict(schedule=schedule, tau=DenseTau(), lambda_init=0.3)  # tau's gradient by autograd
     plain = FBetaRegularizer(labels, **kw)
     grouped = FBetaRegularizer(labels, groups=torch.zeros(60, dtype=torch.int64), **kw)
     assert grouped.n_problems == 1 and grouped.grouped
@@ -45,8 +45,8 @@ def test_one_group_is_the_ungrouped_objective(projection):
 
 
 @pytest.mark.parametrize("classes", [(1,), (0, 1)])
-@pytest.mark.parametrize("projection", ["inline", "tracked"])
-def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, projection):
+@pytest.mark.parametrize("schedule", [Inline(), Tracked()], ids=repr)
+def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, schedule):
     """On the whole training set, the grouped ``L_B`` is the mean over the (class, group)
     problems of a separate regularizer's on that group's samples alone; gradients too. A sample
     of no group (``-1``) counts nowhere."""
@@ -54,7 +54,7 @@ def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, proje
     group[-5:] = -1
     u = torch.randn(60, len(classes), generator=gen)
     idx = torch.arange(60)
-    kw = dict(projection=projection, lambda_init=0.2, positive_classes=classes)
+    kw = dict(schedule=schedule, tau=DenseTau(), lambda_init=0.2, positive_classes=classes)
     grouped = FBetaRegularizer(labels, groups=group, **kw)
     assert grouped.n_problems == 3 * len(classes)
     loss, (g_u, g_eps, g_tau) = _grads(grouped, u, idx)
@@ -78,7 +78,8 @@ def test_full_batch_loss_is_the_mean_of_each_groups_own_objective(classes, proje
 
 def test_a_groups_eps_is_pulled_only_while_the_group_is_in_the_batch():
     labels, group, gen = _toy()
-    reg = FBetaRegularizer(labels, groups=group, tau_update="dense")  # tau's gradient by autograd
+    # tau's gradient by autograd
+    reg = FBetaRegularizer(labels, groups=group, schedule=Inline(), tau=DenseTau())
     idx = (group == 1).nonzero()[:, 0]
     _, (_, g_eps, _) = _grads(reg, torch.randn(len(idx), generator=gen), idx)
     assert float(g_eps[1]) != 0.0 and bool((g_eps[[0, 2]] == 0).all())
@@ -115,9 +116,9 @@ def _grouped_toy(seed: int):
 @pytest.mark.parametrize(
     "opts, gap",
     [
-        ({"projection": "inline"}, 0.10),
-        ({"projection": "tracked"}, 0.10),
-        ({"tau_update": "sparse_adam_ahead", "projection": "tracked"}, 0.10),
+        ({"schedule": Inline(), "tau": DenseTau()}, 0.10),
+        ({"tau": DenseTau()}, 0.10),
+        ({"schedule": Tracked()}, 0.10),
     ],
     ids=["inline-dense", "tracked-dense", "tracked-sparse"],
 )

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from reparam import FBetaRegularizer, ShapeHead
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline, ShapeHead, SparseTau, Tracked
 from reparam import fbeta as fbeta_module
 from reparam.lagrangian import batch_lagrangian
 from tests.reparam import reference_lagrangian as ref
@@ -119,22 +119,20 @@ def test_gradcheck_in_float64(case):
     assert torch.autograd.gradcheck(fn, inputs)
 
 
-# Every option of FBetaRegularizer that reaches the loss: the modes, the tau updates, the cap,
-# several classes, groups.
+# Every option of FBetaRegularizer that reaches the loss: the schedules, the storages of tau, the
+# cap, several classes, groups (paper=True: FBetaRegularizer.paper with the other options).
 RUNS = {
-    "paper": dict(preset="paper"),
-    "paper-beta": dict(preset="paper", beta=0.5),
+    "paper": dict(paper=True),
+    "paper-beta": dict(paper=True, beta=0.5),
     "defaults": dict(),
-    "inline": dict(projection="inline"),
-    "inline-soft": dict(projection="inline", inline_strength=0.1),
-    "tracked-dense": dict(projection="tracked"),
-    "epoch-sparse-uncapped": dict(
-        projection="epoch", tau_update="sparse_adam_ahead", cap_scores=False
-    ),
+    "inline": dict(schedule=Inline(), tau=DenseTau()),
+    "inline-soft": dict(schedule=Inline(strength=0.1), tau=DenseTau()),
+    "tracked-dense": dict(tau=DenseTau()),
+    "epoch-sparse-uncapped": dict(schedule=EpochEnd(), cap_scores=False),
     "classes": dict(positive_classes=(1, 2)),
-    "classes-paper-tracked": dict(preset="paper", projection="tracked", positive_classes=(1, 2)),
+    "classes-paper-tracked": dict(paper=True, schedule=Tracked(), positive_classes=(1, 2)),
     "groups": dict(groups=torch.arange(60) % 4),
-    "groups-inline": dict(groups=torch.arange(60) % 4, projection="inline"),
+    "groups-inline": dict(groups=torch.arange(60) % 4, schedule=Inline(), tau=DenseTau()),
 }
 
 
@@ -149,7 +147,9 @@ def _train(options: dict, reference: bool, monkeypatch) -> tuple[torch.Tensor, d
         labels = (labels == 1).long()
     torch.manual_seed(0)
     head = ShapeHead(3, 1 if len(classes) == 1 else 3)
-    reg = FBetaRegularizer(labels, lambda_init=0.3, **options)
+    options = dict(options)
+    make = FBetaRegularizer.paper if options.pop("paper", False) else FBetaRegularizer
+    reg = make(labels, lambda_init=0.3, **options)
     opt = torch.optim.Adam([*head.parameters(), *reg.parameters()], lr=1e-2)
     x = torch.randn(60, 3, generator=torch.Generator().manual_seed(1)) + labels[:, None]
     losses = []
@@ -182,15 +182,17 @@ def test_training_runs_equal_the_old_composition(options, monkeypatch):
         torch.testing.assert_close(new_state[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
-# Dispatched tensor operations of one steady step (paper preset, B = 100; the backward without
+# Dispatched tensor operations of one steady step (FBetaRegularizer.paper, B = 100; the backward without
 # zero_grad). Eager and compiled share one form: the forward makes its two constants (a row of
-# ones for the sums as matrix-vector products, the 1 of d eps); the sparse rows enter the loss
-# through reparam.sparse.StepInBackward, whose backward accumulates, steps and writes the last
-# touch with fixed shapes; after_step_ has nothing left to do.
+# ones for the sums as matrix-vector products, the 1 of d eps) and notes the sparse rows (two
+# concatenations); they enter the loss through reparam.sparse.RowGradient, whose backward adds
+# their gradient to the accumulator; after_step_ (the optimizer's step) steps them with fixed
+# shapes, one entry per row elected to carry its update.
 OP_BUDGET = {
     "dense": {"forward": 28, "backward": 10, "after_step_": 0},
-    "sparse_adam_ahead": {"forward": 30, "backward": 78, "after_step_": 0},
+    "sparse_adam_ahead": {"forward": 33, "backward": 11, "after_step_": 82},
 }
+TAUS = {"dense": DenseTau(), "sparse_adam_ahead": SparseTau()}
 
 
 @pytest.mark.parametrize("tau_update", list(OP_BUDGET))
@@ -208,7 +210,8 @@ def test_a_step_dispatches_no_more_operations_than_measured(tau_update):
 
     labels = torch.zeros(1000, dtype=torch.int64)
     labels[::2] = 1
-    reg = FBetaRegularizer(labels, preset="paper", tau_update=tau_update)
+    reg = FBetaRegularizer.paper(labels, tau=TAUS[tau_update])
+    assert reg.tau_update == tau_update
     opt = torch.optim.Adam(reg.parameters(), lr=1e-3, fused=True)
     gen = torch.Generator().manual_seed(0)
     for _ in range(5):  # the last one counted: a steady step

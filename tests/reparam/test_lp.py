@@ -10,11 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.fbeta_lp import gaussian_toy, head_quality, solve_fbeta_lp, train_head
-from reparam import FBetaRegularizer
+from reparam import DenseTau, FBetaRegularizer, Inline
 from reparam import functional as fn
 
 # The documented settings (docs/regularizer.md): Adam lr 1e-2, dual steps 0.1, inline projection.
-CONVERGENT = dict(projection="inline", dual_lr_lambda=0.1, dual_lr_mu=0.1, batch_size=20)
+CONVERGENT = dict(
+    schedule=Inline(), tau=DenseTau(), dual_lr_lambda=0.1, dual_lr_mu=0.1, batch_size=20
+)
 
 
 @pytest.mark.parametrize("dim, seed", [(2, 0), (2, 1), (5, 2), (20, 3)])

@@ -12,7 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from reparam import ROCAUC, PrecisionAtRecall, RecallAtPrecision
+from reparam import (
+    ROCAUC,
+    DenseTau,
+    EpochEnd,
+    Inline,
+    PrecisionAtRecall,
+    RecallAtPrecision,
+    Tracked,
+)
 from reparam import rate_functional as R
 from tests.protocol import run_protocol
 
@@ -29,7 +37,7 @@ def _setup(kind, seed=0, **kwargs):
     gen = torch.Generator().manual_seed(seed)
     labels = (torch.rand(N, generator=gen) < 0.4).long()
     labels[:2] = torch.tensor([0, 1])
-    kwargs.setdefault("projection", "epoch")  # the loss sees tau_param itself (closed forms)
+    kwargs.setdefault("schedule", EpochEnd())  # the loss sees tau_param itself (closed forms)
     kwargs.setdefault("dual_every", "epoch")  # the forward moves no multiplier (closed forms)
     reg = cls(labels, **target, **kwargs)
     with torch.no_grad():  # a generic state, not the initial one
@@ -153,7 +161,7 @@ def test_minibatch_lagrangians_pass_gradcheck_in_float64():
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_dual_step_uses_remembered_scores(kind):
     reg, labels, gen = _setup(
-        kind, dual_lr_lambda=0.5, dual_lr_nu=0.25, projection="inline", nu_max=None
+        kind, dual_lr_lambda=0.5, dual_lr_nu=0.25, schedule=Inline(), nu_max=None
     )
     u = torch.randn(N, generator=gen) * 2
     seen = torch.arange(0, N - 6)  # the last 6 samples get no score this epoch
@@ -197,9 +205,11 @@ def test_nu_cap_and_a_step_size_set_from_the_loop():
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("mode, per_epoch", [("epoch", 1), ("inline", 0)])
-def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
-    reg, _, gen = _setup(kind, projection=mode)
+@pytest.mark.parametrize(
+    "schedule, per_epoch", [(EpochEnd(), 1), (Inline(), 0), (Inline(strength=0.1), 0)], ids=repr
+)
+def test_projection_count_per_epoch_and_box(kind, schedule, per_epoch):
+    reg, _, gen = _setup(kind, schedule=schedule)
     opt = torch.optim.SGD(reg.parameters(), lr=0.5)
     u = torch.randn(N, generator=gen)
     for _epoch in range(2):  # 6 steps each, the scores fixed
@@ -207,18 +217,22 @@ def test_projection_count_per_epoch_and_box(kind, mode, per_epoch):
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
     assert float(reg.tau.detach().max()) <= 1.0  # the tau the loss uses is in the box
-    if mode == "inline":
+    if schedule == Inline():  # the exact projection onto the box
         torch.testing.assert_close(reg.tau, reg.tau_param.detach().clamp(max=1))
+    assert (reg.projection, reg.inline_strength) == (
+        schedule.name,
+        getattr(schedule, "strength", 0),
+    )
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_state_dict_round_trip_and_float32_state(kind):
-    reg, labels, gen = _setup(kind, projection="epoch")
+    reg, labels, gen = _setup(kind, schedule=EpochEnd())
     u = torch.randn(N, generator=gen)
     reg(u, torch.arange(N))
     reg.end_epoch_()
     cls, target = KINDS[kind]
-    clone = cls(labels, **target, projection="epoch", dual_every=reg.dual_every)
+    clone = cls(labels, **target, schedule=EpochEnd(), dual_every=reg.dual_every)
     clone.load_state_dict(copy.deepcopy(reg.state_dict()))
     for (k, a), (_, b) in zip(reg.state_dict().items(), clone.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
@@ -268,7 +282,17 @@ def test_numpy_and_int32_labels_are_accepted():
             "positive_class must be an int",
         ),
         (ROCAUC, {"positive_class": 3}, "class 3 has 0 positive"),
-        (ROCAUC, {"projection": "sometimes"}, "projection must be one of"),
+        (
+            ROCAUC,
+            {"schedule": "sometimes"},
+            r"schedule must be Tracked\(\) \| EpochEnd\(\) \| Inline\(\), got 'sometimes'$",
+        ),
+        (
+            RecallAtPrecision,
+            {"precision": 0.5, "schedule": "epoch"},
+            r"got 'epoch' \(the option is a type: schedule=EpochEnd\(\)\)",
+        ),
+        (ROCAUC, {"schedule": DenseTau()}, r"schedule must be .*, got DenseTau\(\)"),
     ],
 )
 def test_bad_construction(cls, kwargs, match):
@@ -373,5 +397,24 @@ def test_best_rescaled_margin_is_the_lp_over_rescalings():
     [(PrecisionAtRecall, {"recall": 0.8}), (RecallAtPrecision, {"precision": 0.8}), (ROCAUC, {})],
 )
 def test_rates_refuse_the_tracked_projection(make, target):
-    with pytest.raises(ValueError, match="projection='tracked'"):
-        make(torch.tensor([0, 1, 1, 0]), projection="tracked", **target)
+    """``Tracked()`` tracks F-beta's shared threshold; the rates' box has none."""
+    with pytest.raises(ValueError, match=r"schedule=Tracked\(\) tracks F-beta's shared threshold"):
+        make(torch.tensor([0, 1, 1, 0]), schedule=Tracked(), **target)
+
+
+@pytest.mark.parametrize(
+    "make, target",
+    [(PrecisionAtRecall, {"recall": 0.8}), (RecallAtPrecision, {"precision": 0.8}), (ROCAUC, {})],
+)
+@pytest.mark.parametrize(
+    "option", [{"projection": "epoch"}, {"inline_strength": 0.1}], ids=lambda o: next(iter(o))
+)
+def test_rates_take_the_schedule_as_a_type(make, target, option):
+    """The default is ``Inline()``; ``projection=``/``inline_strength=`` (strings before 0.4) are
+    gone: not keywords any more."""
+    labels = torch.tensor([0, 1, 1, 0])
+    reg = make(labels, **target)
+    assert (reg.projection, reg.inline_strength) == ("inline", 0.0)
+    assert make(labels, schedule=Inline(strength=0.2), **target).inline_strength == 0.2
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{next(iter(option))}'"):
+        make(labels, **option, **target)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reparam import PrecisionAtRecall, RecallAtPrecision
+from reparam import EpochEnd, Inline, PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
 
 # --- the threshold functions against every cut, enumerated ---------------------------------------
@@ -295,17 +295,17 @@ def test_decision_threshold_survives_a_state_dict_round_trip():
     assert clone.stats()["decision_threshold"] == reg.stats()["decision_threshold"]
 
 
-@pytest.mark.parametrize("projection", ["inline", "epoch"])
+@pytest.mark.parametrize("schedule", [Inline(), EpochEnd()], ids=repr)
 @pytest.mark.parametrize(
     "cls, target", [(PrecisionAtRecall, {"recall": 0.8}), (RecallAtPrecision, {"precision": 0.8})]
 )
-def test_gradient_accumulation_over_per_step_dual_steps(cls, target, projection):
+def test_gradient_accumulation_over_per_step_dual_steps(cls, target, schedule):
     """Two batches' losses, one backward: the second forward's dual step writes ``tau`` rows and
     a new ``nu`` while the first batch's graph is alive; the gradient of the first batch is the
     one its own forward saw."""
     labels, gen = _labels(40, seed=1)
     u = torch.randn(40, generator=gen, requires_grad=True)
-    reg = cls(labels, **target, projection=projection)
+    reg = cls(labels, **target, schedule=schedule)
     first = reg(u[:10], torch.arange(10))
     (alone,) = torch.autograd.grad(first, u, retain_graph=True)
     second = reg(u[10:20], torch.arange(10, 20))

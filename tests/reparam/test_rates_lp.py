@@ -16,7 +16,7 @@ from benchmarks.rate_lp import (
     solve_recall_at_precision,
     solve_roc_auc,
 )
-from reparam import ROCAUC, PrecisionAtRecall, RecallAtPrecision
+from reparam import ROCAUC, Inline, PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
 
 CASES = [(2, 1.0, 0), (20, 0.2, 3), (10, 0.4, 2)]  # (dim, class mean, seed); 40 / 60 samples
@@ -83,7 +83,7 @@ def test_precision_at_recall_converges_to_the_lp_head(dim, mean, seed):
         s,
         regularizer=PrecisionAtRecall,
         recall=0.8,
-        projection="inline",
+        schedule=Inline(),
         epochs=200,
         batch_size=20,
         seed=seed,
@@ -104,7 +104,7 @@ def test_recall_at_precision_converges_to_the_lp_head(dim, mean, seed):
             s,
             regularizer=RecallAtPrecision,
             precision=0.8,
-            projection="inline",
+            schedule=Inline(),
             epochs=200,
             batch_size=20,
             seed=seed,
@@ -126,7 +126,7 @@ def test_roc_auc_converges_to_the_lp_head_and_logistic_regression(dim, mean, see
         s, LogisticRegression(C=1e4, max_iter=5000).fit(a, s).decision_function(a)
     )
     _, reg, u = train_head(
-        a, s, regularizer=ROCAUC, grid=10, projection="inline", epochs=200, batch_size=20, seed=seed
+        a, s, regularizer=ROCAUC, grid=10, schedule=Inline(), epochs=200, batch_size=20, seed=seed
     )
     auc = _metrics(u, s)[2]
     assert auc >= lp_auc - 0.02 and auc >= logistic - 0.02, (auc, lp_auc, logistic)
@@ -145,7 +145,7 @@ def test_infeasible_precision_target_is_detected_and_nu_can_be_capped():
             s,
             regularizer=RecallAtPrecision,
             precision=0.8,
-            projection="inline",
+            schedule=Inline(),
             epochs=120,
             batch_size=20,
             seed=3,
@@ -160,7 +160,7 @@ def test_infeasible_precision_target_is_detected_and_nu_can_be_capped():
             regularizer=RecallAtPrecision,
             precision=0.8,
             nu_max=2.0,
-            projection="inline",
+            schedule=Inline(),
             epochs=120,
             batch_size=20,
             seed=3,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
 
 from projections import project_onto_c, projection_root
-from reparam import PAPER_PRESET, FBetaRegularizer, ShapeHead
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline, ShapeHead, SparseTau, Tracked
 from reparam import functional as fn
 from reparam.lagrangian import batch_lagrangian
 from tests.protocol import run_protocol
@@ -18,9 +19,9 @@ def _setup(n=60, seed=0, p_pos=0.4, **kwargs):
     gen = torch.Generator().manual_seed(seed)
     labels = (torch.rand(n, generator=gen) < p_pos).long()
     labels[:2] = torch.tensor([0, 1])
-    for key, value in PAPER_PRESET.items():  # the paper's form, whose closed forms are tested
-        kwargs.setdefault(key, value)
-    reg = FBetaRegularizer(labels, **kwargs)
+    reg = FBetaRegularizer.paper(
+        labels, **kwargs
+    )  # the paper's form, whose closed forms are tested
     with torch.no_grad():  # a generic state, not the initial one
         reg.eps.fill_(1.3)
         reg.tau.copy_(torch.randn(reg.tau.shape, generator=gen))
@@ -83,7 +84,7 @@ def test_gradients_match_closed_forms():
 
 
 def test_dual_step_uses_remembered_scores_and_keeps_lambda_nonnegative():
-    reg, _labels, gen = _setup(dual_lr_lambda=0.5, dual_lr_mu=0.25, projection="inline")
+    reg, _labels, gen = _setup(dual_lr_lambda=0.5, dual_lr_mu=0.25, schedule=Inline())
     u = torch.randn(60, generator=gen) * 3
     for idx in torch.arange(60).split(7):
         reg(u[idx], idx)  # the forward pass records the scores: no extra pass needed
@@ -112,23 +113,24 @@ def test_dual_step_sizes_are_attributes_a_loop_can_schedule():
 
 
 @pytest.mark.parametrize(
-    "mode, per_epoch",
-    [("epoch", 1), ("inline", 0), ("tracked", 0)],
+    "schedule, per_epoch",
+    [(EpochEnd(), 1), (Inline(), 0), (Tracked(), 0)],
+    ids=repr,
 )
-def test_projection_count_per_epoch(mode, per_epoch):
-    reg, _, gen = _setup(projection=mode)
+def test_projection_count_per_epoch(schedule, per_epoch):
+    reg, _, gen = _setup(schedule=schedule)
     opt = torch.optim.SGD(reg.parameters(), lr=0.1)
     u = torch.randn(60, generator=gen)
     for _epoch in range(2):  # 6 steps each, the scores fixed
         run_protocol(reg, torch.nn.Flatten(0), u[:, None], batch=10, optimizer=opt)
         assert reg.stats()["projections_last_epoch"] == per_epoch
     assert reg.stats()["projections"] == 2 * per_epoch
-    if mode in ("epoch", "tracked"):  # (eps, tau) in C right after the projection
+    if not isinstance(schedule, Inline):  # (eps, tau) in C right after the projection
         assert float(reg.eps.detach()) >= 0 and bool((reg.tau <= reg.eps).all())
 
 
 def test_inline_mode_differentiates_through_the_projection():
-    reg, _, gen = _setup(projection="inline")
+    reg, _, gen = _setup(schedule=Inline())
     with torch.no_grad():
         reg.eps_param.fill_(-0.5)  # infeasible raw parameters: the loss sees Pi_C of them
     e, t = reg.constrained_parameters()
@@ -137,7 +139,7 @@ def test_inline_mode_differentiates_through_the_projection():
     torch.testing.assert_close(t.detach(), pt)
     reg(torch.randn(8, generator=gen), torch.arange(8)).backward()
     assert reg.tau_param.grad is not None and reg.eps_param.grad is not None
-    soft = FBetaRegularizer(reg.shape_labels, projection="inline", inline_strength=0.05)
+    soft = FBetaRegularizer(reg.shape_labels, schedule=Inline(strength=0.05), tau=DenseTau())
     soft(torch.randn(8, generator=gen), torch.arange(8)).backward()
     assert soft.tau_param.grad is not None
 
@@ -175,11 +177,11 @@ def test_batches_without_positives_or_negatives():
 
 
 def test_state_dict_round_trip_continues_identically():
-    reg, _, gen = _setup(projection="epoch")
+    reg, _, gen = _setup(schedule=EpochEnd())
     u = torch.randn(60, generator=gen)
     reg(u, torch.arange(60))
     reg.end_epoch_()
-    clone = FBetaRegularizer(reg.shape_labels, preset="paper")
+    clone = FBetaRegularizer.paper(reg.shape_labels)
     clone.load_state_dict(copy.deepcopy(reg.state_dict()))
     for (k, a), (_, b) in zip(reg.state_dict().items(), clone.state_dict().items(), strict=True):
         assert torch.equal(a, b), k
@@ -221,7 +223,13 @@ def test_shape_head_pools_feature_maps():
         ),
         ({"shape_labels": torch.tensor([0.0, 1.0])}, "shape_labels must hold integer class ids"),
         ({"beta": 0.0}, "beta must be a finite number > 0"),
-        ({"projection": "sometimes"}, "projection must be one of"),
+        (
+            {"schedule": "sometimes"},
+            r"schedule must be Tracked\(\) \| EpochEnd\(\) \| Inline\(\), got 'sometimes'$",
+        ),
+        ({"tau": "sometimes"}, r"tau must be SparseTau\(\) \| DenseTau\(\), got 'sometimes'$"),
+        ({"schedule": DenseTau()}, r"schedule must be .*, got DenseTau\(\)"),
+        ({"tau": EpochEnd()}, r"tau must be .*, got EpochEnd\(\)"),
         ({"dual_lr_lambda": -1.0}, "dual_lr_lambda must be a finite number >= 0"),
         ({"dual_lr_mu": float("nan")}, "dual_lr_mu must be a finite number >= 0"),
         ({"positive_classes": (1, 1)}, "positive_classes must be distinct"),
@@ -287,8 +295,8 @@ def _one_epoch(reg: FBetaRegularizer, scores: torch.Tensor) -> dict:
 
 def test_inert_regularizer_says_why_and_what_to_change():
     s = torch.tensor([1, 0] * 10)
-    # the paper's preset with the scores all below 0 (what CamVid showed): one decision for all
-    reg = FBetaRegularizer(s, preset="paper")
+    # the paper's options with the scores all below 0 (what CamVid showed): one decision for all
+    reg = FBetaRegularizer.paper(s)
     stats = _one_epoch(reg, torch.where(s == 1, -0.5, -2.0))
     assert "at or below 0" in stats["inert"] and "lambda_init=1" in stats["inert"]
     assert "no certified F-beta bound" in stats["inert"]
@@ -296,7 +304,7 @@ def test_inert_regularizer_says_why_and_what_to_change():
     second = _one_epoch(reg, torch.where(s == 1, -0.5, -2.0))["inert"]
     assert "eps and tau moved by < 1e-3" in second and "optim.regularizer_lr" in second
     # mean tau off 1 and a negligible mu step (the paper's 1e-5)
-    reg = FBetaRegularizer(s, preset="paper")
+    reg = FBetaRegularizer.paper(s)
     with torch.no_grad():
         reg.tau_param.fill_(1.5)
         reg.eps_param.fill_(1.5)
@@ -312,7 +320,9 @@ def test_inert_regularizer_says_why_and_what_to_change():
 def _tracked_pair(**options):
     """An inline and a tracked regularizer in the same state, rows of tau spread around eps."""
     s = torch.tensor([1, 0] * 20)
-    regs = [FBetaRegularizer(s, projection=m, **options) for m in ("inline", "tracked")]
+    regs = [
+        FBetaRegularizer(s, schedule=m, tau=DenseTau(), **options) for m in (Inline(), Tracked())
+    ]
     for reg in regs:
         with torch.no_grad():
             reg.tau_param.copy_(torch.linspace(0.5, 1.5, reg.tau_param.numel()))
@@ -368,9 +378,8 @@ def test_tracked_mode_follows_its_active_set_in_O_B(classes):
     reg = FBetaRegularizer(
         s,
         positive_classes=classes,
-        projection="tracked",
-        tau_update="sparse_adam_ahead",
-        tau_lr=0.2,
+        schedule=Tracked(),
+        tau=SparseTau(lr=0.2),
     )
     with torch.no_grad():
         reg.tau_param.uniform_(0.5, 1.5, generator=gen)
@@ -420,7 +429,7 @@ def test_epoch_end_projects_inline_once(monkeypatch):
     statistics): in mode ``"inline"`` one projection of all of ``tau`` serves every read of one
     epoch end."""
     s = torch.tensor([1, 0] * 20)
-    reg = FBetaRegularizer(s, projection="inline")
+    reg = FBetaRegularizer(s, schedule=Inline(), tau=DenseTau())
     with torch.no_grad():
         reg.tau_param.copy_(torch.linspace(0.5, 1.5, reg.tau_param.numel()))
     reg.score_epoch.fill_(0)
@@ -435,36 +444,62 @@ def test_epoch_end_projects_inline_once(monkeypatch):
 
 def test_inert_message_names_only_remedies_not_in_effect():
     """A run on the library defaults is not told to use them (issue 30: CamVid sky at epoch 1
-    advised "preset=None" to a run already on it); the paper preset is."""
+    advised the defaults to a run already on them); a run on ``FBetaRegularizer.paper`` is."""
     s = torch.tensor([1, 0] * 10)
     below = torch.where(s == 1, -0.5, -2.0)
     defaults = _one_epoch(FBetaRegularizer(s), below)["inert"]
-    assert "at or below 0" in defaults and "preset=None" not in defaults
-    paper = _one_epoch(FBetaRegularizer(s, preset="paper"), below)["inert"]
-    assert "preset=None" in paper
+    assert "at or below 0" in defaults and "library defaults" not in defaults
+    paper = _one_epoch(FBetaRegularizer.paper(s), below)["inert"]
+    assert "library defaults" in paper
 
 
 @pytest.mark.parametrize(
     ("option", "value", "instead"),
     [
-        ("projection", "clip", "'tracked'"),
-        ("projection", "step", "FullProjectionsFBeta"),
-        ("projection", "none", "'tracked'"),
-        ("tau_update", "sparse_adam", "'sparse_adam_ahead'"),
-        ("tau_update", "sparse_sgd", "'sparse_adam_ahead'"),
+        ("schedule", "tracked", "Tracked()"),
+        ("schedule", "epoch", "EpochEnd()"),
+        ("schedule", "inline", "Inline()"),
+        ("tau", "dense", "DenseTau()"),
+        ("tau", "sparse_adam_ahead", "SparseTau()"),
     ],
 )
-def test_a_retired_option_names_what_to_use_instead(option, value, instead):
-    with pytest.raises(ValueError, match=rf"{option}='{value}' was removed in .*{instead}"):
+def test_an_option_given_by_its_old_name_names_the_type_to_use(option, value, instead):
+    """The options were strings before 0.4 (``projection="inline"``, ``tau_update="dense"``): a
+    string under the new keyword names the type that replaced it."""
+    hint = rf"got '{value}' \(the option is a type: {option}={re.escape(instead)}\)$"
+    with pytest.raises(ValueError, match=rf"{option} must be .*{hint}"):
         FBetaRegularizer(torch.tensor([0, 1] * 5), **{option: value})
 
 
-def test_a_soft_strength_without_the_inline_projection_is_refused():
-    """``inline_strength`` smooths the inline projection; with another (the defaults' tracked) it
-    would be ignored without a word."""
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"projection": "tracked"},
+        {"tau_update": "dense"},
+        {"inline_strength": 0.1},
+        {"tau_lr": 0.1},
+        {"preset": "paper"},
+    ],
+    ids=lambda o: next(iter(o)),
+)
+def test_the_retired_string_options_are_not_keywords(option):
+    """``projection``, ``tau_update``, ``inline_strength``, ``tau_lr`` and ``preset`` are gone:
+    ``schedule=``, ``tau=`` and ``FBetaRegularizer.paper`` replace them, and an old keyword is
+    not silently ignored."""
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{next(iter(option))}'"):
+        FBetaRegularizer(torch.tensor([0, 1] * 5), **option)
+
+
+def test_a_soft_strength_belongs_to_the_inline_schedule():
+    """The smooth projection's strength is ``Inline(strength)``'s, so no other schedule can take
+    one (an ignored strength cannot be written); it is checked where it is given, and read back
+    as ``reg.inline_strength``."""
     labels = torch.tensor([0, 1] * 5)
-    with pytest.raises(ValueError, match=r"inline_strength=0\.05 .* projection is 'tracked'"):
-        FBetaRegularizer(labels, inline_strength=0.05)
-    assert (
-        FBetaRegularizer(labels, projection="inline", inline_strength=0.05).inline_strength == 0.05
-    )
+    with pytest.raises(ValueError, match=r"Inline\(strength=\.\.\.\) must be >= 0, got -0\.05"):
+        Inline(strength=-0.05)
+    with pytest.raises(ValueError, match=r"Inline\(strength=\.\.\.\) must be >= 0, got 'soft'"):
+        Inline(strength="soft")
+    soft = FBetaRegularizer(labels, schedule=Inline(strength=0.05), tau=DenseTau())
+    assert (soft.projection, soft.inline_strength) == ("inline", 0.05)
+    assert soft.options == (Inline(strength=0.05), DenseTau())
+    assert FBetaRegularizer(labels).inline_strength == 0.0

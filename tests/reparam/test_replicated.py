@@ -45,7 +45,11 @@ def _run(world: int, placement: str, accumulate: int, tmp_path: Path) -> tuple[f
         )
         for r in range(world)
     ]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:  # (a hung process group must not outlive the test)
+        for p in procs:
+            p.kill()
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-3000:]
     worst, moved = (float(v) for v in out.read_text().split())

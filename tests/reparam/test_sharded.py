@@ -160,7 +160,9 @@ def test_errors(tmp_path):
     messages = run(tmp_path, 2, "errors")
     assert "shape_labels must hold this process's 120 samples [0, 120)" in messages["labels"]
     assert "idx must hold the samples this process owns, [0, 120)" in messages["owner_idx"]
-    assert "sparse tau update (a dense tau is O(n) per step)" in messages["dense"]
+    assert (
+        "tau=DenseTau() with a shard: a sharded F-beta needs tau=SparseTau()" in messages["dense"]
+    )
     assert "groups must each lie in one process's block" in messages["split"]
     assert "1 split between processes (group 7 first)" in messages["split"]
     assert "shard 1 of 2" in messages["other_rank"]

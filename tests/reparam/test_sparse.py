@@ -1,4 +1,4 @@
-"""The sparse ``tau`` update (``reparam.sparse``, ``tau_update="sparse_adam_ahead"``): the step of
+"""The sparse ``tau`` update (``reparam.sparse``, ``tau=SparseTau()``): the step of
 its rule on the dense gradient, dense Adam's trajectory, rows a batch did not touch left
 bit-for-bit alone, duplicates, accumulation, a non-finite step skipped, loud misuse, state round
 trips."""
@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from reparam import FBetaRegularizer, ShapeHead
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline, ShapeHead, SparseTau, Tracked
 
 N = 60
 LABELS = torch.tensor([0, 1, 2, 1, 0, 2, 1, 1, 0, 2] * 6)  # N = 60; classes 1 and 2 positive
@@ -36,8 +36,8 @@ def _pair(classes, **kw):
     """A dense and a sparse regularizer with the same start, a head for each (same weights)."""
     torch.manual_seed(0)
     head = ShapeHead(1, len(classes) if len(classes) > 1 else 1)
-    common = dict(positive_classes=classes, projection="epoch", lambda_init=0.3, **kw)
-    dense = FBetaRegularizer(LABELS, tau_update="dense", **common)
+    common = dict(positive_classes=classes, schedule=EpochEnd(), lambda_init=0.3, **kw)
+    dense = FBetaRegularizer(LABELS, tau=DenseTau(), **common)
     return head, dense, common
 
 
@@ -120,7 +120,7 @@ class RuleOnDenseGradient:
 @pytest.mark.parametrize("classes", [(1,), (1, 2)])
 @pytest.mark.parametrize("repeat", [False, True])
 def test_sparse_tau_is_the_rule_on_the_dense_gradient(classes, repeat, device):
-    """``tau_update="sparse_adam_ahead"``: the gradient its probe collects for the touched rows
+    """``tau=SparseTau()``: the gradient its probe collects for the touched rows
     is the dense regularizer's, and each touched row takes one step of the rule (a sample listed
     twice in a batch, one step on the summed gradient)."""
     head, dense, common = _pair(classes)
@@ -131,7 +131,7 @@ def test_sparse_tau_is_the_rule_on_the_dense_gradient(classes, repeat, device):
         return reference[0]
 
     dense = _run(head, dense.to(device), _batches(1, 15, repeat=repeat), rule)
-    sparse = FBetaRegularizer(LABELS, tau_update="sparse_adam_ahead", tau_lr=0.05, **common)
+    sparse = FBetaRegularizer(LABELS, tau=SparseTau(lr=0.05), **common)
     sparse = _run(head, sparse.to(device), _batches(1, 15, repeat=repeat))
     torch.testing.assert_close(sparse.tau_param, dense.tau_param.detach(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(sparse.eps_param, dense.eps_param, rtol=1e-6, atol=1e-6)
@@ -142,9 +142,7 @@ def test_sparse_tau_is_the_rule_on_the_dense_gradient(classes, repeat, device):
 
 
 def test_rows_outside_the_batch_are_left_bit_for_bit():
-    reg = FBetaRegularizer(
-        LABELS, projection="epoch", tau_update="sparse_adam_ahead", lambda_init=0.5
-    )
+    reg = FBetaRegularizer(LABELS, schedule=EpochEnd(), lambda_init=0.5)
     for _ in range(3):  # give every row some moments first
         for idx in torch.arange(N).split(20):
             reg(torch.randn(len(idx), requires_grad=True), idx).backward()
@@ -164,9 +162,9 @@ def test_rows_outside_the_batch_are_left_bit_for_bit():
 
 def test_gradient_accumulation_sums_like_dense_gradients():
     """Two backward passes, one step: the rule's step on the summed dense gradient."""
-    kw = dict(projection="epoch", lambda_init=0.4)
-    dense = FBetaRegularizer(LABELS, tau_update="dense", **kw)
-    sparse = FBetaRegularizer(LABELS, tau_update="sparse_adam_ahead", tau_lr=0.5, **kw)
+    kw = dict(schedule=EpochEnd(), lambda_init=0.4)
+    dense = FBetaRegularizer(LABELS, tau=DenseTau(), **kw)
+    sparse = FBetaRegularizer(LABELS, tau=SparseTau(lr=0.5), **kw)
     u = torch.randn(N)
     for idx in (torch.arange(0, 20), torch.arange(10, 30)):  # overlapping rows
         dense(u[idx].clone().requires_grad_(), idx).backward()
@@ -180,9 +178,7 @@ def test_gradient_accumulation_sums_like_dense_gradients():
 @pytest.mark.parametrize("where", ["one row", "every row"])
 def test_a_nonfinite_gradient_skips_the_step(where):
     """A non-finite gradient on one row (or all): nothing of tau's state moves at the step."""
-    reg = FBetaRegularizer(
-        LABELS, projection="epoch", tau_update="sparse_adam_ahead", lambda_init=0.5
-    )
+    reg = FBetaRegularizer(LABELS, schedule=EpochEnd(), lambda_init=0.5)
     before = {k: v.clone() for k, v in reg.state_dict().items()}
     loss = reg(torch.randn(3, requires_grad=True), torch.tensor([1, 2, 3]))
     if where == "one row":
@@ -201,24 +197,43 @@ def test_a_nonfinite_gradient_skips_the_step(where):
     assert not torch.equal(reg.tau_param, before["tau_param"])
 
 
-def test_sparse_with_a_coupling_loss_is_refused():
-    with pytest.raises(ValueError, match=r"tau_update='sparse_adam_ahead'.*O\(n\) per step"):
-        FBetaRegularizer(LABELS, tau_update="sparse_adam_ahead", projection="inline")
+@pytest.mark.parametrize("strength", [0.0, 0.1])
+def test_sparse_with_a_coupling_loss_is_refused(strength):
+    """``Inline()`` couples every row of tau in each step: the pair with ``SparseTau()`` (the
+    default ``tau``) is refused at construction, naming the pairs that run."""
+    match = r"schedule=Inline\(strength=.*couples every row.*O\(n\) per step.*tau=DenseTau\(\)"
+    with pytest.raises(ValueError, match=match):
+        FBetaRegularizer(LABELS, schedule=Inline(strength=strength))
+    with pytest.raises(ValueError, match="couples every row"):
+        FBetaRegularizer(LABELS, schedule=Inline(), tau=SparseTau(lr=0.1))
+    assert FBetaRegularizer(LABELS, schedule=Inline(), tau=DenseTau()).tau_update == "dense"
 
 
 @pytest.mark.parametrize(
-    ("kw", "match"),
-    [(dict(tau_update="lazy"), "tau_update must be one of"), (dict(tau_lr=0.0), "tau_lr must be")],
+    ("make", "match"),
+    [
+        (
+            lambda: FBetaRegularizer(LABELS, tau="lazy"),
+            r"tau must be SparseTau\(\) \| DenseTau\(\)",
+        ),
+        (
+            lambda: FBetaRegularizer(LABELS, tau="dense"),
+            r"got 'dense' \(the option is a type: tau=DenseTau\(\)\)",
+        ),
+        (lambda: FBetaRegularizer(LABELS, tau=SparseTau), "tau must be"),  # the type, not a value
+        (lambda: SparseTau(lr=0.0), r"SparseTau\(lr=...\) must be > 0, got 0\.0"),
+        (lambda: SparseTau(lr=float("nan")), r"SparseTau\(lr=...\) must be > 0"),
+    ],
 )
-def test_bad_options_name_the_argument(kw, match):
+def test_bad_options_name_the_argument(make, match):
     with pytest.raises(ValueError, match=match):
-        FBetaRegularizer(LABELS, projection="epoch", **kw)
+        make()
 
 
 def test_forgetting_attach_warns():
     """No ``attach`` (and no explicit step): the sparse tau would not move; said after one
     epoch's worth of samples."""
-    reg = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead")
+    reg = FBetaRegularizer(LABELS, schedule=EpochEnd())
     with pytest.warns(RuntimeWarning, match=r"after_step_\(\) has not been called.*tau does not"):
         for _ in range(2):
             for idx in torch.arange(N).split(20):
@@ -226,14 +241,14 @@ def test_forgetting_attach_warns():
             reg.end_epoch_()
 
 
-@pytest.mark.parametrize("projection", ["epoch", "tracked"])
-def test_attach_steps_as_an_explicit_after_step(projection):
+@pytest.mark.parametrize("schedule", [EpochEnd(), Tracked()], ids=repr)
+def test_attach_steps_as_an_explicit_after_step(schedule):
     """``attach``'s hook is the step point: a loop of forward, backward and the optimizer's
     step ends bit for bit where the same loop calling ``after_step_()`` after each step ends,
     and without a warning."""
     states = []
     for attached in (True, False):
-        reg = FBetaRegularizer(LABELS, projection=projection, tau_update="sparse_adam_ahead")
+        reg = FBetaRegularizer(LABELS, schedule=schedule)
         opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
         if attached:
             reg.attach(opt)
@@ -247,7 +262,7 @@ def test_attach_steps_as_an_explicit_after_step(projection):
                     opt.step()
                     opt.zero_grad()
                     if not attached:
-                        reg.tau_lr = 1e-2
+                        reg.sparse_tau.lr = 1e-2
                         reg.after_step_()
                 reg.end_epoch_()
         assert int(reg.sparse_tau.step) == 2 * N // 20
@@ -278,19 +293,17 @@ def test_a_forward_without_a_backward_leaves_tau_alone():
 
 
 def test_state_round_trip_and_dense_state_loads_into_sparse_tau():
-    reg = FBetaRegularizer(
-        LABELS, projection="epoch", tau_update="sparse_adam_ahead", lambda_init=0.5
-    )
+    reg = FBetaRegularizer(LABELS, schedule=EpochEnd(), lambda_init=0.5)
     for idx in torch.arange(N).split(20):
         reg(torch.randn(len(idx), requires_grad=True), idx).backward()
         reg.after_step_()
     reg.end_epoch_()
-    copy = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead")
+    copy = FBetaRegularizer(LABELS, schedule=EpochEnd())
     copy.load_state_dict(reg.state_dict())
     for k, v in reg.state_dict().items():
         assert torch.equal(copy.state_dict()[k], v), k
-    dense = FBetaRegularizer(LABELS, projection="epoch", lambda_init=0.5)
-    fresh = FBetaRegularizer(LABELS, projection="epoch", tau_update="sparse_adam_ahead")
+    dense = FBetaRegularizer(LABELS, schedule=EpochEnd(), tau=DenseTau(), lambda_init=0.5)
+    fresh = FBetaRegularizer(LABELS, schedule=EpochEnd())
     fresh.load_state_dict(dense.state_dict())  # no moments in a dense state: start at zero
     assert int(fresh.sparse_tau.step) == 0 and torch.equal(
         fresh.tau_param, dense.tau_param.detach()
@@ -312,17 +325,15 @@ def test_paired_row_adds_equal_index_add_with_repeated_rows(dtype, index_dtype):
     assert torch.equal(state, want)
 
 
-@pytest.mark.parametrize("projection", ["epoch", "tracked"])
-def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
+@pytest.mark.parametrize("schedule", [EpochEnd(), Tracked()], ids=repr)
+def test_several_classes_step_one_row_per_sample_not_one_per_column(schedule):
     """A sample is a positive of one class at most: the sparse step and the tracked set see the
     batch's B rows, not B x classes entries (the 11-class per-image F-beta's cost)."""
-    reg = FBetaRegularizer(
-        LABELS, positive_classes=(0, 1, 2), tau_update="sparse_adam_ahead", projection=projection
-    )
+    reg = FBetaRegularizer(LABELS, positive_classes=(0, 1, 2), schedule=schedule)
     idx = torch.arange(12)
     u = torch.randn(12, 3, generator=torch.Generator().manual_seed(0), requires_grad=True)
     reg(u, idx).backward()
-    ((rows, touched),) = reg.sparse_tau.pending
+    rows, touched = reg.sparse_tau.noted_rows, reg.sparse_tau.noted_touched
     assert rows.numel() == touched.numel() == 12
     assert bool(touched.all())  # every sample of LABELS is a positive of one of the 3 classes
     torch.testing.assert_close(reg.sparse_tau.acc[:, 1].sum(), torch.tensor(12.0))  # one each
@@ -330,9 +341,9 @@ def test_several_classes_step_one_row_per_sample_not_one_per_column(projection):
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
-@pytest.mark.parametrize("projection", ["epoch", "tracked"])
+@pytest.mark.parametrize("schedule", [EpochEnd(), Tracked()], ids=repr)
 def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
-    projection, accumulate, monkeypatch
+    schedule, accumulate, monkeypatch
 ):
     """From ``COMPACT_FROM`` entries the CPU keeps a batch's positives only (the accumulation in
     the backward, the sparse step); the state ends where keeping every entry leaves it."""
@@ -342,7 +353,7 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
     states = {}
     for compact in (True, False):
         monkeypatch.setattr(sparse, "COMPACT_FROM", 4096 if compact else 10**9)
-        reg = FBetaRegularizer(labels, tau_update="sparse_adam_ahead", projection=projection)
+        reg = FBetaRegularizer(labels, schedule=schedule)
         gen = torch.Generator().manual_seed(1)
         for _ in range(4):
             for _ in range(accumulate):
@@ -351,7 +362,7 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
             if compact:
                 rows, touched = reg.sparse_tau._noted(reg.tau_param.device)
                 assert bool(touched.all()) and rows.numel() <= 5000 * accumulate
-                reg.sparse_tau.pending = [(rows, touched)]
+                reg.sparse_tau._note_([(rows, touched)])
             reg.after_step_()
         states[compact] = reg.state_dict()
     kept, every = states.values()
@@ -422,8 +433,9 @@ def test_sparse_adam_ahead_table_is_the_momentums_future():
 
 
 def test_attach_gives_sparse_adam_ahead_the_optimizers_lr():
-    """``attach``: ``sparse_adam_ahead`` without an explicit ``tau_lr`` steps at the lr of the
-    group that steps ``eps``, at every step (a schedule too); an explicit ``tau_lr`` is kept."""
+    """``attach``: ``SparseTau()`` without an explicit ``lr`` steps at the lr of the group that
+    steps ``eps``, at every step (an lr scheduler too); an explicit ``SparseTau(lr=...)`` is
+    kept."""
     reg = FBetaRegularizer(LABELS)
     assert reg.tau_update == "sparse_adam_ahead"
     opt = torch.optim.Adam([{"params": [torch.zeros(1)]}, {"params": reg.parameters(), "lr": 3e-3}])
@@ -435,7 +447,7 @@ def test_attach_gives_sparse_adam_ahead_the_optimizers_lr():
         sched.step()
         assert reg.tau_lr == lr
     assert int(reg.sparse_tau.step) == 2  # the hook still steps tau
-    other = FBetaRegularizer(LABELS, tau_lr=0.05)
+    other = FBetaRegularizer(LABELS, tau=SparseTau(lr=0.05))
     other_opt = torch.optim.Adam(other.parameters(), lr=3e-3)
     other.attach(other_opt)
     other(torch.randn(10, requires_grad=True), torch.arange(10)).backward()

@@ -9,7 +9,15 @@ import threading
 import pytest
 import torch
 
-from reparam import ROCAUC, FBetaRegularizer, PrecisionAtRecall
+from reparam import (
+    ROCAUC,
+    DenseTau,
+    EpochEnd,
+    FBetaRegularizer,
+    Inline,
+    PrecisionAtRecall,
+    SparseTau,
+)
 from reparam.layout import index_dtype as _index_dtype
 from reparam.layout import smallest_int as _smallest_int
 
@@ -70,7 +78,7 @@ def test_smallest_exact_dtypes():
 def test_a_label_range_needing_int16_trains_end_to_end(classes):
     gen = torch.Generator().manual_seed(0)
     labels = torch.tensor([0, 5, 300, 7] * 10)
-    reg = FBetaRegularizer(labels, positive_classes=classes, projection="inline")
+    reg = FBetaRegularizer(labels, positive_classes=classes, schedule=Inline(), tau=DenseTau())
     assert reg.shape_labels.dtype == torch.int16 and reg.shape_labels.tolist() == labels.tolist()
     opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
     k = 1 if len(classes) == 1 else 301  # one column per shape class
@@ -95,10 +103,11 @@ def test_a_label_range_needing_int16_trains_end_to_end(classes):
         assert bool((labels[reg.layout.pos_index[rows].long()] == c).all())
 
 
-@pytest.mark.parametrize("tau_update", ["dense", "sparse_adam_ahead"])
-def test_bytes_per_sample_of_a_half_positive_problem(tau_update):
+@pytest.mark.parametrize("tau", [DenseTau(), SparseTau()], ids=repr)
+def test_bytes_per_sample_of_a_half_positive_problem(tau):
     n = 10_000
-    reg = FBetaRegularizer(_half_positive(n), tau_update=tau_update, projection="epoch")
+    reg = FBetaRegularizer(_half_positive(n), tau=tau, schedule=EpochEnd())
+    tau_update = reg.tau_update  # "dense" or "sparse_adam_ahead"
     reg(torch.randn(64), torch.arange(64))
     per_sample = _state_bytes(reg) / n
     bound = PER_SAMPLE + PER_POSITIVE[tau_update] / 2

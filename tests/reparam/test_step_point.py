@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reparam import FBetaRegularizer
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, SparseTau
 
 from .test_sparse import LABELS, N, RuleOnDenseGradient
 
@@ -17,13 +17,13 @@ pytestmark = [
     pytest.mark.filterwarnings(r"ignore:.*since the last end_epoch_\(\):RuntimeWarning"),
 ]
 
-KW = dict(projection="epoch", lambda_init=0.4)
+KW = dict(schedule=EpochEnd(), lambda_init=0.4)
 BATCHES = (torch.arange(0, 20), torch.arange(10, 30))  # overlapping rows
 
 
 def _reference(u: torch.Tensor, batches, shape: str) -> torch.Tensor:
     """``tau`` after one step of the rule on the dense gradient of the loop ``shape``."""
-    dense = FBetaRegularizer(LABELS, tau_update="dense", **KW)
+    dense = FBetaRegularizer(LABELS, tau=DenseTau(), **KW)
     _loop(dense, u, batches, shape)
     RuleOnDenseGradient(dense.tau_param, lr=0.5).step()
     return dense.tau_param.detach()
@@ -42,7 +42,7 @@ def _loop(reg, u, batches, shape: str) -> None:
 
 
 def _sparse_step(u, batches, shape: str) -> FBetaRegularizer:
-    reg = FBetaRegularizer(LABELS, tau_update="sparse_adam_ahead", tau_lr=0.5, **KW)
+    reg = FBetaRegularizer(LABELS, tau=SparseTau(lr=0.5), **KW)
     opt = torch.optim.SGD(reg.parameters(), lr=0.0)
     reg.attach(opt)
     _loop(reg, u, batches, shape)
@@ -72,7 +72,7 @@ def test_summed_and_accumulated_equal_one_call_on_the_concatenation():
     u = torch.randn(N, generator=g)
     states = {}
     for shape in ("summed", "accumulated"):
-        reg = FBetaRegularizer(LABELS, tau_lr=0.1)
+        reg = FBetaRegularizer(LABELS, tau=SparseTau(lr=0.1))
         opt = torch.optim.Adam(reg.parameters(), lr=0.1)
         reg.attach(opt)
         gen = torch.Generator().manual_seed(4)
@@ -120,7 +120,7 @@ def test_a_step_with_no_forward_moves_nothing():
 def test_the_tracked_dense_set_is_retested_at_the_step():
     """A dense ``tau`` under the tracked schedule: the optimizer moves every row, the step
     re-tests them all, so the threshold read after the step is the exact one's."""
-    reg = FBetaRegularizer(LABELS, projection="tracked", tau_update="dense")
+    reg = FBetaRegularizer(LABELS, tau=DenseTau())
     opt = torch.optim.Adam(reg.parameters(), lr=0.3)
     reg.attach(opt)
     for k in range(3):

@@ -1,5 +1,5 @@
 """F-beta beyond the paper's form: the learned F-beta-optimal threshold, capped scores, lambda_init
-and the presets (docs/comparison.md, part 5)."""
+and the library's defaults against ``FBetaRegularizer.paper`` (docs/comparison.md, part 5)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reparam import FBETA_DEFAULTS, PAPER_PRESET, FBetaRegularizer, resolve_options, resolve_preset
+from reparam import DenseTau, EpochEnd, FBetaRegularizer, Inline, SparseTau, Tracked
 from reparam import functional as fn
+from reparam.fbeta import PAPER
 
 
 def _brute_force_best(u_pos: torch.Tensor, u_neg: torch.Tensor, beta: float) -> float:
@@ -71,7 +72,7 @@ def test_capped_scores_stop_pulling_positives_above_eps():
     labels = torch.tensor([1, 1, 0, 0])
     grads = {}
     for cap in (False, True):
-        reg = FBetaRegularizer(labels, cap_scores=cap, projection="epoch")
+        reg = FBetaRegularizer(labels, cap_scores=cap, schedule=EpochEnd(), tau=DenseTau())
         with torch.no_grad():
             reg.eps_param.fill_(1.0)
             reg.lam.fill_(0.5)
@@ -86,7 +87,9 @@ def test_capped_scores_stop_pulling_positives_above_eps():
 
 def test_capped_dual_step_uses_the_capped_scores():
     labels = torch.tensor([1, 1, 0, 0])
-    reg = FBetaRegularizer(labels, cap_scores=True, projection="epoch", dual_lr_lambda=1.0)
+    reg = FBetaRegularizer(
+        labels, cap_scores=True, schedule=EpochEnd(), tau=DenseTau(), dual_lr_lambda=1.0
+    )
     with torch.no_grad():
         reg.eps_param.fill_(1.0)
         reg.tau_param.fill_(1.0)
@@ -105,59 +108,80 @@ def test_lambda_init_and_its_validation():
         FBetaRegularizer(labels, cap_scores="yes")
 
 
-def test_defaults_and_the_paper_preset():
+def test_defaults_and_the_paper_options():
+    """``FBetaRegularizer(labels)`` is the library's defaults (the tracked threshold over a sparse
+    ``tau``); ``FBetaRegularizer.paper(labels)`` is Algorithm 3 as published (``PAPER``), and an
+    option passed to it overrides the paper's value only."""
     labels, _ = _labels()
-    ours = FBetaRegularizer(labels, tau_update="dense")
-    for key, value in FBETA_DEFAULTS.items():
-        assert getattr(ours, key) == value, key
-    assert (ours.projection, ours.dual_lr_lambda, ours.dual_lr_mu, ours.cap_scores) == (
-        "inline",
-        0.1,
-        0.1,
-        True,
-    )
-    # tau_update="auto" (the default): the inline projection's O(B) form with a sparse tau
-    auto = FBetaRegularizer(labels)
-    assert (auto.projection, auto.tau_update, auto.dual_lr_mu) == (
+    ours = FBetaRegularizer(labels)
+    assert ours.options == (Tracked(), SparseTau())
+    assert (ours.projection, ours.tau_update, ours.inline_strength) == (
         "tracked",
         "sparse_adam_ahead",
-        0.1,
+        0.0,
     )
-    paper = FBetaRegularizer(labels, preset="paper")
-    for key, value in PAPER_PRESET.items():
-        assert getattr(paper, key) == value, key
-    assert "preset='paper'" in repr(paper)
-    # an option passed explicitly overrides the preset (the paper's steps, projected inline)
-    mixed = FBetaRegularizer(labels, preset="paper", projection="inline")
-    assert (mixed.projection, mixed.dual_lr_lambda, mixed.cap_scores) == ("inline", 1e-3, False)
-    assert FBetaRegularizer(labels, preset="paper", projection="tracked").projection == "tracked"
-    with pytest.raises(ValueError, match="preset must be one of"):
-        FBetaRegularizer(labels, preset="fast")
-    # the one resolution rule the constructor and the trainer's config share
-    assert resolve_preset("paper", projection="inline", cap_scores=None) == {
-        **PAPER_PRESET,
-        "projection": "inline",
+    assert (ours.dual_lr_lambda, ours.dual_lr_mu, ours.cap_scores) == (0.1, 0.1, True)
+    assert "schedule=Tracked(), tau=SparseTau(lr=None) (lr 0.01)" in repr(ours)
+    assert PAPER == {
+        "schedule": EpochEnd(),
+        "tau": DenseTau(),
+        "dual_lr_lambda": 1e-3,
+        "dual_lr_mu": 1e-5,
+        "cap_scores": False,
     }
-    assert resolve_preset(None) == FBETA_DEFAULTS
+    paper = FBetaRegularizer.paper(labels)
+    assert paper.options == (PAPER["schedule"], PAPER["tau"])
+    for key in ("dual_lr_lambda", "dual_lr_mu", "cap_scores"):
+        assert getattr(paper, key) == PAPER[key], key
+    assert (paper.projection, paper.tau_update) == ("epoch", "dense")
+    assert "schedule=EpochEnd(), tau=DenseTau()" in repr(paper)
+    # an option passed explicitly overrides the paper's (its steps, projected inline)
+    mixed = FBetaRegularizer.paper(labels, schedule=Inline())
+    assert (mixed.projection, mixed.tau_update, mixed.dual_lr_lambda, mixed.cap_scores) == (
+        "inline",
+        "dense",
+        1e-3,
+        False,
+    )
+    tracked = FBetaRegularizer.paper(labels, schedule=Tracked(), beta=2.0)
+    assert (tracked.projection, tracked.tau_update, tracked.beta) == ("tracked", "dense", 2.0)
+    sparse = FBetaRegularizer.paper(labels, tau=SparseTau(lr=0.05))
+    assert (sparse.projection, sparse.tau_update, sparse.tau_lr) == (
+        "epoch",
+        "sparse_adam_ahead",
+        0.05,
+    )
+    assert PAPER["schedule"] == EpochEnd() and PAPER["tau"] == DenseTau()  # left as they were
+    assert type(FBetaRegularizer.paper(labels)) is FBetaRegularizer
+    with pytest.raises(TypeError, match="unexpected keyword argument 'preset'"):
+        FBetaRegularizer.paper(labels, preset="fast")
 
 
-def test_auto_is_resolved_in_one_place():
-    """``resolve_options``: ``tau_update="auto"`` is sparse (with the tracked projection) with the
-    library's schedule, dense with a preset or a projection given; ``sparse`` overrides the
-    choice; the constructor takes what it returns."""
+def test_no_option_changes_another():
+    """Each option is what was given: the schedule does not depend on ``tau`` nor on the paper's
+    values (before 0.4 ``tau_update="auto"`` switched between them), and a pair the objective
+    cannot run is refused at construction rather than replaced."""
     labels = torch.tensor([0, 1, 1, 0, 1])
     cases = [
         (dict(), ("tracked", "sparse_adam_ahead")),
-        (dict(projection="inline"), ("inline", "dense")),
-        (dict(preset="paper"), ("epoch", "dense")),
-        (dict(preset="paper", sparse=True), ("epoch", "sparse_adam_ahead")),
-        (dict(sparse=False), ("inline", "dense")),
-        (dict(tau_update="dense"), ("inline", "dense")),
-        (dict(projection="epoch", tau_update="sparse_adam_ahead"), ("epoch", "sparse_adam_ahead")),
+        (dict(tau=DenseTau()), ("tracked", "dense")),
+        (dict(schedule=EpochEnd()), ("epoch", "sparse_adam_ahead")),
+        (dict(schedule=EpochEnd(), tau=DenseTau()), ("epoch", "dense")),
+        (dict(schedule=Inline(), tau=DenseTau()), ("inline", "dense")),
+        (dict(schedule=Inline(strength=0.1), tau=DenseTau()), ("inline", "dense")),
+        (dict(schedule=Tracked(), tau=SparseTau(lr=0.1)), ("tracked", "sparse_adam_ahead")),
     ]
     for options, expected in cases:
-        out = resolve_options(**options)
-        assert (out["projection"], out["tau_update"]) == expected, options
-        if "sparse" not in options:
-            reg = FBetaRegularizer(labels, **options)
-            assert (reg.projection, reg.tau_update) == expected, options
+        reg = FBetaRegularizer(labels, **options)
+        assert (reg.projection, reg.tau_update) == expected, options
+        given = (options.get("schedule", Tracked()), options.get("tau", SparseTau()))
+        assert reg.options == given, options
+    assert (
+        FBetaRegularizer.paper(labels).projection,
+        FBetaRegularizer.paper(labels).tau_update,
+    ) == (
+        "epoch",
+        "dense",
+    )
+    with pytest.raises(ValueError, match=r"schedule=Inline\(strength=0\.0\) couples every row"):
+        FBetaRegularizer(labels, schedule=Inline())  # no silent switch to a dense tau

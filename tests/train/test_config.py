@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -114,37 +113,36 @@ def test_save_round_trip(tmp_path):
 
 
 def test_regularizer_section_is_the_constructor_signature():
-    """One source of truth: for every objective, the shared options plus its sub-section are
-    exactly the keyword arguments of its class, with the library's defaults (a required target
-    is ``None`` until set), and the choices are the library's tuples."""
+    """One source of truth: for every objective, the resolved config's options are exactly the
+    keyword arguments of its class, with the library's defaults where the config leaves them (a
+    required target is set here); the typed ones come from their YAML names, through the one
+    map ``YAML_TYPES``."""
     import inspect
     import typing
 
-    import reparam
-
-    section = C.RegularizerConfig()
+    targets = {"precision_at_recall": {"recall": 0.8}, "recall_at_precision": {"precision": 0.8}}
     for name, cls in C.REGULARIZERS.items():
         # the constructor's options, a **options forwarded to the base expanded (rate objectives)
         params = {k: p for k, (p, _) in C.options(cls).items() if k not in C.DATA_ARGUMENTS}
         assert all(p.kind is p.KEYWORD_ONLY for p in params.values()), name
-        kwargs = dataclasses.replace(section, name=name).kwargs()
-        unset = {k for k in C.COMMON if getattr(section, k) is None}  # the objective's default
-        assert set(kwargs) == set(params) - unset, name
+        raw = {"regularizer": {"name": name, name: targets.get(name, {})}}
+        kwargs = C.from_dict(raw).regularizer.kwargs()
+        assert set(kwargs) == set(params), name
         for key, value in kwargs.items():
             default = params[key].default
-            if default is inspect.Parameter.empty:
-                assert value is None, f"{name}.{key}"
-            else:
-                assert value == (list(default) if isinstance(default, tuple) else default), key
+            if key in targets.get(name, {}) or default is inspect.Parameter.empty:
+                continue
+            assert value == (list(default) if isinstance(default, tuple) else default), key
     hints = typing.get_type_hints(C.RegularizerConfig)
-    for key, choices in (("projection", reparam.PROJECTION_MODES),):
-        hint = hints[key]
-        if type(None) in typing.get_args(hint):  # Optional: null is the objective's own default
-            hint = next(a for a in typing.get_args(hint) if a is not type(None))
-        assert typing.get_args(hint) == choices, key
+    hint = next(a for a in typing.get_args(hints["projection"]) if a is not type(None))
+    assert typing.get_args(hint) == tuple(C.YAML_TYPES["projection"])
     assert typing.get_args(hints["name"]) == ("none", *C.REGULARIZERS)
     fbeta = typing.get_type_hints(C.SECTIONS["fbeta"])
-    assert typing.get_args(fbeta["preset"]) == reparam.FBETA_PRESETS
+    assert typing.get_args(fbeta["preset"]) == C.FBETA_PRESETS
+    assert typing.get_args(fbeta["tau_update"]) == ("auto", *C.YAML_TYPES["tau_update"])
+    # every YAML name maps to the library's type of that name
+    for names in C.YAML_TYPES.values():
+        assert all(kind.name == yaml for yaml, kind in names.items())
     # the rate objectives' shared options, declared once in their base, reach every section
     for name in ("precision_at_recall", "recall_at_precision", "roc_auc"):
         assert {"nu_max", "dual_lr_nu", "lambda_init"} <= set(
@@ -314,8 +312,8 @@ def test_full_projections_is_a_regularizer_of_its_own():
 def test_auto_tau_update_is_pinned_in_the_config():
     """``tau_update: auto`` (the default): the library's defaults resolve to ``sparse_adam_ahead``
     with the tracked projection at every size, at the regularizer group's lr (the step a dense
-    ``tau`` takes; ``tau_lr`` stays null), written into the config on loading by the library's
-    ``resolve_options`` (a resumed run rebuilds it from there); an explicit projection or the
+    ``tau`` takes; ``tau_lr`` stays null), written into the config on loading (a resumed run
+    rebuilds it from there); an explicit projection or the
     paper preset keeps the dense update, and so do ``optim.name: sgd`` and fp16; an explicit
     sparse update under fp16 is refused."""
     labels = torch.tensor([0, 1, 1, 1, 0])

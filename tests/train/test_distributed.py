@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from reparam import FBetaRegularizer
+from reparam import DenseTau, EpochEnd, FBetaRegularizer
 from train import checkpoint, distributed, evaluation, loop
 from train import config as C
 from train import setup as train_setup
@@ -206,7 +206,7 @@ def _unit_worker(rank: int, world: int, port: int, device: str, data: str, folde
 
     # merge_scores_: rank 0 scored samples {0, 1}, rank 1 scored {1, 2}; nobody scored 3, whose
     # remembered score (7) is already equal everywhere. Stale values elsewhere must not leak in.
-    reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]), projection="epoch").to(dev)
+    reg = FBetaRegularizer(torch.tensor([1, 0, 1, 0]), schedule=EpochEnd(), tau=DenseTau()).to(dev)
     reg.scores[3] = 7.0
     reg.scores[2 if rank == 0 else 0] = -100.0 - rank  # stale: this rank did not score it
     idx, u = ([0, 1], [10.0, 20.0]) if rank == 0 else ([1, 2], [40.0, 30.0])

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from benchmarks.fbeta_lp import gaussian_toy
-from reparam import ROCAUC, FBetaRegularizer
+from reparam import ROCAUC, DenseTau, EpochEnd, FBetaRegularizer, Inline, SparseTau, Tracked
 from reparam.baselines import LPAUC, CooperFBeta, LibAUCMargin, LPFBeta, PairwiseAUC, SoftFBeta
 
 EPOCHS, BATCH, LR, SEEDS = 200, 20, 1e-2, (0, 1, 2)
@@ -56,10 +56,17 @@ class Family:
     auc: bool = False  # an AUC method (else an F-beta one)
 
 
-def _fbeta(projection: str, capped: bool = False) -> Callable[[Tensor, Any], FBetaRegularizer]:
+def _fbeta(
+    schedule: Inline | EpochEnd, capped: bool = False
+) -> Callable[[Tensor, Any], FBetaRegularizer]:
     def make(labels: Tensor, step: float) -> FBetaRegularizer:
         return FBetaRegularizer(
-            labels, projection=projection, dual_lr_lambda=step, dual_lr_mu=step, cap_scores=capped
+            labels,
+            schedule=schedule,
+            tau=DenseTau(),
+            dual_lr_lambda=step,
+            dual_lr_mu=step,
+            cap_scores=capped,
         )
 
     return make
@@ -89,11 +96,11 @@ def _logistic(weighted: bool) -> Callable[[Tensor, Any], Callable[[Tensor, Tenso
 
 STEPS, TEMPERATURES = (0.01, 0.1, 1.0), (0.1, 0.3, 1.0)
 FAMILIES: dict[str, Family] = {  # the tables' rows, in this order
-    "reparam F-beta, inline": Family("dual step", STEPS, 0.1, _fbeta("inline")),
-    "reparam F-beta, inline, capped": Family("dual step", STEPS, 0.1, _fbeta("inline", True)),
-    "reparam F-beta, epoch": Family("dual step", STEPS, 0.1, _fbeta("epoch")),
+    "reparam F-beta, inline": Family("dual step", STEPS, 0.1, _fbeta(Inline())),
+    "reparam F-beta, inline, capped": Family("dual step", STEPS, 0.1, _fbeta(Inline(), True)),
+    "reparam F-beta, epoch": Family("dual step", STEPS, 0.1, _fbeta(EpochEnd())),
     "reparam F-beta, paper preset": Family(
-        "-", (None,), None, lambda labels, _: FBetaRegularizer(labels, preset="paper")
+        "-", (None,), None, lambda labels, _: FBetaRegularizer.paper(labels)
     ),
     "LP layer (F-score LP, elastic)": Family(
         "M", (10.0, 100.0, 1000.0), 100.0, lambda labels, m: LPFBeta(labels, infeasibility_cost=m)
@@ -109,7 +116,7 @@ FAMILIES: dict[str, Family] = {  # the tables' rows, in this order
         "nu step",
         (0.1, 1.0, 10.0),
         1.0,
-        lambda labels, nu: ROCAUC(labels, grid=10, projection="inline", dual_lr_nu=nu),
+        lambda labels, nu: ROCAUC(labels, grid=10, schedule=Inline(), dual_lr_nu=nu),
         auc=True,
     ),
     "LP layer (AUC LP)": Family(
@@ -123,21 +130,19 @@ FAMILIES: dict[str, Family] = {  # the tables' rows, in this order
     ),
     "logistic regression": Family("-", (None,), None, _logistic(weighted=False), auc=True),
 }
-# The ablation of F-beta's projection modes (benchmarks/projection_modes.py): the defaults with
-# the projection elsewhere. Not rows of this part's tables.
+# The ablation of F-beta's projection modes (benchmarks/projection_modes.py): the defaults' dual
+# steps with the projection elsewhere, a dense tau but in the sparse arm. Not rows of this part's
+# tables.
 MODE_FAMILIES: dict[str, Family] = {
     f"reparam F-beta, defaults but {label}": Family(
         "-", (None,), None, lambda labels, _, kw=kw: FBetaRegularizer(labels, **kw)
     )
     for label, kw in (
-        ("projection epoch", {"projection": "epoch"}),
-        ("projection tracked", {"projection": "tracked"}),
-        (
-            "projection tracked, sparse tau ahead",
-            {"projection": "tracked", "tau_update": "sparse_adam_ahead", "tau_lr": LR},
-        ),
-        ("inline soft 0.05", {"projection": "inline", "inline_strength": 0.05}),
-        ("inline soft 0.2", {"projection": "inline", "inline_strength": 0.2}),
+        ("projection epoch", {"schedule": EpochEnd(), "tau": DenseTau()}),
+        ("projection tracked", {"schedule": Tracked(), "tau": DenseTau()}),
+        ("projection tracked, sparse tau ahead", {"schedule": Tracked(), "tau": SparseTau(lr=LR)}),
+        ("inline soft 0.05", {"schedule": Inline(strength=0.05), "tau": DenseTau()}),
+        ("inline soft 0.2", {"schedule": Inline(strength=0.2), "tau": DenseTau()}),
     )
 }
 AUC_FAMILIES = tuple(f for f, family in FAMILIES.items() if family.auc)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from data_prep.smnist import find_mnist_files, load_mnist
-from reparam import ROCAUC, FBetaRegularizer
+from reparam import ROCAUC, DenseTau, FBetaRegularizer, Inline
 from reparam.baselines import LPAUC, LPFBeta, PairwiseAUC, SoftFBeta, libauc_aucm_pesg
 
 BATCH, LR, HIDDEN = 128, 1e-3, 256
@@ -158,13 +158,18 @@ def _objective(make: Callable[[Tensor], torch.nn.Module]) -> Callable[..., Metho
 
 def _fbeta(step: float) -> Callable[[Tensor], FBetaRegularizer]:
     return lambda labels: FBetaRegularizer(
-        labels, projection="inline", dual_lr_lambda=step, dual_lr_mu=step, cap_scores=True
+        labels,
+        schedule=Inline(),
+        tau=DenseTau(),
+        dual_lr_lambda=step,
+        dual_lr_mu=step,
+        cap_scores=True,
     )
 
 
 BUILDERS: dict[str, Callable[[torch.nn.Module, Tensor], Method]] = {  # key of METHODS -> method
     "ce": _cross_entropy,
-    "reparam_auc": _objective(lambda labels: ROCAUC(labels, grid=10, projection="inline")),
+    "reparam_auc": _objective(lambda labels: ROCAUC(labels, grid=10, schedule=Inline())),
     "lp_auc": _objective(LPAUC),
     "pairwise_auc": _objective(PairwiseAUC),
     "libauc_pesg": _libauc_pesg,
