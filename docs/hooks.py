@@ -48,19 +48,7 @@ FILTERS = ["!^_"]
 # the base's own, if it has one). The rate objectives (``reparam/rate_base.py``) take no
 # ``tau_update``: their ``tau`` is dense, stepped by the user's optimizer, so the sparse ``tau``'s
 # members of ``ReparamRegularizer`` are not theirs. A name that no longer exists is harmless.
-UNUSED_INHERITED = {
-    "RateObjective": (
-        "tau_lr",
-        "tau_update",
-        "sparse_tau",
-        "steps_tau_in_backward",
-        "deferred_tau_step",
-        "reserve_",
-        "tau_lr_source",
-        "share_sparse_grads_",
-        "eps_like",
-    ),
-}
+UNUSED_INHERITED = {"RateObjective": ("sparse_tau",)}
 _LINK = re.compile(r"(\]\()([^)\s#]+)(#[^)\s]*)?(\))")
 
 # The method note: one folder of pages whose headings are numbered sections ("## 3b. Algorithm 3").

@@ -168,7 +168,9 @@ class ReparamRegularizer(ShapeObjective):
         sec. 11). Returns the hooks' handle (``.remove()`` detaches them)."""
         check_stepped(self, optimizer)
         group = (
-            None if self.sparse_tau is None else self.sparse_tau.lr_source(optimizer, self.eps_like)
+            None
+            if self.sparse_tau is None
+            else self.sparse_tau.lr_source(optimizer, self._eps_like)
         )
 
         def after(*_) -> None:
@@ -189,7 +191,7 @@ class ReparamRegularizer(ShapeObjective):
         return _Handles(optimizer.register_step_post_hook(after), *averaging)
 
     @property
-    def eps_like(self) -> Tensor:
+    def _eps_like(self) -> Tensor:
         """The objective's first parameter (``eps``), whose optimizer group sets the sparse lr."""
         return next(self.parameters())
 
