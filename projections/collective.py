@@ -69,6 +69,13 @@ class LocalComm:
         in rank order (one process: ``x``)."""
         return x
 
+    def agree(self, error: ValueError | None) -> None:
+        """Raise on every process if a check failed on any (``error``: this process's, or
+        ``None``): a check of a process's own rows that raised there alone would leave the others
+        waiting in the next collective. One process: raise ``error`` if any."""
+        if error is not None:
+            raise error
+
 
 LOCAL = LocalComm()
 
@@ -117,6 +124,17 @@ class ProcessComm(LocalComm):
 
     def all_of_flag(self, flag: Tensor) -> Tensor:
         return self.min(flag)
+
+    def agree(self, error: ValueError | None) -> None:
+        failed = float(self.max(torch.tensor([float(error is not None)])))
+        if failed:  # every process learns the first failed check's message
+            every: list[str | None] = [None] * self.world
+            mine = None if error is None else str(error)
+            dist.all_gather_object(every, mine, group=self.group)
+            if error is not None:
+                raise error
+            rank, message = next((r, m) for r, m in enumerate(every) if m is not None)
+            raise ValueError(f"{message} (in process {rank}'s rows)")
 
     def route(self, x: Tensor, dest: Tensor) -> Tensor:
         order, sends, recvs = routing(dest, self.world, self.group)

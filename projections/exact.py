@@ -185,9 +185,17 @@ def projection_root(
                 f"comm: the root over several processes takes eps 0-dim, or (G,) with groups, "
                 f"got eps of shape {tuple(eps.shape)}"
             )
+        try:  # (each process checks its own rows; all raise if one does)
+            if groups is None:
+                eps, tau = _checks.check_pair(eps.detach(), tau.detach())
+            else:
+                eps, tau, groups = _checks.check_grouped(eps.detach(), tau.detach(), groups)
+            error = None
+        except ValueError as e:
+            error = e
+        comm.agree(error)
         if groups is None:
-            return root_over(eps.detach(), tau.detach(), comm)
-        eps, tau, groups = _checks.check_grouped(eps.detach(), tau.detach(), groups)
+            return root_over(eps, tau, comm)
         return torch.stack([root_over(e, tau[groups == g], comm) for g, e in enumerate(eps)])
     if not _checked:
         method = _checks.check_method(method)

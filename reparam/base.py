@@ -41,7 +41,10 @@ class ReparamRegularizer(ShapeObjective):
         shard: this process's block of the samples (``reparam.Shard``), or ``None``.
         process_group: the ``torch.distributed`` group of processes that each hold the whole
             objective (replicated data parallelism; ``None``: the default group once
-            initialized). ``attach`` keeps them equal.
+            initialized). ``attach`` keeps them equal. The objective's collectives run on it
+            inside the backward pass, so a group given here must be one of the objective's own,
+            not the group DDP reduces on (make it with ``torch.distributed.new_group(ranks)`` on
+            every process); with ``None`` ``attach`` makes its own group of all the processes.
 
     Examples:
         >>> import torch
@@ -198,15 +201,15 @@ class ReparamRegularizer(ShapeObjective):
     _exchange_group = None  # attach: the replicas' group of the objective's own collectives
 
     def _own_group(self) -> object:
-        """A process group of the replicas for the objective's collectives alone (``attach``, on
-        every replica): they run inside backward passes, which must not interleave with the
-        collectives DDP runs there on its group. ``None`` with no replicas."""
+        """The process group of the replicas' collectives (``attach``, on every replica): the
+        ``process_group`` given, else a group of all the processes for the objective's
+        collectives alone, since they run inside backward passes, which must not interleave with
+        the collectives DDP runs there on the default group. ``None`` with no replicas."""
         if self.shard is not None or not (dist.is_available() and dist.is_initialized()):
             return None
         if dist.get_world_size(self.process_group) == 1:
             return None
-        ranks = dist.get_process_group_ranks(self.process_group or dist.group.WORLD)
-        return dist.new_group(ranks, use_local_synchronization=True)
+        return self.process_group if self.process_group is not None else _replicas_group()
 
     def _replicas(self) -> tuple[object, int] | None:
         """``(process group, world size)`` of replicated data parallelism once attached (the
@@ -333,3 +336,21 @@ class _Handles:
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+# the group of every process that attach made, per default group: (the default group, its group)
+_REPLICA_GROUPS: dict[int, tuple[object, object]] = {}
+
+
+def _replicas_group() -> object:
+    """A group of every process for the objectives' own collectives, made once per default group
+    (by every process, as ``attach`` runs on every replica) and shared by every objective
+    attached afterwards: one attached again after a resume, or several in one program, issue
+    their collectives in the same order on each replica, as they run the same program. (Not
+    ``new_group(..., use_local_synchronization=True)``: torch 2.13 hangs when a group of the same
+    ranks was made that way before, or a group that leaves out one of them the usual way.)"""
+    world = dist.group.WORLD
+    held = _REPLICA_GROUPS.get(id(world))
+    if held is None or held[0] is not world:  # (a new default group: the old ones are gone)
+        held = _REPLICA_GROUPS[id(world)] = (world, dist.new_group())
+    return held[1]

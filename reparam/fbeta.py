@@ -228,10 +228,18 @@ class FBetaRegularizer(ReparamRegularizer):
                 values = sparse.rows_(values, rows, touched)
             return values, lam.expand(rows.shape[0])
         values = tau.index_select(0, rows)
+        follow = None
         if tracked is not None:
-            values = values + tracked.shift(rows, self.eps_param, self.layout.row_groups)
+            groups = self.layout.row_groups
+            values = values + tracked.shift(rows, self.eps_param, groups)
+            if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
+                at = None if groups is None else groups.index_select(0, rows).long()
+                e_star, share = tracked.threshold(self.eps_param.detach(), at)
+                if at is None:
+                    e_star, share = e_star.expand_as(values), share.expand_as(values)
+                follow = torch.where(touched & (values > e_star), share, 0.0)
         if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
-            values = sparse.rows_(values, rows, touched)
+            values = sparse.rows_(values, rows, touched, follow)
         return values, self.lam.index_select(0, rows)
 
     @property
@@ -265,9 +273,29 @@ class FBetaRegularizer(ReparamRegularizer):
             return
         if not sparse.stepping:  # no forward since the last step: nothing moves
             return
+        eps_grad = None
         if tracked is not None:  # A kept in step with the rows' change
             tracked = partial(tracked.step_, tau, self.eps_param, self.layout.row_groups)
-        sparse.step_(tau, tracked)
+            eps_grad = self._eps_grad_of_rows
+        sparse.step_(tau, tracked, eps_grad)
+
+    def _eps_grad_of_rows(self, rows: Tensor) -> Tensor | None:
+        """The gradient of ``eps`` at this step, of each row's problem (``None``: no gradient): a
+        row clipped at the tracked threshold follows it (``reparam.sparse.sparse_step_``)."""
+        grad = self.eps_param.grad
+        if grad is None:
+            follow = self.sparse_tau.acc[:, 2].index_select(0, rows.long())
+            if bool(follow.ne(0).any()):  # (a host read on this misuse path only)
+                raise ValueError(
+                    "after_step_(): eps has no gradient, but rows clipped at the tracked "
+                    "threshold follow it: call after_step_() right after optimizer.step(), before "
+                    "optimizer.zero_grad() (or reg.attach(optimizer) once, which does)"
+                )
+            return None
+        groups = self.layout.row_groups
+        if groups is None:
+            return grad.reshape(-1)[:1].expand(rows.shape[0])
+        return grad.index_select(0, groups.index_select(0, rows.long()).long())
 
     @property
     def tau_lr(self) -> float | None:

@@ -316,7 +316,9 @@ def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, mask
     count of negatives kept and falls with ``k`` at a fixed ``tp`` (F-beta; precision with a floor
     on ``tp``, which is ``-1`` below it): ``(t, value, tp, k)`` of the best cut, or what
     ``by_sort(u_pos, u_neg)`` returns for small or degenerate inputs (every process's scores,
-    gathered). ``masked``: the value of a cut between equal scores (below every real value)."""
+    gathered). ``masked``: the value of a cut between equal scores (below every real value); it is
+    also the value returned, with a NaN threshold, when no cut is valued 0 or more (every value
+    negative: R@P's precision met nowhere)."""
     n_all = comm.total(u_pos.numel() + u_neg.numel())
     dtype = torch.promote_types(u_pos.dtype, u_neg.dtype)  # as the sort of their concatenation
     parts = [u_pos.detach().reshape(-1).to(dtype), u_neg.detach().reshape(-1).to(dtype)]
@@ -338,6 +340,8 @@ def best_cut(u_pos: Tensor, u_neg: Tensor, value, comm: LocalComm, by_sort, mask
         counts = comm.sum(counts)
         n_groups = k0.numel()
         cand, k0, tp0, best = _fbeta_candidates(counts, k0, tp0, m, value, best)
+        if k0.numel() == 0:  # no cut valued 0 or more (R@P: none meets the precision)
+            return float("nan"), masked, 0.0, 0.0
         new_group = torch.cumsum(cand, 0) - 1  # candidate buckets, in order, are the new groups
         for row, (x, g) in enumerate(zip(parts, groups, strict=True)):
             kept, kept_group = [], []

@@ -206,7 +206,9 @@ class ProblemLayout(nn.Module):
         broadcast view (no O(n) index)."""
         return x.expand(self.tau_group.shape[0]) if x.shape[0] == 1 else x[self.groups]
 
-    def batch_problems(self, idx: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    def batch_problems(
+        self, idx: Tensor, batch: int | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         r"""``(problem (B, C), scale, eps_weight, at)`` of a batch, for the mean over the ``K``
         problems of each problem's Lagrangian (method note sec. 12):
 
@@ -229,7 +231,8 @@ class ProblemLayout(nn.Module):
         k, n_pos = self.n_problems, self.n_pos
         if not self.grouped:
             problem = torch.arange(k, device=idx.device).expand(idx.numel(), k)
-            f = self.n_total / (idx.numel() * k)
+            # (``batch``: the caller's ``B``; routed, not how many entries reached this process)
+            f = self.n_total / ((idx.numel() if batch is None else batch) * k)
             return problem, n_pos.reciprocal() * f, torch.full_like(n_pos, 1 / k), None
         g = self.sample_group.index_select(0, idx).long() + 1
         problem = self.problem_of.index_select(1, g).t()
@@ -258,8 +261,11 @@ class ProblemLayout(nn.Module):
             is_pos = rows >= 0
             scale = self.n_total / (self.n_pos_list[0] * batch)
             return u, None, is_pos, is_pos, scale, None, None
-        problem, scale, eps_weight, at = self.batch_problems(idx)
-        row_problem = self.tau_group.index_select(0, rows.clamp_min(0)).long()
+        problem, scale, eps_weight, at = self.batch_problems(idx, batch)
+        tau_group = self.tau_group
+        if tau_group.numel() == 0:  # a shard holding no positive: every entry is a negative
+            tau_group = tau_group.new_full((1,), -1)
+        row_problem = tau_group.index_select(0, rows.clamp_min(0)).long()
         entry_problem = problem  # (groups: the entries' slots, whose problems are at[slot])
         if at is not None:
             of_slot = at.index_select(0, problem.clamp_min(0).reshape(-1)).view_as(problem)

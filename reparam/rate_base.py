@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from . import _checks
@@ -214,6 +215,11 @@ class RateObjective(ReparamRegularizer):
         z = z.detach().float()
         # the estimate of the global batch: the mean over the processes
         violation = self._comm.mean(self._batch_violation(z, is_pos))
+        replicas = self._replicas()
+        if replicas is not None:  # replicated (attach): each holds a part of the global batch
+            violation = violation.clone()
+            dist.all_reduce(violation, group=replicas[0])
+            violation /= replicas[1]
         # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
         # keeps the nu it saw (gradient accumulation)
         self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))

@@ -11,7 +11,7 @@ moments by ``b^k``, takes Adam's step on them and moves the rest point by
 **One step point.** The rows step when the optimizer steps, as a dense parameter does, on the
 gradient summed over every forward and backward since the last step. A batch's rows enter the loss
 through one autograd node (``RowGradient``) whose backward adds their gradient to a per-row
-accumulator (``[sum of gradients, touches]``, ``(n, 2)``): several calls per loss, several
+accumulator (``[sum of gradients, touches, follow weights]``, ``(n, 3)``): several calls per loss, several
 backward passes per step (gradient accumulation, DDP's ``no_sync``) all sum there, exactly as
 autograd sums a dense ``.grad``. Each forward that records a gradient notes its rows (a Python list,
 O(B)); the optimizer's step (``reg.attach(opt)``'s hook) steps those rows once and clears the
@@ -43,14 +43,21 @@ ADAM_EPS = 1e-8
 _ONE_MINUS_BETAS = tuple(1 - b for b in ADAM_BETAS)
 
 
-def accumulate_(acc: Tensor, rows: Tensor, touched: Tensor, grad: Tensor) -> None:
-    """``acc[rows] += [grad, touched]``: ``acc`` is ``(n, 2)``, the summed gradient and the number
-    of contributions per row (``grad`` is 0 where not touched)."""
-    add_rows_(acc, rows, torch.stack([grad, touched.to(grad.dtype)], 1))
+def accumulate_(
+    acc: Tensor, rows: Tensor, touched: Tensor, grad: Tensor, follow: Tensor | None = None
+) -> None:
+    """``acc[rows] += [grad, touched, follow]``: ``acc`` is ``(n, 3)``, per row the summed
+    gradient, the number of contributions (``grad`` is 0 where not touched) and the summed
+    ``follow`` weights (``None``: 0; the entries clipped at the tracked threshold, which take
+    ``follow`` times ``eps``'s gradient at the step, ``sparse_step_``)."""
+    if follow is None:  # (the first two columns: no operation for a column of zeros)
+        add_rows_(acc.narrow(1, 0, 2), rows, torch.stack([grad, touched.to(grad.dtype)], 1))
+    else:
+        add_rows_(acc, rows, torch.stack([grad, touched.to(grad.dtype), follow.to(grad.dtype)], 1))
 
 
 def add_rows_(state: Tensor, rows: Tensor, values: Tensor) -> None:
-    """``state[rows] += values`` for row-paired ``(n, 2)`` state, repeated rows summed in order.
+    """``state[rows] += values`` for row-paired ``(n, c)`` state, repeated rows summed in order.
     An ``index_add_``: inductor updates it in place (a ``scatter_add_`` through a broadcast index
     copied all of ``state``: 2 ms at 1e6 rows, torch 2.13)."""
     state.index_add_(0, rows.long(), values)
@@ -72,6 +79,7 @@ def sparse_step_(
     write: bool = True,
     comm: LocalComm = LOCAL,
     scratch: Tensor | None = None,
+    eps_grad: Tensor | None = None,
 ) -> Tensor | None:
     """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
     and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
@@ -88,9 +96,17 @@ def sparse_step_(
     ``scratch``: an int32 ``(n,)`` buffer of the caller's (any content) in which one entry per
     touched row is elected to carry the row's update (``_one_per_row``), whatever the number of
     entries the row has; ``None``: each touched entry carries ``1 / count`` of it (``count``,
-    ``acc``'s second column, is then the row's number of touched entries)."""
+    ``acc``'s second column, is then the row's number of touched entries).
+
+    ``eps_grad``: per entry, the gradient of ``eps`` (of the row's problem) at this step, which
+    a row clipped at the tracked threshold follows: the row's gradient is its summed gradient
+    plus its summed ``follow`` weights (``acc``'s third column) times it (method note sec. 4:
+    ``d e* / d tau_i = share``), whatever the calls and processes the step's batch was split
+    into."""
     rows = rows.long()  # one conversion for the scatters below (int64 rows pass through)
-    g, count = acc.index_select(0, rows).unbind(1)
+    g, count, follow = acc.index_select(0, rows).unbind(1)
+    if eps_grad is not None:
+        g = torch.addcmul(g, follow, eps_grad.to(g.dtype))
     # a non-finite gradient skips the whole step (on the device)
     # (several processes: skipped on all of them when one has one, so the step counts agree)
     ok = comm.all_of_flag(torch.isfinite(g).all())
@@ -238,14 +254,16 @@ class SparseRows(nn.Module):
         # E(t) of the rest point (a table of _AHEAD_STEPS + 1 values, moved with the module)
         self.register_buffer("ahead", _ahead_table(), persistent=False)
         self.register_buffer("coef", _coefficients(), persistent=False)
-        # [sum of gradients, touches] per row since the last step (zero outside the noted rows).
+        # [sum of gradients, touches, follow weights] per row since the last step (zero outside
+        # the noted rows; follow: sparse_step_).
         # Not a buffer: DDP broadcasts buffers at every forward, which would overwrite the sums
         # another process accumulates under no_sync (moved by _apply)
-        self.acc = torch.zeros(n_pos, 2)
+        self.acc = torch.zeros(n_pos, 3)
         self.elect = torch.zeros(n_pos, dtype=torch.int32)  # scratch of the step (_one_per_row)
         # (rows, touched) of every forward since the last step that recorded a gradient, one
         # tensor each (a list would be guarded on its length by torch.compile: a graph per call)
         self._note_([])
+        self._forwarded = False  # a forward recording a gradient since the last step (stepping)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -274,19 +292,24 @@ class SparseRows(nn.Module):
         else:
             self.lr = lr
 
-    def rows_(self, values: Tensor, rows: Tensor, touched: Tensor) -> Tensor:
+    def rows_(
+        self, values: Tensor, rows: Tensor, touched: Tensor, follow: Tensor | None = None
+    ) -> Tensor:
         """The batch's rows of ``tau`` (``values``, at ``rows``; ``touched``: the entries that are
         positives) as the loss sees them: through ``RowGradient``, the rows noted for the next
-        step; unchanged when no gradient is recorded. O(B)."""
+        step; unchanged when no gradient is recorded. ``follow``: per entry, the weight with
+        which the row follows ``eps`` at the step instead of the gradient its entry gets (the
+        entries clipped at the tracked threshold: ``share``; else 0). O(B)."""
         if not torch.is_grad_enabled():
             return values
+        self._forwarded = True
         if self.acc.shape[0] > 0:  # (a shard may hold no row: nothing to step there)
             many = self.noted_rows.numel() > MAX_NOTED * self.acc.shape[0]
             if many and not torch.compiler.is_compiling():
                 self._compact_()  # (forwards with no step between them: kept O(n))
             self.noted_rows = torch.cat([self.noted_rows, rows.long()])
             self.noted_touched = torch.cat([self.noted_touched, touched])
-        return RowGradient.apply(self.anchor, values, rows, touched, self)
+        return RowGradient.apply(self.anchor, values, rows, touched, self, follow)
 
     def _note_(self, parts: list[tuple[Tensor, Tensor]]) -> None:
         """The noted entries: ``parts`` concatenated (``[]``: none)."""
@@ -304,9 +327,14 @@ class SparseRows(nn.Module):
 
     @property
     def stepping(self) -> bool:
-        """Whether ``step_`` has rows to step (several processes: always, every process steps at
-        every step: the tracked sums are summed over them)."""
-        return self.noted_rows.numel() > 0 or self._comm.world > 1
+        """Whether ``step_`` has rows to step. Several processes: whether a forward recording a
+        gradient ran since the last step, on every process alike (every process calls every
+        forward), though its shard may have noted no row: every process steps (the tracked sums
+        are summed over them), or none (a step with no forward leaves the rows and the step
+        count alone, as on one process)."""
+        if self._comm.world > 1:
+            return self._forwarded
+        return self.noted_rows.numel() > 0
 
     def lr_source(self, optimizer: torch.optim.Optimizer, eps: Tensor) -> dict | None:
         """The param group of ``optimizer`` that steps ``eps`` when ``lr`` was not given (the
@@ -319,6 +347,7 @@ class SparseRows(nn.Module):
         """``(rows, touched)`` of the forwards since the last step; cleared."""
         rows, touched = self.noted_rows, self.noted_touched
         self._note_([])
+        self._forwarded = False
         return touched_only(rows, touched)
 
     @torch.no_grad()
@@ -335,13 +364,20 @@ class SparseRows(nn.Module):
         zero_rows_(self.acc, rows)
         every = all_gather_rows(mine.double(), group, world)
         rows, touched = every[:, 0].long(), every[:, 1] > 0
-        add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1])).float())
+        # the gradient: the mean over the processes; the touches and follow weights: their sums
+        add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1, 1])).float())
         self._note_([(rows, touched)])
 
-    def step_(self, tau: Tensor, tracked: Callable[..., None] | None = None) -> None:
+    def step_(
+        self,
+        tau: Tensor,
+        tracked: Callable[..., None] | None = None,
+        eps_grad: Callable[[Tensor], Tensor | None] | None = None,
+    ) -> None:
         """The sparse step (``sparse_step_``) on the rows of ``tau`` noted since the last call;
         ``tracked(rows, touched, step)`` runs it instead when the host keeps a tracked active
-        set in step with it (``reparam.tracked``)."""
+        set in step with it (``reparam.tracked``). ``eps_grad(rows)``: the gradient of ``eps``
+        of each row's problem (``sparse_step_``), or ``None``."""
         rows, touched = self._noted(tau.device)
         step = partial(
             sparse_step_,
@@ -357,6 +393,7 @@ class SparseRows(nn.Module):
             coef=self.coef,
             comm=self._comm,
             scratch=self.elect,
+            eps_grad=None if eps_grad is None else eps_grad(rows),
         )
         if tracked is not None:
             tracked(rows, touched, step)
@@ -366,25 +403,32 @@ class SparseRows(nn.Module):
 
 class RowGradient(torch.autograd.Function):
     """The identity on a batch's rows of ``tau`` whose backward adds their gradient to the
-    accumulator of ``sparse`` (``SparseRows.acc``: ``[gradient, 1 per positive entry]`` per row,
+    accumulator of ``sparse`` (``SparseRows.acc``: ``[gradient, 1 per positive entry, follow weight]`` per row,
     ``index_add_``, O(B)) and gives no gradient to its inputs, as autograd adds to a dense
     ``.grad``; the rows step at the optimizer's step. ``anchor``: a zero leaf that requires a
     gradient, so that the rows (a buffer's, which do not) are part of the graph. Traced by
     ``torch.compile`` into the backward graph of the loss around it."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse):
+    def forward(ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse, follow):
         ctx.sparse = sparse
-        ctx.save_for_backward(rows, touched)
+        if follow is None:
+            ctx.save_for_backward(rows, touched)
+        else:
+            ctx.save_for_backward(rows, touched, follow)
         return values.clone()
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        rows, touched = ctx.saved_tensors
+        rows, touched, *follow = ctx.saved_tensors  # (follow: [] or [the entries' weights])
         sparse = ctx.sparse
         world = sparse._comm.world  # sharded: a row's share of the mean over the processes
         with torch.no_grad():
             g = grad if world == 1 else grad / world
+            if follow:  # a clipped entry's row follows eps at the step (its gradient: the step's)
+                g = torch.where(follow[0] > 0, 0.0, g)
             if sparse.acc.shape[0] > 0:  # (a shard may hold no row)
-                accumulate_(sparse.acc, *touched_only(rows, touched, g.to(sparse.acc.dtype)))
-        return None, None, None, None, None
+                accumulate_(
+                    sparse.acc, *touched_only(rows, touched, g.to(sparse.acc.dtype), *follow)
+                )
+        return None, None, None, None, None, None

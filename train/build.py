@@ -33,25 +33,27 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     return device
 
 
-def run_folder(cfg: Config) -> Path:
-    """``train.out`` (must be new or empty), else ``runs/<experiment>/<tag>[-k]`` (first free)."""
+def run_folder(cfg: Config, create: bool = True) -> Path:
+    """``train.out`` (must be new or empty), else ``runs/<experiment>/<tag>[-k]`` (first free),
+    created unless ``create`` is false (then nothing on disk is touched: the check before a run's
+    inputs are checked)."""
     if cfg.train.out is not None:
         out = Path(cfg.train.out)
         if out.exists() and any(out.iterdir()):
             raise ValueError(
                 f"train.out {str(out)!r} exists and is not empty; choose a new folder or delete it"
             )
+    else:
+        r = cfg.regularizer
+        # the projection as resolved on loading (null: an objective that takes none)
+        tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection or 'none'}"
+        base = Path("runs") / cfg.experiment / f"{tag}-seed{cfg.train.seed}"
+        out, k = base, 1
+        while out.exists() and any(out.iterdir()):
+            k += 1
+            out = base.with_name(f"{base.name}-{k}")
+    if create:
         out.mkdir(parents=True, exist_ok=True)
-        return out
-    r = cfg.regularizer
-    # the projection as resolved on loading (null: an objective that takes none)
-    tag = "baseline" if r.name == "none" else f"{r.name}-a{r.alpha:g}-{r.projection or 'none'}"
-    base = Path("runs") / cfg.experiment / f"{tag}-seed{cfg.train.seed}"
-    out, k = base, 1
-    while out.exists() and any(out.iterdir()):
-        k += 1
-        out = base.with_name(f"{base.name}-{k}")
-    out.mkdir(parents=True, exist_ok=True)
     return out
 
 

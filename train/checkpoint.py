@@ -8,13 +8,24 @@ RNG states (python, numpy, torch, CUDA), the sampler's position (epoch, step in 
 state at the epoch's start), the metrics history and the resolved config.
 ``checkpoints/best.pt`` (``train.run_info``) sits next to them: the weights of the epoch the run
 selects, for ``train.predict``; not a resume point, not counted or pruned here.
+
+Reading a file (:func:`load`) checks it before torch unpickles anything: a file cut short or with a
+flipped bit (every zip member's CRC-32 is checked: torch's reader checks none, so a flipped bit in a
+tensor would load silently) is "truncated or corrupt"; a file torch did not write, or one holding
+Python objects other than tensors and plain containers (``weights_only=True``: nothing in a file
+runs code), is "not a checkpoint of this project". Either is a one-line :class:`CheckpointError`
+that names the file.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
 import re
 import warnings
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +44,57 @@ def save_atomic(obj: Any, path: str | Path) -> None:
         torch.save(obj, f)
 
 
-def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    return torch.load(path, map_location=map_location, weights_only=True)
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: truncated or corrupt, or not a checkpoint of this
+    project. The message is one line that names the file."""
+
+
+class CheckpointWarning(UserWarning):
+    """:func:`latest` skipped a checkpoint file that cannot be used (one line naming it)."""
+
+
+_ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> Any:
+    """The object ``torch.save`` wrote to ``path``, read with ``weights_only=True`` (tensors,
+    numbers, strings and containers only: nothing in the file runs code) after the zip archive's
+    CRC-32 checksums are checked (one extra read of the file).
+
+    Raises :class:`CheckpointError` (one line naming ``path``) for a file that cannot be read, is
+    truncated or corrupt, or is not a checkpoint of this project.
+    """
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head, size = f.read(len(_ZIP_MAGIC)), os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read ({e.strerror or e})") from e
+    if head != _ZIP_MAGIC[: len(head)]:
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project (not a file torch.save writes)"
+        )
+    corrupt = CheckpointError(f"checkpoint {path} is truncated or corrupt ({size} bytes)")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names, damaged = archive.namelist(), archive.testzip()
+    except Exception as e:  # zipfile meets damage with BadZipFile, ValueError, EOFError, ...
+        raise corrupt from e
+    if damaged is not None:  # a member whose CRC-32 does not match its bytes
+        raise corrupt
+    if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project (a zip archive torch.save did not write)"
+        )
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:  # (torch's message advises weights_only=False: never that)
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this project (it holds Python objects other than "
+            f"tensors and plain containers, which are never unpickled here)"
+        ) from None
+    except Exception:  # a zip torch's reader cannot follow although its checksums match
+        raise corrupt from None
 
 
 def path_for(run_dir: str | Path, global_step: int) -> Path:
@@ -53,16 +113,33 @@ def listing(run_dir: str | Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint of ``run_dir`` that loads (an unreadable one is skipped, with a
-    warning naming it), or ``None`` when there is none."""
-    for path in listing(run_dir):
+def latest(
+    run_dir: str | Path,
+    check: Callable[[Any, Path], None] | None = None,
+    skipped: Callable[[str], object] | None = None,
+) -> tuple[Path, Any] | None:
+    """The newest checkpoint of ``run_dir`` that loads, or ``None`` when there is none.
+
+    A file that cannot be used (:class:`CheckpointError` from :func:`load`, or from ``check``,
+    which is called with what loaded and the path) is skipped: ``skipped`` is called with one line
+    naming it and why (``None``: a :class:`CheckpointWarning` with that line), and an older one is
+    tried. Any other error of ``check`` propagates.
+    """
+    paths = listing(run_dir)
+    for i, path in enumerate(paths):
         try:
-            return path, load(path)
-        except Exception as e:  # any unpickling / zip error means: not usable
-            warnings.warn(
-                f"checkpoint {path} cannot be read ({e}); trying an older one", stacklevel=2
-            )
+            state = load(path)
+            if check is not None:
+                check(state, path)
+        except CheckpointError as e:
+            older = "trying an older one" if i + 1 < len(paths) else "no older one"
+            line = f"skipped: {e}; {older}"
+            if skipped is None:
+                warnings.warn(line, CheckpointWarning, stacklevel=2)
+            else:
+                skipped(line)
+            continue
+        return path, state
     return None
 
 

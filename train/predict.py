@@ -228,11 +228,7 @@ def checkpoint_path(run: Path, which: str, note: Callable[[str], object] = print
 def load_weights(path: Path) -> dict[str, Any]:
     """The checkpoint at ``path`` (a ``step-N.pt`` or ``best.pt``), checked to hold the network's
     weights."""
-    try:
-        state = checkpoint.load(path)
-    except Exception as e:  # any unpickling / zip / I/O error: the file is not usable
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"checkpoint {path} cannot be read ({reason})") from e
+    state = checkpoint.load(path)  # CheckpointError (a ValueError): one line naming the file
     weights = state.get("model") if isinstance(state, dict) else None
     if not isinstance(weights, dict) or not all(isinstance(v, Tensor) for v in weights.values()):
         keys = sorted(state) if isinstance(state, dict) else type(state).__name__

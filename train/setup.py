@@ -1,7 +1,8 @@
-"""What the training loop trains with: :func:`setup` builds it from the config, in order (run
-folder, seeds, device, data, task loss, model, regularizer, optimizer, loaders, group weighting,
-schedule, compilation, data parallelism, the train state restored from a checkpoint), into one
-:class:`Setup`.
+"""What the training loop trains with: :func:`setup` builds it from the config, in order (the
+checkpoint to resume from, seeds, device, data, task loss, model, regularizer, optimizer, loaders,
+group weighting, schedule, compilation, data parallelism, the train state restored from the
+checkpoint, and last the new run's folder), into one :class:`Setup`. A start that fails on its
+inputs (no data, a model that cannot be built, no readable checkpoint) has written nothing.
 """
 
 from __future__ import annotations
@@ -63,14 +64,17 @@ class Setup:
 def setup(
     cfg: Config, ctx: distributed.Context, resume: str | Path | None, log: Callable[..., object]
 ) -> Setup:
-    """Run folder, seeds, data, model, regularizer, optimizer, loaders and the train state
-    (restored from the newest readable checkpoint of ``resume``), in that order."""
+    """Seeds, data, model, regularizer, optimizer, loaders and the train state (restored from the
+    newest readable checkpoint of ``resume``), in that order; then, for a new run, its folder
+    (created once all of that worked: a failed start leaves nothing on disk)."""
     if cfg.data.batch_size % ctx.world:
         raise ValueError(
             f"data.batch_size {cfg.data.batch_size} (the global batch) must be "
             f"divisible by the number of processes {ctx.world}"
         )
-    out, found = _run_folder(cfg, ctx, resume, log)
+    found = _resume_point(resume, log) if resume is not None else None
+    if resume is None and ctx.is_main:
+        run_folder(cfg, create=False)  # train.out not empty: the error before the data is read
     if cfg.train.num_threads is not None:
         torch.set_num_threads(cfg.train.num_threads)
     seed_everything(cfg.train.seed)
@@ -124,6 +128,7 @@ def setup(
     # (a reparameterized objective exchanges its gradients and scores in attach's hook)
     merged = ctx.enabled and reg is not None and shard is None
     merged = merged and not isinstance(reg, ReparamRegularizer)
+    out = Path(resume) if resume is not None else _new_run_folder(cfg, ctx)
     return Setup(
         out=out,
         device=device,
@@ -147,23 +152,31 @@ def setup(
     )
 
 
-def _run_folder(
-    cfg: Config, ctx: distributed.Context, resume: str | Path | None, log: Callable[..., object]
-) -> tuple[Path, tuple | None]:
-    """The run folder and the checkpoint to resume from (``None``: a new run, whose resolved
-    config rank 0 saves in the new folder)."""
-    if resume is None:
-        out = distributed.broadcast_path(run_folder(cfg) if ctx.is_main else None)
-        if ctx.is_main:
-            config_mod.save(cfg, out / "config.yaml")
-        return out, None
-    out = Path(resume)
-    found = checkpoint.latest(out)
+def _resume_point(resume: str | Path, log: Callable[..., object]) -> tuple[Path, dict]:
+    """The newest usable checkpoint of the run folder ``resume`` (path, state); each file skipped
+    (truncated, corrupt, not a checkpoint of this project) is one ``warning:`` line of ``log``."""
+    out, skipped = Path(resume), []
+
+    def skip(line: str) -> None:
+        skipped.append(line)
+        log(f"warning: {line}")
+
+    found = checkpoint.latest(out, check=check_format, skipped=skip)
     if found is None:
-        raise ValueError(f"--resume {str(out)!r}: no readable checkpoint in {out / 'checkpoints'}")
-    check_format(found[1], found[0])
+        why = f" ({len(skipped)} unusable, each named in a warning)" if skipped else ""
+        raise ValueError(
+            f"--resume {str(out)!r}: no readable checkpoint in {out / 'checkpoints'}{why}"
+        )
     log(f"resuming from {found[0]}")
-    return out, found
+    return found
+
+
+def _new_run_folder(cfg: Config, ctx: distributed.Context) -> Path:
+    """A new run's folder (rank 0 chooses and creates it, and saves the resolved config in it)."""
+    out = distributed.broadcast_path(run_folder(cfg) if ctx.is_main else None)
+    if ctx.is_main:
+        config_mod.save(cfg, out / "config.yaml")
+    return out
 
 
 def _check_threshold_split(cfg: Config, data: DataBundle) -> None:

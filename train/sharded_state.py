@@ -116,9 +116,15 @@ def _shard(found: Path, rank: int, world: int) -> dict[str, Any]:
             "restore it, or start a new run"
         )
     try:
-        return checkpoint.load(path)["regularizer"]
-    except Exception as e:  # unpickling / zip errors: the file is not usable
+        shard = checkpoint.load(path)
+    except checkpoint.CheckpointError as e:  # one line naming the file and why
         raise ValueError(
-            f"checkpoint {found}: the regularizer shard of rank {rank}, {path}, cannot be "
-            f"read ({type(e).__name__}: {e}): restore it, or start a new run"
-        ) from e
+            f"checkpoint {found}: the regularizer shard of rank {rank} is unusable: {e}; "
+            f"restore it, or start a new run"
+        ) from None
+    if not isinstance(shard, dict) or not isinstance(shard.get("regularizer"), dict):
+        raise ValueError(
+            f"checkpoint {found}: the regularizer shard of rank {rank}, {path}, is not a "
+            f"checkpoint of this project (no 'regularizer' state): restore it, or start a new run"
+        )
+    return shard["regularizer"]

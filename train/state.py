@@ -21,15 +21,51 @@ from . import checkpoint
 FORMAT = 2  # the layout of TrainState.state_dict(); checked on resume (check_format)
 
 
-def check_format(state: dict[str, Any], path: object) -> None:
-    """``ValueError`` unless the checkpoint ``state`` (read from ``path``) has this trainer's
-    layout ``FORMAT`` (there are no migrations between layouts)."""
-    found = state.get("format") if isinstance(state, dict) else None
+# what load_state_dict reads ("groups" and "epoch_totals" are optional)
+_KEYS = (
+    "epoch",
+    "step_in_epoch",
+    "global_step",
+    "skipped_steps",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "regularizer",
+    "rng",
+    "sampler_generator",
+    "history",
+)
+
+
+def check_format(state: Any, path: object) -> None:
+    """Check that ``state``, read from the checkpoint file ``path``, is a training checkpoint of
+    this trainer's layout ``FORMAT``: :class:`train.checkpoint.CheckpointError` for an object that
+    is no training checkpoint (not a dict with the keys a resume reads; ``latest`` skips such a
+    file), ``ValueError`` for a training checkpoint of another layout (also one of a trainer from
+    before the layouts were numbered, without ``format``; there are no migrations)."""
+    if not isinstance(state, dict):
+        raise checkpoint.CheckpointError(
+            f"{path} is not a checkpoint of this project (it holds an object of type "
+            f"{type(state).__name__}, not a training state)"
+        )
+    found = state.get("format")
+    missing = [k for k in _KEYS if k not in state]
+    if found is None and missing:
+        raise checkpoint.CheckpointError(
+            f"{path} is not a checkpoint of this project (it holds a dict without the key "
+            f"'format', not a training state)"
+        )
     if found != FORMAT:
         raise ValueError(
             f"checkpoint {path} has format {found!r}, this trainer reads format {FORMAT}: it was "
             f"written by another version of the trainer; resume it with that version or start a "
             f"new run"
+        )
+    if missing:
+        raise checkpoint.CheckpointError(
+            f"{path} is not a checkpoint of this project (format {FORMAT}, but no "
+            f"{', '.join(map(repr, missing))})"
         )
 
 

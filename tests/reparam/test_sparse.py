@@ -101,7 +101,7 @@ class RuleOnDenseGradient:
 
         grad = self.tau.grad
         rows = (grad != 0).nonzero().squeeze(1)
-        acc = torch.zeros(grad.numel(), 2, device=grad.device)
+        acc = torch.zeros(grad.numel(), 3, device=grad.device)
         acc[rows, 0], acc[rows, 1] = grad[rows], 1.0
         touched = torch.ones_like(rows, dtype=torch.bool)
         sparse_step_(
@@ -260,10 +260,10 @@ def test_attach_steps_as_an_explicit_after_step(schedule):
                     u = torch.randn(len(idx), generator=gen, requires_grad=True)
                     reg(u, idx).backward()
                     opt.step()
-                    opt.zero_grad()
                     if not attached:
                         reg.sparse_tau.lr = 1e-2
                         reg.after_step_()
+                    opt.zero_grad()
                 reg.end_epoch_()
         assert int(reg.sparse_tau.step) == 2 * N // 20
         states.append(reg.state_dict())
@@ -389,7 +389,7 @@ def test_sparse_adam_ahead_rests_where_dense_adam_goes(gap, device):
     dense = torch.ones(n, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([dense], lr=lr)
     tau = torch.ones(n, dtype=torch.float64, device=device)
-    acc = torch.zeros(n, 2, dtype=torch.float64, device=device)
+    acc = torch.zeros(n, 3, dtype=torch.float64, device=device)
     moments = torch.zeros(n, 2, dtype=torch.float64, device=device)
     step = torch.zeros((), dtype=torch.int64, device=device)
     last = torch.zeros(n, dtype=torch.int32, device=device)
@@ -399,7 +399,11 @@ def test_sparse_adam_ahead_rests_where_dense_adam_goes(gap, device):
         rows = touch[t].nonzero().squeeze(1)
         rows = torch.cat([rows, rows[:2], torch.tensor([0])]).to(device)  # repeats, a bystander
         hit = touch[t].to(device)[rows]
-        acc.index_add_(0, rows, torch.stack([grads[t].to(device)[rows] * 0.5, hit.double()], 1))
+        acc.index_add_(
+            0,
+            rows,
+            torch.stack([grads[t].to(device)[rows] * 0.5, hit.double(), 0 * hit.double()], 1),
+        )
         acc[:, 0] = torch.where(touch[t].to(device), grads[t].to(device), 0.0)  # summed once
         sparse_step_(tau, acc, rows, hit, lr=lr, moments=moments, step=step, last=last)
     assert int(step) == steps

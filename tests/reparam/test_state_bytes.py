@@ -25,8 +25,9 @@ from reparam.layout import smallest_int as _smallest_int
 PER_SAMPLE = 1 + 4 + 4 + 4  # shape_labels int8, slot int32, scores float32, score_epoch int32
 PER_POSITIVE = {  # pos_index int32, tau_group int8, tau_param, lam (+ the sparse Adam state)
     "dense": 4 + 1 + 4 + 4,
-    # + moments (n, 2), the gradient's accumulator acc (n, 2), last, the step's scratch elect
-    "sparse_adam_ahead": 4 + 1 + 4 + 4 + 8 + 8 + 4 + 4,
+    # + moments (n, 2), the gradient's accumulator acc (n, 3: the gradient, touches, the
+    # follow weight of a row clipped at the tracked threshold), last, the step's scratch elect
+    "sparse_adam_ahead": 4 + 1 + 4 + 4 + 8 + 12 + 4 + 4,
 }
 
 

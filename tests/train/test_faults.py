@@ -4,8 +4,11 @@ without one, and non-finite losses / shape scores (``train.nonfinite: stop | ski
 from __future__ import annotations
 
 import json
+import os
+import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from train import checkpoint
 from train.__main__ import main
@@ -21,6 +25,7 @@ from train.data import load_data, make_loader
 from train.loop import run
 from train.nonfinite import NonFiniteLossError
 
+from . import _nan_worker
 from .run_utils import (
     ROOT,
     all_finite,
@@ -131,6 +136,115 @@ def test_training_killed_mid_checkpoint_resumes_from_the_previous_one_exactly(
     assert_same_training_state(final_checkpoint(tmp_path / "a"), final_checkpoint(out))
 
 
+def _killed_writer_draws(run_dir: Path, seeds: range, keep: int = 2) -> dict[str, int]:
+    """Each seed: a forked child writes checkpoints of a few MB (step after step, each followed
+    by ``prune``) until the parent SIGKILLs it after a random delay. Every file left under a
+    final name must then hold exactly what was written for its step (the newest complete one is
+    what ``latest`` returns; the previous draw's newest is never lost) and ``prune`` removes the
+    temp file of an interrupted write. Returns how many kills left such a temp file (a kill in
+    the middle of a write) and how many left none."""
+    # the contents, made before forking (the child only serializes): step k holds bases[k % 3],
+    # so that a file mixing two steps' bytes would not equal either
+    bases = [torch.rand(1 << 20, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+    def contents(step: int) -> dict:
+        return {"step": step, "w": bases[step % 3], "tail": torch.full((5,), float(step))}
+
+    def check(where: str) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no file under a final name is ever unreadable
+            found = checkpoint.latest(run_dir)
+        assert found is not None, f"{where}: no checkpoint"
+        for path in checkpoint.listing(run_dir):
+            step = checkpoint.step_of(path)
+            assert_bitwise_equal(contents(step), checkpoint.load(path), f"{where}: {path.name}")
+        return checkpoint.step_of(found[0])
+
+    checkpoint.path_for(run_dir, 0).parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    checkpoint.save_atomic(contents(1), checkpoint.path_for(run_dir, 1))
+    window = 4 * (time.perf_counter() - start)  # a random point of the next few writes
+    newest, outcomes = 1, {"mid-write": 0, "between writes": 0}
+    for seed in seeds:
+        delay = random.Random(seed).uniform(0.0, window)
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: write step after step until killed; never returns to pytest
+            try:
+                os.close(ready_r)
+                os.write(ready_w, b"1")
+                for step in range(newest + 1, newest + 10_000):
+                    checkpoint.save_atomic(contents(step), checkpoint.path_for(run_dir, step))
+                    checkpoint.prune(run_dir, keep)
+            finally:
+                os._exit(1)
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"1"
+        os.close(ready_r)
+        time.sleep(delay)
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        where = f"kill draw seed {seed} (SIGKILL after {delay * 1e3:.1f} ms)"
+        assert os.WIFSIGNALED(status), f"{where}: the writer ended by itself ({status})"
+        step = check(where)
+        assert step >= newest, f"{where}: latest is step {step}, step {newest} was complete"
+        newest = step
+        temps = list((run_dir / checkpoint.FOLDER).glob(".*.tmp"))
+        outcomes["mid-write" if temps else "between writes"] += 1
+        checkpoint.prune(run_dir, keep)
+        assert not list((run_dir / checkpoint.FOLDER).glob(".*.tmp")), where
+        assert check(where) == newest
+    return outcomes
+
+
+def test_a_writer_killed_at_random_points_leaves_complete_checkpoints(tmp_path):
+    outcomes = _killed_writer_draws(tmp_path, range(5))
+    assert sum(outcomes.values()) == 5
+
+
+@pytest.mark.slow
+def test_a_writer_killed_at_60_random_points_leaves_complete_checkpoints(tmp_path):
+    outcomes = _killed_writer_draws(tmp_path, range(100, 160))
+    assert outcomes["mid-write"] >= 5, outcomes  # the draws do hit writes in progress
+
+
+@pytest.mark.slow
+def test_training_killed_at_random_times_resumes_like_uninterrupted(digits_smnist, tmp_path):
+    """The trainer in a fresh process, a checkpoint every step (two kept), SIGKILLed at a random
+    time once its first checkpoint exists; ``--resume`` ends bit for bit where the uninterrupted
+    run ends. Three seeded draws."""
+    reference = tmp_path / "reference"
+    start = time.perf_counter()
+    run(smnist_cfg(digits_smnist, reference), log=quiet)
+    duration = time.perf_counter() - start
+    expected = final_checkpoint(reference)
+    for seed in range(3):
+        out = tmp_path / f"killed-{seed}"
+        args = smnist_args(
+            digits_smnist, out, "train.checkpoint_every=1", "train.keep_checkpoints=2"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "train", *args],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while not checkpoint.listing(out) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no first checkpoint within 120 s"
+            time.sleep(0.01)
+        delay = random.Random(seed).uniform(0.0, duration)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        where = f"trainer kill seed {seed} (SIGKILL {delay:.2f} s after its first checkpoint)"
+        assert proc.returncode in (0, -signal.SIGKILL), f"{where}: {err[-2000:]}"
+        assert main(["--resume", str(out)]) == 0, where
+        assert not list((out / "checkpoints").glob(".*.tmp")), where
+        assert_same_training_state(expected, final_checkpoint(out))
+
+
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp_path):
     for step in (1, 2, 3):
         path = checkpoint.path_for(tmp_path, step)
@@ -138,25 +252,35 @@ def test_corrupt_newest_checkpoint_falls_back_to_the_previous_with_a_warning(tmp
         checkpoint.save_atomic({"step": step, "w": torch.full((1000,), float(step))}, path)
     newest = checkpoint.path_for(tmp_path, 3)
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated copy
-    with pytest.warns(UserWarning, match=r"step-000000003\.pt cannot be read .*older one"):
+    with pytest.warns(
+        checkpoint.CheckpointWarning,
+        match=r"^skipped: checkpoint .*step-000000003\.pt is truncated or corrupt \(\d+ bytes\); "
+        r"trying an older one$",
+    ):
         path, state = checkpoint.latest(tmp_path)
     assert path == checkpoint.path_for(tmp_path, 2) and state["step"] == 2
 
     checkpoint.path_for(tmp_path, 2).write_bytes(b"\x00" * 100)  # garbage, not a zip file
-    with pytest.warns(UserWarning) as record:
+    with pytest.warns(checkpoint.CheckpointWarning) as record:
         path, state = checkpoint.latest(tmp_path)
     assert state["step"] == 1
-    assert sum("cannot be read" in str(w.message) for w in record) == 2
+    assert [str(w.message).split(" (")[0].split("/")[-1] for w in record] == [
+        "step-000000003.pt is truncated or corrupt",
+        "step-000000002.pt is not a checkpoint of this project",
+    ]
     checkpoint.path_for(tmp_path, 1).write_bytes(b"")  # empty: every one unreadable
-    with pytest.warns(UserWarning) as record:
+    with pytest.warns(checkpoint.CheckpointWarning) as record:
         assert checkpoint.latest(tmp_path) is None
-    assert [
-        re.search(r"step-00000000(\d)\.pt cannot be read", str(w.message))[1] for w in record
-    ] == ["3", "2", "1"]
+    assert [re.search(r"step-00000000(\d)\.pt is ", str(w.message))[1] for w in record] == [
+        "3",
+        "2",
+        "1",
+    ]
+    assert str(record[-1].message).endswith("(0 bytes); no older one")
     assert checkpoint.latest(tmp_path / "nothing") is None
 
 
-def test_resume_skips_a_corrupt_newest_checkpoint(digits_smnist, tmp_path):
+def test_resume_skips_a_corrupt_newest_checkpoint(digits_smnist, tmp_path, capsys):
     out = tmp_path / "run"
     cfg = smnist_cfg(digits_smnist, out, "train.keep_checkpoints=3")
     run(cfg, log=quiet)
@@ -164,8 +288,16 @@ def test_resume_skips_a_corrupt_newest_checkpoint(digits_smnist, tmp_path):
     newest = checkpoint.path_for(out, 2 * per_epoch)
     complete = checkpoint.load(newest)
     newest.write_bytes(newest.read_bytes()[:1000])
-    with pytest.warns(UserWarning, match="cannot be read"):
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the CLI says it in one line of its log, no warning
         assert main(["--resume", str(out)]) == 0  # epoch 2 again, from the epoch-1 checkpoint
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (
+        f"warning: skipped: checkpoint {newest} is truncated or corrupt (1000 bytes); "
+        f"trying an older one"
+    )
+    assert lines[1] == f"resuming from {checkpoint.path_for(out, per_epoch)}"
     assert_same_training_state(complete, final_checkpoint(out))
 
 
@@ -358,3 +490,62 @@ def test_diverging_lr_stops_the_cli_with_exit_1(digits_smnist, tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: non-finite loss or shape score at epoch 1 step ")
     assert "last good checkpoint: none yet" in last
+
+
+# --- a non-finite step on one rank of several -----------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nan_draws(tmp_path: Path, world: int, seeds: list[int]) -> None:
+    """``world`` gloo processes (one group) play the draws ``seeds`` of ``_nan_worker``: NaN
+    logits or an infinite shape score on a random rank at a random step, under ``skip`` or
+    ``stop`` (read every 1, 2 or 100 steps). Every rank must take the same decision (drop exactly
+    that step; or raise at the first read after it, naming it) and hold the same model and
+    regularizer state, byte for byte."""
+    folder = tmp_path / "records"
+    folder.mkdir()
+    context = mp.start_processes(
+        _nan_worker.worker,
+        args=(world, _free_port(), str(folder), seeds),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + 540
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"the {world} ranks did not finish {len(seeds)} draws within 540 s")
+    records = [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for i, seed in enumerate(seeds):
+        plan = _nan_worker.draw(seed, world)
+        where = f"NaN draw seed {seed} ({plan})"
+        ranks = [r[i] if i < len(r) else {"failure": "no record"} for r in records]
+        for r, record in enumerate(ranks):
+            assert "failure" not in record, f"{where}: rank {r}: {record['failure']}"
+        decisions = [(r["dropped"], r["error_step"], r["global_step"]) for r in ranks]
+        assert all(d == decisions[0] for d in decisions), f"{where}: ranks differ: {decisions}"
+        assert all(r["state"] == ranks[0]["state"] for r in ranks), f"{where}: states differ"
+        bad, steps = plan["step"], _nan_worker.STEPS
+        if plan["mode"] == "skip":
+            assert decisions[0] == ([bad], None, steps - 1), f"{where}: {decisions[0]}"
+            assert ranks[0]["finite"], f"{where}: non-finite weights after a skipped step"
+        else:  # raised at the first read after it: a checked step (before its update) or the end
+            reads = [k for k in range(bad, steps + 1) if k % plan["check_every"] == 0]
+            done = reads[0] - 1 if reads else steps
+            assert decisions[0] == ([], bad, done), f"{where}: {decisions[0]}"
+
+
+def test_a_non_finite_step_on_a_random_rank_gets_one_decision_everywhere(tmp_path):
+    _nan_draws(tmp_path, 2, list(range(8)))
+
+
+@pytest.mark.slow
+def test_a_non_finite_step_on_a_random_rank_of_3_gets_one_decision_everywhere_60_draws(tmp_path):
+    _nan_draws(tmp_path, 3, list(range(100, 160)))

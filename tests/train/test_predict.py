@@ -220,7 +220,10 @@ def test_checkpoint_errors(run, images, tmp_path, capsys):
 
     corrupt = _copy_run(run, tmp_path / "corrupt", best=False, steps=False)
     run_info.best_path(corrupt).write_bytes(b"PK\x03\x04 truncated")
-    _fails(argv(corrupt), capsys, "best.pt cannot be read")
+    _fails(argv(corrupt), capsys, "best.pt is truncated or corrupt (14 bytes)")
+    run_info.best_path(corrupt).write_bytes(bytes(range(256)) * 4)  # not torch's: no zip
+    err = _fails(argv(corrupt), capsys, "best.pt is not a checkpoint of this project")
+    assert "weights_only" not in err  # torch's advice to load it unsafely is never passed on
     checkpoint.save_atomic({"epoch": 1}, checkpoint.path_for(corrupt, 5))
     _fails(argv(corrupt, "--checkpoint", "last"), capsys, "holds no network weights")
     # config.yaml edited to another architecture than the one the weights were trained as
