@@ -344,8 +344,10 @@ class FBetaRegularizer(ReparamRegularizer):
         self._check_inert()
 
     def _class_mean(self, tau: Tensor) -> Tensor:
-        sums = torch.zeros_like(self.mu).index_add_(0, self.layout.groups, tau.float())
-        return self._comm.sum(sums) / self.layout.n_pos
+        # (float64: a float32 sum of 1e5 rows is off by 1e-4, which mean - 1 makes 1e-3)
+        sums = torch.zeros_like(self.mu, dtype=torch.float64)
+        sums = self._comm.sum(sums.index_add_(0, self.layout.groups, tau.double()))
+        return (sums / self.layout.n_pos).to(self.mu.dtype)
 
     # --- reporting: reparam/fbeta_report.py ---------------------------------------------------
 

@@ -355,14 +355,18 @@ class SparseRows(nn.Module):
         """Replicated data parallelism (module docstring): every process's noted rows and the
         gradient summed on them, gathered from ``world`` processes of ``group``
         (``torch.distributed``), become every process's, the gradient the mean over the
-        processes. Each entry of a touched row carries its share of the row's sums, so that the
+        processes. Each process sends each of its touched rows once, with all of the row's sums
+        (its noted entries may be fewer than the row's touches: ``_compact_`` merges them), so the
         gathered entries of a row sum to the processes' sums. O(world B) per step."""
         rows, touched = self._noted(self.acc.device)
+        rows = torch.unique(rows[touched])  # (a size read from the data: so is the gather's)
         sums = self.acc.index_select(0, rows)
-        share = torch.where(touched & (sums[:, 1] > 0), sums[:, 1].reciprocal(), 0.0)
-        mine = torch.cat([rows.unsqueeze(1), touched.unsqueeze(1), sums * share.unsqueeze(1)], 1)
+        # (float64 before the concatenation: a row index past 2^24 is exact there, not in float32)
+        mine = torch.cat(
+            [rows.double().unsqueeze(1), torch.ones_like(sums[:, :1]).double(), sums.double()], 1
+        )
         zero_rows_(self.acc, rows)
-        every = all_gather_rows(mine.double(), group, world)
+        every = all_gather_rows(mine, group, world)
         rows, touched = every[:, 0].long(), every[:, 1] > 0
         # the gradient: the mean over the processes; the touches and follow weights: their sums
         add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1, 1])).float())

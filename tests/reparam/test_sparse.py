@@ -502,3 +502,20 @@ def test_a_resume_after_a_step_is_bit_for_bit():
         else:
             fresh.load_state_dict(saved)
             assert torch.equal(fresh.tau_param, whole.tau_param)
+
+
+def test_after_step_after_zero_grad_is_an_error_when_a_clipped_row_follows_eps():
+    """Under ``Tracked()`` a row clipped at the threshold follows the step's gradient of ``eps``
+    (method note sec. 3b): an ``after_step_()`` that comes after ``zero_grad()`` finds none and
+    says so, rather than leaving the row where it is."""
+    reg = FBetaRegularizer(LABELS)  # the defaults: Tracked(), SparseTau()
+    opt = torch.optim.SGD(reg.parameters(), lr=0.1)
+    idx = torch.arange(N)
+    with torch.no_grad():
+        reg.tau_param.add_(1.0)  # every row above e* until the step re-tests it
+    reg(torch.full((N,), -3.0, requires_grad=True), idx).backward()
+    assert reg.sparse_tau.acc[:, 2].sum() > 0
+    opt.step()
+    opt.zero_grad()
+    with pytest.raises(ValueError, match=r"before optimizer.zero_grad\(\)"):
+        reg.after_step_()
