@@ -358,13 +358,14 @@ class SparseRows(nn.Module):
         processes. Each process sends each of its touched rows once, with all of the row's sums
         (its noted entries may be fewer than the row's touches: ``_compact_`` merges them), so the
         gathered entries of a row sum to the processes' sums. O(world B) per step."""
-        rows, touched = self._noted(self.acc.device)
-        rows = torch.unique(rows[touched])  # (a size read from the data: so is the gather's)
+        noted, touched = self._noted(self.acc.device)
+        rows = torch.unique(noted[touched])  # (a size read from the data: so is the gather's)
+        if rows.numel() == 0 and noted.numel() > 0:  # forwards with no positive: a step, as on
+            rows = noted[:1]  # one process (row 0 as a negative's placeholder, its sums zero)
         sums = self.acc.index_select(0, rows)
         # (float64 before the concatenation: a row index past 2^24 is exact there, not in float32)
-        mine = torch.cat(
-            [rows.double().unsqueeze(1), torch.ones_like(sums[:, :1]).double(), sums.double()], 1
-        )
+        hit = (sums[:, 1:2] > 0).double()  # touched (the placeholder: not)
+        mine = torch.cat([rows.double().unsqueeze(1), hit, sums.double()], 1)
         zero_rows_(self.acc, rows)
         every = all_gather_rows(mine, group, world)
         rows, touched = every[:, 0].long(), every[:, 1] > 0
