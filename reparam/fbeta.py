@@ -201,7 +201,7 @@ class FBetaRegularizer(ReparamRegularizer):
         mu = self.mu if at is None else self.mu.index_select(0, at)
         slots = rows.clamp_min(0)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)
-            tau, lam = self._batch_rows(tau, rows, touched, tracked, sparse)
+            tau, lam = _batch_rows(self, tau, rows, touched, tracked, sparse)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
         if problem is not None:  # a sample's row serves every column
             slots = slots.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
@@ -215,32 +215,6 @@ class FBetaRegularizer(ReparamRegularizer):
             eps, tau, u, lam, mu, is_pos, slots, beta=self.beta, scale=scale,
             cap=self.cap_scores, share=share, problem=problem, eps_weight=eps_weight,
         )  # fmt: skip
-
-    def _batch_rows(self, tau: Tensor, slots: Tensor, touched: Tensor, tracked, sparse) -> tuple:
-        """The batch's view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values (the
-        ``tracked`` schedule: plus ``eps`` for a row of ``A``; a ``sparse`` tau: through the node
-        that accumulates their gradient) and ``lambda``. ``touched``: the positives."""
-        rows = slots.clamp_min(0)
-        if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
-            tau, lam = tau.new_zeros(1), self.lam.new_zeros(1)
-            values = tau.expand(rows.shape[0])
-            if sparse is not None:  # (its backward still notes the batch: every process steps)
-                values = sparse.rows_(values, rows, touched)
-            return values, lam.expand(rows.shape[0])
-        values = tau.index_select(0, rows)
-        follow = None
-        if tracked is not None:
-            groups = self.layout.row_groups
-            values = values + tracked.shift(rows, self.eps_param, groups)
-            if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
-                at = None if groups is None else groups.index_select(0, rows).long()
-                e_star, share = tracked.threshold(self.eps_param.detach(), at)
-                if at is None:
-                    e_star, share = e_star.expand_as(values), share.expand_as(values)
-                follow = torch.where(touched & (values > e_star), share, 0.0)
-        if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
-            values = sparse.rows_(values, rows, touched, follow)
-        return values, self.lam.index_select(0, rows)
 
     @property
     def tau_update(self) -> str:
@@ -274,28 +248,11 @@ class FBetaRegularizer(ReparamRegularizer):
         if not sparse.stepping:  # no forward since the last step: nothing moves
             return
         eps_grad = None
-        if tracked is not None:  # A kept in step with the rows' change
-            tracked = partial(tracked.step_, tau, self.eps_param, self.layout.row_groups)
-            eps_grad = self._eps_grad_of_rows
+        if tracked is not None:  # A kept in step with the rows' change; clipped rows follow eps
+            groups = self.layout.row_groups
+            eps_grad = partial(tracked.eps_grad_of_rows, self.eps_param, groups, sparse.acc)
+            tracked = partial(tracked.step_, tau, self.eps_param, groups)
         sparse.step_(tau, tracked, eps_grad)
-
-    def _eps_grad_of_rows(self, rows: Tensor) -> Tensor | None:
-        """The gradient of ``eps`` at this step, of each row's problem (``None``: no gradient): a
-        row clipped at the tracked threshold follows it (``reparam.sparse.sparse_step_``)."""
-        grad = self.eps_param.grad
-        if grad is None:
-            follow = self.sparse_tau.acc[:, 2].index_select(0, rows.long())
-            if bool(follow.ne(0).any()):  # (a host read on this misuse path only)
-                raise ValueError(
-                    "after_step_(): eps has no gradient, but rows clipped at the tracked "
-                    "threshold follow it: call after_step_() right after optimizer.step(), before "
-                    "optimizer.zero_grad() (or reg.attach(optimizer) once, which does)"
-                )
-            return None
-        groups = self.layout.row_groups
-        if groups is None:
-            return grad.reshape(-1)[:1].expand(rows.shape[0])
-        return grad.index_select(0, groups.index_select(0, rows.long()).long())
 
     @property
     def tau_lr(self) -> float | None:
@@ -384,3 +341,28 @@ def _check_pair(schedule: object, tau: object, sharded: bool) -> None:
             "tau=DenseTau(), or schedule=Tracked() (the exact projection's threshold, O(B)) or "
             "EpochEnd()"
         )
+
+
+def _batch_rows(
+    reg: FBetaRegularizer, tau: Tensor, slots: Tensor, touched: Tensor, tracked, sparse
+) -> tuple:
+    """``reg``'s batch view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values (the
+    ``tracked`` schedule: plus ``eps`` for a row of ``A``; a ``sparse`` tau: through the node
+    that accumulates their gradient) and ``lambda``. ``touched``: the positives."""
+    rows = slots.clamp_min(0)
+    if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
+        tau, lam = tau.new_zeros(1), reg.lam.new_zeros(1)
+        values = tau.expand(rows.shape[0])
+        if sparse is not None:  # (its backward still notes the batch: every process steps)
+            values = sparse.rows_(values, rows, touched)
+        return values, lam.expand(rows.shape[0])
+    values = tau.index_select(0, rows)
+    follow = None
+    if tracked is not None:
+        groups = reg.layout.row_groups
+        values = values + tracked.shift(rows, reg.eps_param, groups)
+        if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
+            follow = tracked.follow_weights(values, rows, touched, reg.eps_param, groups)
+    if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
+        values = sparse.rows_(values, rows, touched, follow)
+    return values, reg.lam.index_select(0, rows)

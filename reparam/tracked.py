@@ -88,6 +88,41 @@ class TrackedThreshold(Schedule):
         r = eps * share + (eps * (1 - share) + sums[:, 0] / denom).detach()
         return r.clamp_min(0), (r.detach() > 0).to(r.dtype) * share
 
+    def follow_weights(
+        self, values: Tensor, rows: Tensor, touched: Tensor, eps: Tensor, groups: Tensor | None
+    ) -> Tensor:
+        """Per entry of a batch (its rows' ``values``, at ``rows``; ``touched``: the positives),
+        the weight with which its row follows ``eps`` at the step: ``share`` where the row is
+        above ``e*`` (the loss sees ``e*`` there, ``reparam.lagrangian``), else 0 (method note
+        sec. 3b: the step's gradient of ``eps``, not the call's, ``reparam.sparse.sparse_step_``).
+        O(B)."""
+        at = None if groups is None else groups.index_select(0, rows).long()
+        e_star, share = self.threshold(eps.detach(), at)
+        if at is None:
+            e_star, share = e_star.expand_as(values), share.expand_as(values)
+        return torch.where(touched & (values > e_star), share, 0.0)
+
+    @staticmethod
+    def eps_grad_of_rows(
+        eps: Tensor, groups: Tensor | None, acc: Tensor, rows: Tensor
+    ) -> Tensor | None:
+        """The gradient of ``eps`` at this step, of each of ``rows``' problem, which the rows
+        clipped at ``e*`` follow (``None``: no gradient, and no row follows; ``acc``: the sparse
+        rows' accumulator, its third column the follow weights). A ``ValueError`` when a row
+        should follow a gradient that ``zero_grad()`` cleared already."""
+        grad = eps.grad
+        if grad is None:
+            if bool(acc[:, 2].index_select(0, rows.long()).ne(0).any()):  # (misuse path only)
+                raise ValueError(
+                    "after_step_(): eps has no gradient, but rows clipped at the tracked "
+                    "threshold follow it: call after_step_() right after optimizer.step(), before "
+                    "optimizer.zero_grad() (or reg.attach(optimizer) once, which does)"
+                )
+            return None
+        if groups is None:
+            return grad.reshape(-1)[:1].expand(rows.shape[0])
+        return grad.index_select(0, groups.index_select(0, rows.long()).long())
+
     def root(self, eps: Tensor, at: Tensor | None = None) -> Tensor:
         """The threshold ``r`` per problem, not clamped (``A = {tau_i > r}``), detached (``at``:
         of the problems ``at`` only)."""
