@@ -20,7 +20,8 @@ Two kinds of example:
   processes add in another order).
 
 Run: ``python _differential_worker.py MODE FIRST_SEED COUNT PORT OUT`` (``MODE`` stats, train or
-both: the draws alternate; ``FIRST_SEED`` may be a comma-separated list of seeds instead).
+both: the draws alternate; ``FIRST_SEED`` may be a comma-separated list of seeds instead, or of
+``KIND:SEED``).
 """
 
 from __future__ import annotations
@@ -650,7 +651,7 @@ def _same_stat(a, b) -> bool:
 # --- the processes ----------------------------------------------------------------------------
 
 
-def main(rank: int, mode: str, seeds: list[int], port: int, out: str) -> None:
+def main(rank: int, mode: str, seeds: list[int | tuple[str, int]], port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
         "gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=2 * HANG_AFTER)
@@ -665,8 +666,12 @@ def main(rank: int, mode: str, seeds: list[int], port: int, out: str) -> None:
     groups_by_k[WORLD] = dist.group.WORLD
     groups_by_k["self"] = groups_by_k[1] = dist.new_group([rank], use_local_synchronization=True)
     results = []
-    for seed in seeds:
-        kind = mode if mode != "both" else ("stats", "train")[seed % 2]
+    for item in seeds:
+        if isinstance(item, tuple):  # (kind, seed)
+            kind, seed = item
+        else:
+            seed = item
+            kind = mode if mode != "both" else ("stats", "train")[seed % 2]
         ex = draw(seed, kind)
         if os.environ.get("DIFF_OVERRIDE"):  # (to narrow a difference down by hand)
             ex = dataclasses.replace(ex, **json.loads(os.environ["DIFF_OVERRIDE"]))
@@ -694,10 +699,12 @@ def main(rank: int, mode: str, seeds: list[int], port: int, out: str) -> None:
 
 if __name__ == "__main__":
     mode, first, count, port, out = sys.argv[1:6]
-    # FIRST COUNT: the seeds FIRST .. FIRST + COUNT - 1; or FIRST a comma-separated list
-    seeds = (
-        [int(v) for v in first.split(",")]
-        if "," in first
-        else list(range(int(first), int(first) + int(count)))
-    )
+    # FIRST COUNT: the seeds FIRST .. FIRST + COUNT - 1; or FIRST a comma-separated list of
+    # seeds, or of KIND:SEED (MODE is then ignored)
+    if ":" in first:
+        seeds = [(k, int(v)) for k, v in (item.split(":") for item in first.split(","))]
+    elif "," in first:
+        seeds = [int(v) for v in first.split(",")]
+    else:
+        seeds = list(range(int(first), int(first) + int(count)))
     torch.multiprocessing.spawn(main, args=(mode, seeds, int(port), out), nprocs=WORLD)

@@ -16,7 +16,8 @@ exactly. A failure names the seed: rerun one example with
 JSON of the example's fields, narrows it down).
 
 The default suite runs ``DEFAULT`` examples of each kind, the slow suite ``SLOW``; seeds that
-once differed are kept as named regressions (``REGRESSIONS``), run in one group of processes.
+once differed are kept as named regressions (``REGRESSIONS``); the default suite's examples run in
+one group of processes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ WORKER = Path(__file__).with_name("_differential_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 
-DEFAULT = {"stats": 120, "train": 80}
+DEFAULT = {"stats": 140, "train": 60}
 SLOW = {"stats": 1000, "train": 1100}
 # (seed, kind): what each found, now fixed
 REGRESSIONS = {
@@ -61,7 +62,10 @@ REGRESSIONS = {
         100113,
         "train",
     ),
-    "train: stats() took a float32 class mean of 1e5 rows, then mean - 1: 4e-4 off": (100278, "train"),
+    "train: stats() took a float32 class mean of 1e5 rows, then mean - 1: 4e-4 off": (
+        100278,
+        "train",
+    ),
 }
 
 
@@ -94,10 +98,24 @@ def _check(results: list[dict], count: int) -> None:
     assert not failed, f"{len(failed)} of {count} examples differ:\n{report}"
 
 
-@pytest.mark.parametrize("kind", ["stats", "train"])
-def test_random_examples_match_one_process(tmp_path, kind):
+@pytest.fixture(scope="module")
+def default_results(tmp_path_factory) -> dict[tuple[str, int], dict]:
+    """The default suite's examples (``DEFAULT`` of each kind from ``DIFF_FIRST_SEED``, and the
+    ``REGRESSIONS``) in one group of processes: ``(kind, seed)`` -> the example's result."""
     first = int(os.environ.get("DIFF_FIRST_SEED", 0))
-    _check(_run(kind, first, DEFAULT[kind], tmp_path / "out.pt"), DEFAULT[kind])
+    items = [(kind, first + i) for kind, count in DEFAULT.items() for i in range(count)]
+    items += [item[::-1] for item in REGRESSIONS.values() if item[::-1] not in items]
+    listed = ",".join(f"{kind}:{seed}" for kind, seed in items)
+    results = _run("list", listed, 0, tmp_path_factory.mktemp("differential") / "out.pt")
+    assert len(results) == len(items)
+    return {(r["example"]["kind"], r["example"]["seed"]): r for r in results}
+
+
+@pytest.mark.parametrize("kind", ["stats", "train"])
+def test_random_examples_match_one_process(default_results, kind):
+    first = int(os.environ.get("DIFF_FIRST_SEED", 0))
+    results = [default_results[kind, first + i] for i in range(DEFAULT[kind])]
+    _check(results, DEFAULT[kind])
 
 
 @pytest.mark.slow
@@ -107,12 +125,10 @@ def test_many_random_examples_match_one_process(tmp_path, kind):
     _check(_run(kind, first, SLOW[kind], tmp_path / "out.pt"), SLOW[kind])
 
 
-@pytest.mark.parametrize("kind", ["stats", "train"])
-def test_the_examples_that_once_differed(tmp_path, kind):
-    """``REGRESSIONS`` of ``kind``, in one group of processes."""
-    seeds = [seed for seed, k in REGRESSIONS.values() if k == kind]
-    listed = ",".join(map(str, [*seeds, seeds[0]]))  # (a list: at least one comma)
-    _check(_run(kind, listed, 0, tmp_path / "out.pt"), len(seeds) + 1)
+@pytest.mark.parametrize("name", list(REGRESSIONS))
+def test_an_example_that_once_differed(default_results, name):
+    seed, kind = REGRESSIONS[name]
+    _check([default_results[kind, seed]], 1)
 
 
 # --- torch.compile(fullgraph=True) of a user's loss against eager, in this process -----------
