@@ -27,9 +27,10 @@ State per mode (docs/method/cost.md sec. 11), per sample + per positive, and at 
   ``score_epoch`` int32);
 * dense ``tau`` stepped by Adam: + 21 B per positive (``pos_index`` int32, ``tau_group``
   int8, ``tau``, ``lambda``, Adam's two moments): 23.5 B per sample;
-* ``SparseTau()`` (``sparse_adam_ahead``) with ``Tracked()`` (the default): + 34 B per positive
+* ``SparseTau()`` (``sparse_adam_ahead``) with ``Tracked()`` (the default): + 38 B per positive
   (``pos_index``, ``tau_group``, ``tau``, ``lambda``, the Adam moments 8 B, the gradient accumulator
-  8 B, the active set 1 B (bool), the step of each row's last touch 4 B (int32)): 30 B per sample.
+  12 B (the summed gradient, the touches, the follow weight of a clipped row), the active set 1 B
+  (bool), the step of each row's last touch 4 B (int32)): 32 B per sample.
 """
 
 from __future__ import annotations
