@@ -33,8 +33,10 @@ from .options import EpochEnd, Inline, Tracked
 # dual_every: "step" (the per-sample block at its saddle at every touch, nu stepped on every batch,
 # the exact epoch-end step as the correction) or "epoch" (the paper's Algorithm 3 schedule)
 DUAL_EVERY = ("step", "epoch")
-# the per-step nu step on the batch's estimate of the violation (docs/rates.md: measured on real
-# MNIST, 390 steps an epoch, against 0.01 and 0.03)
+# the per-step nu step in normalized units (method note sec. 8, "The multiplier's step"): each
+# objective multiplies it by its multiplier's scale (P@R: m / n; R@P, ROC-AUC: 1), so that the
+# step does not depend on the class ratio (docs/rates.md: against a 9-point grid on real MNIST at
+# 10 % and 1 % positives)
 DEFAULT_NU_STEP = 0.1
 
 
@@ -48,9 +50,9 @@ class RateObjective(ReparamRegularizer):
         schedule: ``Inline(strength)`` or ``EpochEnd()`` (``reparam.options``; the projection is
             onto ``tau <= 1``: ``min(tau, 1)``, or with ``strength = s > 0`` the smooth
             ``tau - s softplus((tau - 1)/s)``).
-        dual_lr_lambda, dual_lr_nu: constant dual step sizes (defaults: what converges on the
-            fixed-feature problems of docs/rates.md with ``Inline()``); plain
-            attributes, so a schedule is set from the user's loop.
+        dual_lr_lambda, dual_lr_nu: constant dual step sizes of the once-per-epoch step
+            (defaults: what converges on the fixed-feature problems of docs/rates.md with
+            ``Inline()``); plain attributes, so a schedule is set from the user's loop.
         nu_max: cap on ``nu`` (``None``: no cap; with a cap the constraint becomes a penalty of
             bounded weight, the remedy for an unreachable target); nu_init: the initial ``nu``.
         lambda_init: initial ``lambda``; ``None``: the value that makes every ``tau_i`` stationary
@@ -64,7 +66,9 @@ class RateObjective(ReparamRegularizer):
             the once-per-epoch step on the remembered scores stays as the correction.
             ``"epoch"``: only the once-per-epoch step (the paper's Algorithm 3). ``None``: the
             objective's default (``"step"``; ``"epoch"`` for ROC-AUC).
-        dual_lr_nu_step: the per-step ``nu`` step size of ``dual_every="step"``.
+        dual_lr_nu_step: the per-step ``nu`` step size of ``dual_every="step"``; ``None``:
+            ``DEFAULT_NU_STEP`` times the multiplier's scale, so that the step is the same in
+            the normalized multiplier whatever the class ratio (method note sec. 8).
     """
 
     _constrained_names = ("tau_param",)
@@ -83,7 +87,7 @@ class RateObjective(ReparamRegularizer):
         nu_init: float = 1.0,
         lambda_init: float | None = None,
         dual_every: str | None = None,
-        dual_lr_nu_step: float = DEFAULT_NU_STEP,
+        dual_lr_nu_step: float | None = None,
         shard: object = None,
         process_group: object = None,
     ) -> None:
@@ -114,7 +118,22 @@ class RateObjective(ReparamRegularizer):
         self.dual_every = _checks.choice(
             "dual_every", self._default_dual_every if dual_every is None else dual_every, DUAL_EVERY
         )
-        self.dual_lr_nu_step = _checks.number("dual_lr_nu_step", dual_lr_nu_step, 0)
+        self.dual_lr_nu_step = (
+            DEFAULT_NU_STEP * self.multiplier_scale
+            if dual_lr_nu_step is None
+            else _checks.number("dual_lr_nu_step", dual_lr_nu_step, 0)
+        )
+
+    @property
+    def multiplier_scale(self) -> float:
+        r"""What turns a step of the normalized multiplier into a step of ``nu`` (1 here).
+
+        With the objective and the constraint of the Lagrangian ``f + nu g`` on their natural
+        scales ``s_f`` and ``s_g`` (rates of their own class), the normalized multiplier
+        ``nu s_g / s_f`` stepped by ``eta`` on ``g / s_g`` is ``nu`` stepped by
+        ``eta s_f / s_g^2`` (method note sec. 8). R@P's objective is a recall and its constraint
+        the precision's violation times ``(tp + fp) / n``, ROC-AUC's a TPR and an FPR: 1."""
+        return 1.0
 
     def _init_rows(self, columns: int, stationary_lambda: float) -> None:
         """``nu`` per constraint; with ``dual_every="epoch"`` also ``tau`` (parameter, 1) and

@@ -102,6 +102,14 @@ class PrecisionAtRecall(PointRateObjective):
     def _stationary_lambda(self) -> Tensor:
         return self.nu
 
+    @property
+    def multiplier_scale(self) -> float:
+        """The multiplier's scale ``m / n`` (``RateObjective.multiplier_scale``).
+
+        The objective ``fp+ / n`` is ``m / n`` times a false-positive rate, and the constraint a
+        recall."""
+        return self.n_negatives / self.layout.n_pos_list[0]
+
     def _select_threshold(self, u_pos: Tensor, u_neg: Tensor) -> R.RateThreshold:
         return R.threshold_at_recall(u_pos, u_neg, self.recall, self._comm)
 

@@ -6,7 +6,7 @@
 * surrogates: ``soft_fbeta_loss``, ``pairwise_squared_hinge_auc_loss``;
 * Newton losses (Petersen et al., NeurIPS 2024): ``newton_loss`` (Hessian),
   ``inject_fisher`` (empirical Fisher);
-* optional peers, imported lazily: Cooper (``cooper_fbeta_problem``) and LibAUC
+* optional peers, imported lazily: Cooper (``cooper_fbeta_problem``, ``cooper_rate_problem``) and LibAUC
   (``libauc_aucm_pesg``);
 * the paper's per-step projection of F-beta: ``FullProjectionsFBeta``;
 * all of them behind the protocol of ``reparam``'s regularizers (``reg(scores, idx)``,
@@ -41,7 +41,7 @@ from .objectives import (
     PairwiseAUC,
     SoftFBeta,
 )
-from .peers import cooper_fbeta_problem, cooper_optimizer, libauc_aucm_pesg
+from .peers import cooper_fbeta_problem, cooper_optimizer, cooper_rate_problem, libauc_aucm_pesg
 from .surrogates import pairwise_squared_hinge_auc_loss, soft_fbeta_loss
 
 __all__ = [
@@ -61,6 +61,7 @@ __all__ = [
     "auc_lp_problem",
     "cooper_fbeta_problem",
     "cooper_optimizer",
+    "cooper_rate_problem",
     "fbeta_lp_loss",
     "fbeta_lp_problem",
     "fisher_step",

@@ -96,24 +96,95 @@ def cooper_fbeta_problem(
     return _cooper_problem_class()(labels.long(), beta, float(eps_init), float(tau_init))
 
 
+def cooper_rate_problem(
+    shape_labels: Tensor, *, recall: float | None = None, precision: float | None = None
+) -> Any:
+    r"""The hinge Lagrangian of a rate target as a Cooper ``ConstrainedMinimizationProblem``.
+
+    What a Cooper user writes for precision at recall (``recall=r``) or recall at precision
+    (``precision=a``), with one dense multiplier for the rate constraint (method note sec. 9).
+
+    With ``fp^+ = sum_{S-} max(0, 1 + u_j)`` over the ``m`` negatives and
+    ``tp^- = sum_{S+} min(u_i, 1)`` over the ``n`` positives (the hinge bounds of sec. 8):
+
+    $$
+        ext{P@R:}\ \min\ 	frac1m fp^+\ 	ext{s.t.}\ r - 	frac1n tp^- \le 0;\qquad
+        ext{R@P:}\ \min\ -	frac1n tp^-\ 	ext{s.t.}\ 	frac1n (a\, fp^+ - (1 - a)\, tp^-) \le 0,
+    $$
+
+    every sum estimated on the batch (``N / (mB)``, ``N / (nB)``). The false positives are over the
+    negatives, as a user states a false-positive rate; ``PrecisionAtRecall``'s objective is
+    ``fp^+ / n``, so its multiplier is Cooper's times ``m / n``. ``compute_cmp_state(scores, idx)``
+    takes a batch's scores ``(B,)`` and dataset indices ``(B,)``. Step it with
+    ``cooper_optimizer(cmp, model.parameters(), alternation="dual_primal")``.
+
+    Args:
+        shape_labels: ``(N,)`` 0/1 labels of the training set, with positives and negatives.
+        recall: the target ``r`` in (0, 1) of precision at recall, or
+        precision: the target ``a`` in (0, 1) of recall at precision (exactly one of the two).
+
+    Raises:
+        ImportError: Cooper is not installed (the message gives the install command).
+        ValueError: labels not a ``(N,)`` 0/1 tensor with both classes; not exactly one target,
+            or a target outside (0, 1).
+
+    Examples:
+        >>> import torch
+        >>> from reparam.baselines import cooper_rate_problem
+        >>> cmp = cooper_rate_problem(torch.tensor([0, 1, 1, 0, 1]), recall=0.8)
+        >>> state = cmp.compute_cmp_state(torch.tensor([0.5, 2.0, 0.4]), torch.tensor([0, 1, 2]))
+        >>> round(state.loss.item(), 4)  # (5 / (2 * 3)) max(0, 1 + 0.5)
+        1.25
+        >>> state.observed_constraints[cmp.rate].violation  # 0.8 - (5 / (3 * 3)) (1 + 0.4)
+        tensor([0.0222])
+    """
+    _require("cooper")
+    labels = torch.as_tensor(shape_labels)
+    if labels.dim() != 1 or labels.numel() == 0 or bool(((labels != 0) & (labels != 1)).any()):
+        raise ValueError(
+            f"shape_labels must be a non-empty (N,) tensor of 0/1, got shape {tuple(labels.shape)}"
+        )
+    if int(labels.sum()) in (0, labels.numel()):
+        raise ValueError(
+            f"shape_labels must contain positives and negatives, got {int(labels.sum())} "
+            f"positives of {labels.numel()}"
+        )
+    if (recall is None) == (precision is None):
+        raise ValueError(
+            f"give exactly one target, recall= or precision=, got recall={recall!r}, "
+            f"precision={precision!r}"
+        )
+    name, value = ("recall", recall) if recall is not None else ("precision", precision)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    return _cooper_rate_class()(labels.long(), name, float(value))
+
+
 def cooper_optimizer(
     cmp: Any,
     primal_parameters: Iterable[torch.nn.Parameter] = (),
     *,
     primal_lr: float = 1e-2,
     dual_lr: float = 1e-1,
+    alternation: str = "simultaneous",
 ) -> Any:
-    """Cooper's ``SimultaneousOptimizer`` for ``cmp``: Adam descent and SGD ascent.
+    """Cooper's optimizer for ``cmp``: Adam descent and SGD ascent.
+
+    ``SimultaneousOptimizer``, or with ``alternation="dual_primal"`` its
+    ``AlternatingDualPrimalOptimizer`` (the multipliers step first).
 
     Adam on the model's and ``cmp``'s primal parameters, SGD ascent (``maximize=True``,
     sparse-gradient friendly) on the multipliers, as Cooper's documentation sets up indexed
     multipliers. Step with ``opt.roll(compute_cmp_state_kwargs=...)``.
 
     Args:
-        cmp: the problem (``cooper_fbeta_problem``).
-        primal_parameters: the model's parameters, stepped by the same Adam as ``eps`` and ``tau``.
+        cmp: the problem (``cooper_fbeta_problem``, ``cooper_rate_problem``).
+        primal_parameters: the model's parameters, stepped by the same Adam as ``cmp``'s own.
         primal_lr: Adam's learning rate (``> 0``).
         dual_lr: the multipliers' ascent step (``> 0``).
+        alternation: ``"simultaneous"`` (both steps on the same Lagrangian) or ``"dual_primal"``
+            (the multipliers step first, then the primal step sees them: the schedule of the
+            rate objectives' ``dual_every="step"``).
 
     Examples:
         >>> import torch
@@ -127,14 +198,54 @@ def cooper_optimizer(
         (0.99, 0.49)
     """
     cooper = _require("cooper")
+    alternation = check_choice("alternation", alternation, ("simultaneous", "dual_primal"))
     params = [*primal_parameters, *cmp.primal_parameters()]
     primal = torch.optim.Adam(params, lr=check_positive("primal_lr", primal_lr))
     dual = torch.optim.SGD(
         cmp.dual_parameters(), lr=check_positive("dual_lr", dual_lr), maximize=True, foreach=False
     )
-    return cooper.optim.SimultaneousOptimizer(
-        primal_optimizers=primal, dual_optimizers=dual, cmp=cmp
+    kind = (
+        cooper.optim.SimultaneousOptimizer
+        if alternation == "simultaneous"
+        else cooper.optim.AlternatingDualPrimalOptimizer
     )
+    return kind(primal_optimizers=primal, dual_optimizers=dual, cmp=cmp)
+
+
+@functools.cache
+def _cooper_rate_class() -> type:
+    cooper = _require("cooper")
+
+    class RateHingeProblem(cooper.ConstrainedMinimizationProblem):
+        """A rate target's hinge Lagrangian, one dense multiplier (see ``cooper_rate_problem``)."""
+
+        def __init__(self, labels: Tensor, target: str, value: float):
+            super().__init__()
+            self.labels, self.target, self.value = labels, target, value
+            self.N, self.n = labels.numel(), int(labels.sum())
+            self.m = self.N - self.n
+            self.rate = cooper.Constraint(
+                cooper.ConstraintType.INEQUALITY,
+                multiplier=cooper.multipliers.DenseMultiplier(num_constraints=1),
+            )
+
+        def primal_parameters(self) -> list[torch.nn.Parameter]:
+            return []
+
+        def compute_cmp_state(self, scores: Tensor, idx: Tensor) -> Any:
+            is_pos = self.labels.to(idx.device)[idx] == 1
+            batch = idx.numel()
+            fp = self.N / batch * torch.where(is_pos, 0, torch.relu(1 + scores)).sum()
+            tp = self.N / (self.n * batch) * torch.where(is_pos, scores.clamp(max=1), 0).sum()
+            if self.target == "recall":  # fp / m  s.t.  r - tp / n <= 0
+                loss, violation = fp / self.m, self.value - tp
+            else:  # -tp / n  s.t.  (a fp - (1 - a) tp) / n <= 0
+                a = self.value
+                loss, violation = -tp, a * fp / self.n - (1 - a) * tp
+            state = cooper.ConstraintState(violation=violation.reshape(1))
+            return cooper.CMPState(loss=loss, observed_constraints={self.rate: state})
+
+    return RateHingeProblem
 
 
 @functools.cache

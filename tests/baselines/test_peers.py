@@ -10,8 +10,14 @@ import sys
 import pytest
 import torch
 
+from reparam import PrecisionAtRecall, RecallAtPrecision
 from reparam import functional as fn
-from reparam.baselines import cooper_fbeta_problem, cooper_optimizer, libauc_aucm_pesg
+from reparam.baselines import (
+    cooper_fbeta_problem,
+    cooper_optimizer,
+    cooper_rate_problem,
+    libauc_aucm_pesg,
+)
 from reparam.lagrangian import batch_lagrangian
 
 HAS_COOPER = importlib.util.find_spec("cooper") is not None
@@ -91,6 +97,92 @@ def test_cooper_descent_ascent_runs_with_indexed_multipliers():
     assert lam.shape == (20, 1) and bool((lam >= 0).all()) and float(lam.max()) > 0
     u = head(x)[:, 0].detach()
     assert fn.fbeta_of_decisions(u[labels == 1], u[labels == 0], 1.0) > 0.9
+
+
+@needs_cooper
+@pytest.mark.parametrize("positives", [8, 40, 180])  # of 200: 4 % to 90 % positives
+@pytest.mark.parametrize("kind", ["par", "rap"])
+def test_the_default_nu_step_is_coopers_hinge_lagrangian_at_dual_lr_0_1(kind, positives):
+    """The objective alone with its default per-step ``nu`` step, dual step first, is Cooper's
+    hinge Lagrangian with one multiplier at dual lr 0.1 whatever the class ratio: P@R's ``nu`` is
+    Cooper's times ``m / n`` and its loss ``m / n`` times Cooper's (SGD at ``n / m`` of Cooper's
+    learning rate); R@P's are the same. Cooper's trajectory = the library's, step by step."""
+    import cooper
+
+    g = torch.Generator().manual_seed(positives)
+    N, D = 200, 3
+    labels = torch.zeros(N, dtype=torch.long)
+    labels[torch.randperm(N, generator=g)[:positives]] = 1
+    x = torch.randn(N, D, generator=g)
+    n, m = positives, N - positives
+    ratio = m / n if kind == "par" else 1.0
+    make = {
+        "par": lambda: PrecisionAtRecall(labels, recall=0.9, nu_init=0.0),
+        "rap": lambda: RecallAtPrecision(labels, precision=0.8, nu_init=0.0),
+    }[kind]
+    reg = make()
+    assert reg.dual_lr_nu_step == pytest.approx(0.1 * ratio)
+    torch.manual_seed(positives)
+    ours = torch.nn.Linear(D, 1)
+    theirs = torch.nn.Linear(D, 1)
+    theirs.load_state_dict(ours.state_dict())
+    lr = 0.05
+    opt = torch.optim.SGD(ours.parameters(), lr=lr / ratio)
+    reg.attach(opt)
+    target = {"recall": 0.9} if kind == "par" else {"precision": 0.8}
+    cmp = cooper_rate_problem(labels, **target)
+    coop = cooper.optim.AlternatingDualPrimalOptimizer(
+        primal_optimizers=torch.optim.SGD(theirs.parameters(), lr=lr),
+        dual_optimizers=torch.optim.SGD(cmp.dual_parameters(), lr=0.1, maximize=True),
+        cmp=cmp,
+    )
+    for step in range(12):
+        idx = torch.randint(0, N, (16,), generator=g)
+        loss = reg(ours(x[idx])[:, 0], idx)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        reg.after_step_()
+        coop.roll(compute_cmp_state_kwargs={"scores": theirs(x[idx])[:, 0], "idx": idx})
+        nu_cooper = float(cmp.rate.multiplier.weight.detach().squeeze())
+        assert float(reg.nu) == pytest.approx(ratio * nu_cooper, rel=1e-5, abs=1e-6), step
+        for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+    assert float(reg.nu) > 0  # the constraint moved the multiplier: the test is not vacuous
+
+
+@needs_cooper
+def test_cooper_rate_problem_recall_at_precision_by_hand():
+    cmp = cooper_rate_problem(torch.tensor([0, 1, 1, 0, 1]), precision=0.75)
+    state = cmp.compute_cmp_state(torch.tensor([0.5, 2.0, 0.4]), torch.tensor([0, 1, 2]))
+    # fp+ = (5 / 3) (1 + 0.5) = 2.5; tp- = (5 / 9) (1 + 0.4) = 7 / 9 (a recall)
+    assert state.loss.item() == pytest.approx(-7 / 9)
+    violation = state.observed_constraints[cmp.rate].violation
+    assert violation.item() == pytest.approx(0.75 * 2.5 / 3 - 0.25 * 7 / 9)
+
+
+@needs_cooper
+@pytest.mark.parametrize(
+    ("labels", "kwargs", "message"),
+    [
+        (torch.tensor([0, 1, 2]), {"recall": 0.9}, "shape_labels must be a non-empty"),
+        (torch.tensor([1, 1]), {"recall": 0.9}, "must contain positives and negatives"),
+        (torch.tensor([0, 1]), {}, "give exactly one target"),
+        (torch.tensor([0, 1]), {"recall": 0.9, "precision": 0.9}, "give exactly one target"),
+        (torch.tensor([0, 1]), {"recall": 1.0}, "recall must be a number in \\(0, 1\\)"),
+        (torch.tensor([0, 1]), {"precision": True}, "precision must be a number"),
+    ],
+)
+def test_cooper_rate_problem_refuses_bad_input(labels, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cooper_rate_problem(labels, **kwargs)
+
+
+@needs_cooper
+def test_cooper_optimizer_refuses_an_unknown_alternation():
+    cmp = cooper_rate_problem(torch.tensor([0, 1]), recall=0.5)
+    with pytest.raises(ValueError, match="alternation"):
+        cooper_optimizer(cmp, [torch.nn.Parameter(torch.zeros(1))], alternation="primal_dual")
 
 
 @needs_libauc

@@ -50,3 +50,31 @@ def test_nu_on_val_steps_nu_from_the_val_split_only():
     # R@P: (a fp+ - (1 - a) tp-) / n+ with fp+ = 0 + 1, tp- = 1.5
     want = (0.9 * 1.0 - 0.1 * 1.5) / 2
     assert float(rates_run.val_violation("rap0.9", u, positive)) == pytest.approx(want)
+
+
+def test_step_study_tabulates_the_default_against_both_grids(tmp_path):
+    """``--study step`` on digits: the default's own step in its row, a library grid point and a
+    Cooper grid point trained, the matched-test-recall diagnostic, and the summary lines."""
+    pytest.importorskip("cooper")
+    runs, out = tmp_path / "runs", tmp_path / "step.md"
+    argv = ["rates", "--study", "step", "--data", "digits", "--epochs", "1", "--seeds", "0"]
+    argv += ["--arms", "rate", "rate, nu step 1", "cooper, dual lr 0.1", "--targets", "par0.95"]
+    assert compare_main([*argv, "--runs", str(runs), "--out", str(out)]) == 0
+    text = out.read_text()
+    y = rates.load("digits", None)["train"][1]
+    m_over_n = float((y == 0).sum() / (y == 1).sum())
+    assert f"| **default** (nu step {0.1 * m_over_n:.3g}) |" in text
+    assert "| rate, nu step 1 |" in text and "| cooper, dual lr 0.1 |" in text
+    assert "r=0.95 at matched test recall" in text and "r=0.99" not in text
+    assert "- r = 0.95: default" in text and "best of Cooper" in text
+    record = json.loads((runs / "digits-linear-cooper-dual-lr-0.1-par0.95-seed0.json").read_text())
+    assert 0 < record["at_test"]["par0.95"]["precision"] <= 1
+    assert record["at_test"]["par0.95"]["recall"] >= 0.95  # the cut chosen on test meets r there
+
+
+def test_rare_keeps_every_negative_and_one_percent_positives():
+    y = torch.tensor([1] * 300 + [0] * 990)
+    x = torch.arange(len(y)).float()[:, None]
+    xs, ys = rates.rare((x, y), 0.01)
+    assert int((ys == 0).sum()) == 990 and int(ys.sum()) == 10
+    assert bool((xs[1:, 0] > xs[:-1, 0]).all())  # the split's order is kept

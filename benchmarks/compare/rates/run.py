@@ -15,7 +15,7 @@ from reparam import PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
 from reparam.rate_base import DEFAULT_NU_STEP
 
-from .spec import ALONE, BATCH, HIDDEN, LR, SCHEDULES, TARGETS, Job, Split, load
+from .spec import ALONE, BATCH, COOPERS, HIDDEN, LR, SCHEDULES, STEPS, TARGETS, Job, Split, load
 
 
 def objective(
@@ -74,10 +74,40 @@ def run(job: Job) -> dict[str, Any]:
     )
     # nu on val: the training batches step no nu (per step nor at the epoch end)
     on_val = job.arm == "rate, nu on val"
-    options = {"dual_lr_nu_step": 0.0, "dual_lr_nu": 0.0} if on_val else SCHEDULES.get(job.arm, {})
+    if job.arm in COOPERS:
+        seconds = train_cooper(job, data, model, COOPERS[job.arm])
+        return record_of(job, data, model, None, seconds)
+    options = (
+        {"dual_lr_nu_step": 0.0, "dual_lr_nu": 0.0}
+        if on_val
+        else (SCHEDULES | STEPS).get(job.arm, {})
+    )
     reg = None if job.arm == "ce" else objective(job.target, y, **options)
     seconds = train(job, data, model, reg)
     return record_of(job, data, model, reg, seconds)
+
+
+def train_cooper(job: Job, data: dict[str, Split], model: torch.nn.Module, dual_lr: float) -> float:
+    """Cooper's hinge Lagrangian of the target (``reparam.baselines.cooper_rate_problem``), its
+    one multiplier stepped first at every batch by SGD at ``dual_lr``, then Adam on the model at
+    the same learning rate and batches as every arm; the seconds per epoch."""
+    from reparam.baselines import cooper_optimizer, cooper_rate_problem
+
+    x, y = data["train"]
+    value = float(job.target[3:])
+    kind = {"recall": value} if job.target.startswith("par") else {"precision": value}
+    cmp = cooper_rate_problem(y, **kind)
+    opt = cooper_optimizer(
+        cmp, model.parameters(), primal_lr=LR, dual_lr=dual_lr, alternation="dual_primal"
+    )
+    g = torch.Generator().manual_seed(job.seed)
+    start = time.perf_counter()
+    for _ in range(job.epochs):
+        perm = torch.randperm(len(y), generator=g)
+        for i in range(0, len(y), BATCH):
+            idx = perm[i : i + BATCH]
+            opt.roll(compute_cmp_state_kwargs={"scores": model(x[idx]).squeeze(1), "idx": idx})
+    return (time.perf_counter() - start) / job.epochs
 
 
 def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) -> float:
@@ -109,7 +139,8 @@ def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) ->
                 pick = torch.randint(len(y_val), (BATCH,), generator=g)
                 with torch.no_grad():
                     u_val = model(x_val[pick]).squeeze(1)
-                    step = DEFAULT_NU_STEP * val_violation(job.target, u_val, y_val[pick] == 1)
+                    violation = val_violation(job.target, u_val, y_val[pick] == 1)
+                    step = DEFAULT_NU_STEP * reg.multiplier_scale * violation
                     reg.nu.copy_((reg.nu + step).clamp_min(0))
         if reg is not None:
             reg.end_epoch_()
@@ -142,9 +173,14 @@ def record_of(
     targets = TARGETS if job.target is None else (job.target,)
     record["at_zero"] = {t: decision(t, data["test"], u_test, 0.0) for t in targets}
     record["at_val"] = {t: at_target(t, data["val"], data["test"], u_val, u_test) for t in targets}
+    # the diagnostic: the cut chosen on test itself (the precision at the matched test recall)
+    record["at_test"] = {
+        t: at_target(t, data["test"], data["test"], u_test, u_test) for t in targets
+    }
     if reg is not None:
         s = reg.stats()
         own = float(reg.decision_threshold[0])
         record["at_own"] = {job.target: decision(job.target, data["test"], u_test, own)}
         record["stats"] = {k: s[k] for k in STATS}
+        record["nu_step"] = reg.dual_lr_nu_step
     return record

@@ -12,6 +12,7 @@ from torch import Tensor
 
 EPOCHS, BATCH, LR, HIDDEN, SEEDS = 8, 128, 1e-3, 256, (0, 1, 2)
 DATASETS = ("mnist9", "imb91", "imb50")
+RARE = ("mnist9p1",)  # digit 9 against the rest at 1 % positives (the step study)
 MODELS = ("linear", "mlp")
 TARGETS = ("par0.9", "par0.95", "par0.99", "rap0.9", "rap0.95")  # objective + target
 ALPHAS = (1e-3, 1e-2, 1e-1)
@@ -22,12 +23,25 @@ SCHEDULES = {
     "rate, epoch schedule, lambda step 10": {"dual_every": "epoch", "dual_lr_lambda": 10.0},
     "rate, nu step 0.01": {"dual_lr_nu_step": 0.01},
     "rate, nu step 0.03": {"dual_lr_nu_step": 0.03},
+    "rate, nu step 0.1": {"dual_lr_nu_step": 0.1},
 }
-ALONE = ("rate", "rate, nu on val", *SCHEDULES)
+# --study step: the default per-step nu step against a 9-point grid of it, and Cooper's hinge
+# Lagrangian (alternating dual-primal, one multiplier) over a 9-point grid of its dual step
+GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+COOPER_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+STEPS = {f"rate, nu step {g:g}": {"dual_lr_nu_step": g} for g in GRID}
+COOPERS = {f"cooper, dual lr {g:g}": g for g in COOPER_GRID}
+ALONE = ("rate", "rate, nu on val", *SCHEDULES, *STEPS, *COOPERS)
 SCHEDULE_STUDY = {
     "data": ["mnist9"],
     "targets": ["par0.95", "par0.99"],
     "arms": ["rate", *SCHEDULES],
+}
+STEP_STUDY = {
+    "data": ["mnist9", "mnist9p1"],
+    "models": ["linear"],
+    "targets": ["par0.95", "par0.99"],
+    "arms": ["rate", *STEPS, *COOPERS],
 }
 # the decisions each arm is reported at: u > 0, the val threshold, the objective's own
 SHOWN = (
@@ -38,10 +52,12 @@ SHOWN = (
         "rate, nu on val": ("at_val", "at_own"),
     }
     | {arm: ("at_zero", "at_val", "at_own") for arm in SCHEDULES}
+    | {arm: ("at_val",) for arm in (*STEPS, *COOPERS) if arm not in SCHEDULES}
 )
 RUNS = Path("benchmarks/compare/rates_runs")
 TABLE = Path("docs/figures/compare_rates.md")
 SCHEDULE_TABLE = Path("docs/figures/compare_rates_schedule.md")
+STEP_TABLE = Path("docs/figures/compare_rates_step.md")
 
 
 Split = tuple[Tensor, Tensor]
@@ -60,7 +76,7 @@ def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
         return {"train": (x[:a], y[:a]), "val": (x[a:b], y[a:b]), "test": (x[b:], y[b:])}
     if mnist_dir is None:
         raise ValueError(f"--mnist-dir is needed for data {dataset!r}")
-    if dataset == "mnist9":
+    if dataset in ("mnist9", "mnist9p1"):
         from data_prep.smnist import load_mnist
 
         raw = load_mnist(Path(mnist_dir), verify=False)[0]
@@ -69,7 +85,12 @@ def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
             x = torch.from_numpy(images.reshape(len(digits), -1).astype(np.float32) / 255)
             out[split] = (x, torch.from_numpy((digits == 9).astype(np.int64)))
         (x, y) = out["train"]
-        return {"train": (x[:50000], y[:50000]), "val": (x[50000:], y[50000:]), "test": out["test"]}
+        parts = {
+            "train": (x[:50000], y[:50000]),
+            "val": (x[50000:], y[50000:]),
+            "test": out["test"],
+        }
+        return parts if dataset == "mnist9" else {k: rare(v, 0.01) for k, v in parts.items()}
     from benchmarks.compare.mnist.spec import prepare
 
     ratio = {"imb91": 0.91, "imb50": 0.5}[dataset]
@@ -79,6 +100,19 @@ def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
     n_val = len(y) // 6
     val, train = order[:n_val], order[n_val:]
     return {"train": (x[train], y[train]), "val": (x[val], y[val]), "test": parts["test"]}
+
+
+def rare(split: Split, share: float) -> Split:
+    """Every negative of ``split`` and a fixed random subset of its positives, so that the
+    positives are ``share`` of the result (in the split's order)."""
+    x, y = split
+    pos = torch.nonzero(y == 1).squeeze(1)
+    keep_pos = round(share / (1 - share) * int((y == 0).sum()))
+    order = torch.from_numpy(np.random.default_rng(2).permutation(len(pos)))
+    kept = torch.zeros(len(y), dtype=torch.bool)
+    kept[y == 0] = True
+    kept[pos[order[:keep_pos]]] = True
+    return x[kept], y[kept]
 
 
 # --- one run --------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarks._report import markdown_table, mean_and_sd, mean_sd
 
-from .spec import ARMS, DATASETS, MODELS, SCHEDULES, SHOWN, TARGETS
+from .spec import ARMS, COOPERS, DATASETS, MODELS, RARE, SCHEDULES, SHOWN, STEPS, TARGETS
 
 
 def table(records: list[dict]) -> str:
@@ -102,3 +102,70 @@ def training_table(records: list[dict]) -> str:
         + markdown_table(header, rows)
         + "\n"
     )
+
+
+def step_table(records: list[dict]) -> str:
+    """The step study: per data set, the test precision at the val threshold (mean ± sd over
+    seeds) and at the matched test recall, for the default ``nu`` step, each point of its grid and
+    each point of Cooper's grid; then the default against the best point of each grid."""
+    by: dict[tuple, list[dict]] = {}
+    for rec in records:
+        j = rec["job"]
+        by.setdefault((j["dataset"], j["model"], j["arm"]), []).append(rec)
+    lines = [
+        "# The multiplier's step: the default against a grid, and Cooper's hinge Lagrangian",
+        "",
+    ]
+    lines.append(
+        "Test precision at the val threshold of P@R (mean ± sd over seeds) [seeds whose test "
+        "recall met r there], then at the test cut with recall >= r (the matched test recall, a "
+        "diagnostic); `nu step` is the library's per-step multiplier step, `dual lr` Cooper's."
+    )
+    studied = {r["job"]["target"] for r in records}
+    targets = [t for t in TARGETS if t.startswith("par") and t in studied]
+    for dataset in (*DATASETS, *RARE, "digits"):
+        for model in MODELS:
+            rows, means = _step_rows(by, dataset, model, targets)
+            if not rows:
+                continue
+            header = ["arm"]
+            for t in targets:
+                header += [f"r={t[3:]} at val", f"r={t[3:]} at matched test recall"]
+            lines += ["", f"## {dataset}, {model}", "", markdown_table(header, rows), ""]
+            lines += [_summary(means, t) for t in targets if ("rate", t) in means]
+    return "\n".join(lines) + "\n"
+
+
+def _step_rows(
+    by: dict[tuple, list[dict]], dataset: str, model: str, targets: list[str]
+) -> tuple[list[list[str]], dict[tuple[str, str], float]]:
+    """The step table's rows of one data set and model, and each cell's mean at val."""
+    rows, means = [], {}
+    for arm in ("rate", *STEPS, *COOPERS):
+        recs = by.get((dataset, model, arm), [])
+        cells = []
+        for t in targets:
+            ds = [r for r in recs if r["job"]["target"] == t]
+            if not ds:
+                cells += ["", ""]
+                continue
+            val = [r["at_val"][t]["precision"] for r in ds]
+            held = sum(r["at_val"][t]["held"] for r in ds)
+            means[arm, t] = sum(val) / len(val)
+            test = mean_sd([r["at_test"][t]["precision"] for r in ds])
+            cells += [f"{mean_sd(val)} [{held}/{len(ds)}]", test]
+        if any(cells):
+            name = f"**default** (nu step {recs[0]['nu_step']:.3g})" if arm == "rate" else arm
+            rows.append([name, *cells])
+    return rows, means
+
+
+def _summary(means: dict[tuple[str, str], float], t: str) -> str:
+    """``- r = ...: default ...; best of grid ...: default -0.003; best of Cooper ...``."""
+    parts = [f"default {means['rate', t]:.3f}"]
+    for name, group in (("grid", STEPS), ("Cooper", COOPERS)):
+        points = [(means[a, t], a) for a in group if (a, t) in means]
+        if points:
+            v, a = max(points)
+            parts.append(f"best of {name} {v:.3f} ({a}): default {means['rate', t] - v:+.3f}")
+    return f"- r = {t[3:]}: " + "; ".join(parts)
