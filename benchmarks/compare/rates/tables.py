@@ -117,9 +117,10 @@ def step_table(records: list[dict]) -> str:
         "",
     ]
     lines.append(
-        "Test precision at the val threshold of P@R (mean ± sd over seeds) [seeds whose test "
-        "recall met r there], then at the test cut with recall >= r (the matched test recall, a "
-        "diagnostic); `nu step` is the library's per-step multiplier step, `dual lr` Cooper's."
+        "Test precision at the val threshold of P@R (mean ± sd over seeds), the test recall it "
+        "reached (mean) [seeds whose test recall met r there], then the test precision at the "
+        "test cut with recall >= r (the matched test recall, a diagnostic); `nu step` is the "
+        "library's per-step multiplier step, `dual lr` Cooper's."
     )
     studied = {r["job"]["target"] for r in records}
     targets = [t for t in TARGETS if t.startswith("par") and t in studied]
@@ -151,9 +152,10 @@ def _step_rows(
                 continue
             val = [r["at_val"][t]["precision"] for r in ds]
             held = sum(r["at_val"][t]["held"] for r in ds)
+            reached = sum(r["at_val"][t]["recall"] for r in ds) / len(ds)
             means[arm, t] = sum(val) / len(val)
             test = mean_sd([r["at_test"][t]["precision"] for r in ds])
-            cells += [f"{mean_sd(val)} [{held}/{len(ds)}]", test]
+            cells += [f"{mean_sd(val)} at {reached:.3f} [{held}/{len(ds)}]", test]
         if any(cells):
             name = f"**default** (nu step {recs[0]['nu_step']:.3g})" if arm == "rate" else arm
             rows.append([name, *cells])
