@@ -33,10 +33,11 @@ from .options import EpochEnd, Inline, Tracked
 # dual_every: "step" (the per-sample block at its saddle at every touch, nu stepped on every batch,
 # the exact epoch-end step as the correction) or "epoch" (the paper's Algorithm 3 schedule)
 DUAL_EVERY = ("step", "epoch")
-# the per-step nu step in normalized units (method note sec. 8, "The multiplier's step"): each
-# objective multiplies it by its multiplier's scale (P@R: m / n; R@P, ROC-AUC: 1), so that the
-# step does not depend on the class ratio (docs/rates.md: against a 9-point grid on real MNIST at
-# 10 % and 1 % positives)
+# the per-step nu step at a multiplier scale of 1 (method note sec. 8, "The multiplier's step"):
+# each objective multiplies it by the square root of its multiplier's scale (P@R: sqrt(m / n);
+# R@P, ROC-AUC: 1), between the drift the optimal nu needs (the scale) and the noise of the batch's
+# estimate of the violation (its square root); docs/rates.md: against a 9-point grid on real MNIST
+# at 10 % and 1 % positives, and Cooper's hinge Lagrangian over its own grid
 DEFAULT_NU_STEP = 0.1
 
 
@@ -67,8 +68,8 @@ class RateObjective(ReparamRegularizer):
             ``"epoch"``: only the once-per-epoch step (the paper's Algorithm 3). ``None``: the
             objective's default (``"step"``; ``"epoch"`` for ROC-AUC).
         dual_lr_nu_step: the per-step ``nu`` step size of ``dual_every="step"``; ``None``:
-            ``DEFAULT_NU_STEP`` times the multiplier's scale, so that the step is the same in
-            the normalized multiplier whatever the class ratio (method note sec. 8).
+            ``DEFAULT_NU_STEP`` times the square root of the multiplier's scale
+            (``multiplier_scale``; method note sec. 8), so that it follows the class ratio.
     """
 
     _constrained_names = ("tau_param",)
@@ -119,20 +120,21 @@ class RateObjective(ReparamRegularizer):
             "dual_every", self._default_dual_every if dual_every is None else dual_every, DUAL_EVERY
         )
         self.dual_lr_nu_step = (
-            DEFAULT_NU_STEP * self.multiplier_scale
+            DEFAULT_NU_STEP * math.sqrt(self.multiplier_scale)
             if dual_lr_nu_step is None
             else _checks.number("dual_lr_nu_step", dual_lr_nu_step, 0)
         )
 
     @property
     def multiplier_scale(self) -> float:
-        r"""What turns a step of the normalized multiplier into a step of ``nu`` (1 here).
+        r"""The scale of ``nu`` against a multiplier of two rates (1 here).
 
         With the objective and the constraint of the Lagrangian ``f + nu g`` on their natural
-        scales ``s_f`` and ``s_g`` (rates of their own class), the normalized multiplier
-        ``nu s_g / s_f`` stepped by ``eta`` on ``g / s_g`` is ``nu`` stepped by
-        ``eta s_f / s_g^2`` (method note sec. 8). R@P's objective is a recall and its constraint
-        the precision's violation times ``(tp + fp) / n``, ROC-AUC's a TPR and an FPR: 1."""
+        scales ``s_f`` and ``s_g`` (rates of their own class), the optimal ``nu`` is
+        ``s_f / s_g`` times that of ``f / s_f + nu' g / s_g`` (method note sec. 8). R@P's
+        objective is a recall and its constraint the precision's violation times
+        ``(tp + fp) / n``, ROC-AUC's a TPR and an FPR: 1. The default per-step ``nu`` step is
+        ``DEFAULT_NU_STEP`` times its square root."""
         return 1.0
 
     def _init_rows(self, columns: int, stationary_lambda: float) -> None:

@@ -102,11 +102,12 @@ def test_cooper_descent_ascent_runs_with_indexed_multipliers():
 @needs_cooper
 @pytest.mark.parametrize("positives", [8, 40, 180])  # of 200: 4 % to 90 % positives
 @pytest.mark.parametrize("kind", ["par", "rap"])
-def test_the_default_nu_step_is_coopers_hinge_lagrangian_at_dual_lr_0_1(kind, positives):
+def test_the_default_nu_step_is_coopers_hinge_lagrangian_at_its_dual_lr(kind, positives):
     """The objective alone with its default per-step ``nu`` step, dual step first, is Cooper's
-    hinge Lagrangian with one multiplier at dual lr 0.1 whatever the class ratio: P@R's ``nu`` is
-    Cooper's times ``m / n`` and its loss ``m / n`` times Cooper's (SGD at ``n / m`` of Cooper's
-    learning rate); R@P's are the same. Cooper's trajectory = the library's, step by step."""
+    hinge Lagrangian with one multiplier at dual lr ``0.1 sqrt(n / m)`` (P@R) or 0.1 (R@P): P@R's
+    ``nu`` is Cooper's times ``m / n`` and its loss ``m / n`` times Cooper's (SGD at ``n / m`` of
+    Cooper's learning rate); R@P's are the same. Cooper's trajectory = the library's, step by
+    step, at any class ratio."""
     import cooper
 
     g = torch.Generator().manual_seed(positives)
@@ -121,7 +122,7 @@ def test_the_default_nu_step_is_coopers_hinge_lagrangian_at_dual_lr_0_1(kind, po
         "rap": lambda: RecallAtPrecision(labels, precision=0.8, nu_init=0.0),
     }[kind]
     reg = make()
-    assert reg.dual_lr_nu_step == pytest.approx(0.1 * ratio)
+    assert reg.dual_lr_nu_step == pytest.approx(0.1 * ratio**0.5)
     torch.manual_seed(positives)
     ours = torch.nn.Linear(D, 1)
     theirs = torch.nn.Linear(D, 1)
@@ -133,7 +134,7 @@ def test_the_default_nu_step_is_coopers_hinge_lagrangian_at_dual_lr_0_1(kind, po
     cmp = cooper_rate_problem(labels, **target)
     coop = cooper.optim.AlternatingDualPrimalOptimizer(
         primal_optimizers=torch.optim.SGD(theirs.parameters(), lr=lr),
-        dual_optimizers=torch.optim.SGD(cmp.dual_parameters(), lr=0.1, maximize=True),
+        dual_optimizers=torch.optim.SGD(cmp.dual_parameters(), lr=0.1 / ratio**0.5, maximize=True),
         cmp=cmp,
     )
     for step in range(12):

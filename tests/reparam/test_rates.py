@@ -192,13 +192,14 @@ def test_dual_step_uses_remembered_scores(kind):
 
 
 @pytest.mark.parametrize("positives", [1, 10, 99])  # of 100
-def test_the_default_per_step_nu_step_is_normalized_by_the_class_counts(positives):
-    """P@R's ``nu`` weighs ``fp+ / n`` against a recall, so its default step is ``0.1 m / n``;
-    R@P's and ROC-AUC's multipliers are already on the scale of their rates (0.1); a step given
-    is kept as given. The test sits beside Cooper's equal trajectory in test_peers."""
+def test_the_default_per_step_nu_step_follows_the_class_counts(positives):
+    """P@R's ``nu`` weighs ``fp+ / n`` against a recall (scale ``m / n``), so its default step is
+    ``0.1 sqrt(m / n)``; R@P's and ROC-AUC's multipliers are on the scale of their rates (0.1); a
+    step given is kept as given. Cooper's equal trajectory at this step: test_peers."""
     y = (torch.arange(100) < positives).long()
     m_over_n = (100 - positives) / positives
-    assert PrecisionAtRecall(y, recall=0.9).dual_lr_nu_step == pytest.approx(0.1 * m_over_n)
+    want = 0.1 * m_over_n**0.5
+    assert PrecisionAtRecall(y, recall=0.9).dual_lr_nu_step == pytest.approx(want)
     assert PrecisionAtRecall(y, recall=0.9).multiplier_scale == pytest.approx(m_over_n)
     assert RecallAtPrecision(y, precision=0.9).dual_lr_nu_step == pytest.approx(0.1)
     assert ROCAUC(y, grid=4, dual_every="step").dual_lr_nu_step == pytest.approx(0.1)
