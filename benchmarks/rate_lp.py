@@ -148,7 +148,7 @@ def solve_roc_auc(a: np.ndarray, s: np.ndarray, grid: int) -> RateLP:
 
 SETTINGS = {  # name -> train_head arguments (Adam lr 1e-2 on (w, b, tau))
     # the library's defaults: multipliers at every batch (ROC-AUC: once per epoch, its default)
-    "defaults: inline, eta 0.1 / 1.0, nu step 0.1, B 20, 200 ep": dict(
+    "defaults: inline, eta 0.1 / 1.0, nu step 0.1 sqrt(m/n), B 20, 200 ep": dict(
         schedule=Inline(), dual_lr_lambda=0.1, dual_lr_nu=1.0, batch_size=20, epochs=200
     ),
     "epoch schedule: inline, eta 0.1 / 1.0, B 20, 200 ep": dict(

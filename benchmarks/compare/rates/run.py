@@ -3,6 +3,7 @@ recall and precision at each decision, the objective's figures, the seconds per 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict
 from typing import Any
@@ -140,7 +141,7 @@ def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) ->
                 with torch.no_grad():
                     u_val = model(x_val[pick]).squeeze(1)
                     violation = val_violation(job.target, u_val, y_val[pick] == 1)
-                    step = DEFAULT_NU_STEP * reg.multiplier_scale * violation
+                    step = DEFAULT_NU_STEP * math.sqrt(reg.multiplier_scale) * violation
                     reg.nu.copy_((reg.nu + step).clamp_min(0))
         if reg is not None:
             reg.end_epoch_()
