@@ -63,7 +63,7 @@ def test_step_study_tabulates_the_default_against_both_grids(tmp_path):
     text = out.read_text()
     y = rates.load("digits", None)["train"][1]
     m_over_n = float((y == 0).sum() / (y == 1).sum())
-    assert f"| **default** (nu step {0.1 * m_over_n:.3g}) |" in text
+    assert f"| **default** (nu step {0.1 * m_over_n**0.5:.3g}) |" in text
     assert "| rate, nu step 1 |" in text and "| cooper, dual lr 0.1 |" in text
     assert "r=0.95 at matched test recall" in text and "r=0.99" not in text
     assert "- r = 0.95: default" in text and "best of Cooper" in text
