@@ -44,6 +44,16 @@ def _require(module: str) -> Any:
 # --- Cooper ---------------------------------------------------------------------------------------
 
 
+def _binary_labels(shape_labels: Tensor) -> Tensor:
+    """``shape_labels`` as a tensor, or a ``ValueError`` unless it is a non-empty ``(N,)`` 0/1."""
+    labels = torch.as_tensor(shape_labels)
+    if labels.dim() != 1 or labels.numel() == 0 or bool(((labels != 0) & (labels != 1)).any()):
+        raise ValueError(
+            f"shape_labels must be a non-empty (N,) tensor of 0/1, got shape {tuple(labels.shape)}"
+        )
+    return labels
+
+
 def cooper_fbeta_problem(
     shape_labels: Tensor, *, beta: float = 1.0, eps_init: float = 1.0, tau_init: float = 1.0
 ) -> Any:
@@ -85,11 +95,7 @@ def cooper_fbeta_problem(
         1.8333
     """
     _require("cooper")
-    labels = torch.as_tensor(shape_labels)
-    if labels.dim() != 1 or labels.numel() == 0 or bool(((labels != 0) & (labels != 1)).any()):
-        raise ValueError(
-            f"shape_labels must be a non-empty (N,) tensor of 0/1, got shape {tuple(labels.shape)}"
-        )
+    labels = _binary_labels(shape_labels)
     if int(labels.sum()) == 0:
         raise ValueError("shape_labels must contain at least one positive (label 1), got none")
     beta = check_positive("beta", beta)
@@ -139,11 +145,7 @@ def cooper_rate_problem(
         tensor([0.0222])
     """
     _require("cooper")
-    labels = torch.as_tensor(shape_labels)
-    if labels.dim() != 1 or labels.numel() == 0 or bool(((labels != 0) & (labels != 1)).any()):
-        raise ValueError(
-            f"shape_labels must be a non-empty (N,) tensor of 0/1, got shape {tuple(labels.shape)}"
-        )
+    labels = _binary_labels(shape_labels)
     if int(labels.sum()) in (0, labels.numel()):
         raise ValueError(
             f"shape_labels must contain positives and negatives, got {int(labels.sum())} "

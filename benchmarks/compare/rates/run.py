@@ -3,8 +3,8 @@ recall and precision at each decision, the objective's figures, the seconds per 
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -14,7 +14,6 @@ from torch import Tensor
 from benchmarks._timing import machine_line
 from reparam import PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
-from reparam.rate_base import DEFAULT_NU_STEP
 
 from .spec import ALONE, BATCH, COOPERS, HIDDEN, LR, SCHEDULES, STEPS, TARGETS, Job, Split, load
 
@@ -73,19 +72,23 @@ def run(job: Job) -> dict[str, Any]:
             torch.nn.Linear(dim, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
         )
     )
-    # nu on val: the training batches step no nu (per step nor at the epoch end)
-    on_val = job.arm == "rate, nu on val"
     if job.arm in COOPERS:
         seconds = train_cooper(job, data, model, COOPERS[job.arm])
         return record_of(job, data, model, None, seconds)
-    options = (
-        {"dual_lr_nu_step": 0.0, "dual_lr_nu": 0.0}
-        if on_val
-        else (SCHEDULES | STEPS).get(job.arm, {})
-    )
+    options = (SCHEDULES | STEPS).get(job.arm, {})
     reg = None if job.arm == "ce" else objective(job.target, y, **options)
-    seconds = train(job, data, model, reg)
+    val_step = 0.0
+    if job.arm == "rate, nu on val":  # the training batches step no nu (per step nor per epoch)
+        val_step, reg.dual_lr_nu_step, reg.dual_lr_nu = reg.dual_lr_nu_step, 0.0, 0.0
+    seconds = train(job, data, model, reg, val_step)
     return record_of(job, data, model, reg, seconds)
+
+
+def epochs_of_batches(n: int, epochs: int, g: torch.Generator) -> Iterator[tuple[Tensor, ...]]:
+    """Each epoch's batches of ``BATCH`` indices, a fresh permutation of ``n`` from ``g`` drawn
+    when the epoch starts (the order every arm trains in)."""
+    for _ in range(epochs):
+        yield torch.randperm(n, generator=g).split(BATCH)
 
 
 def train_cooper(job: Job, data: dict[str, Split], model: torch.nn.Module, dual_lr: float) -> float:
@@ -103,17 +106,18 @@ def train_cooper(job: Job, data: dict[str, Split], model: torch.nn.Module, dual_
     )
     g = torch.Generator().manual_seed(job.seed)
     start = time.perf_counter()
-    for _ in range(job.epochs):
-        perm = torch.randperm(len(y), generator=g)
-        for i in range(0, len(y), BATCH):
-            idx = perm[i : i + BATCH]
+    for batches in epochs_of_batches(len(y), job.epochs, g):
+        for idx in batches:
             opt.roll(compute_cmp_state_kwargs={"scores": model(x[idx]).squeeze(1), "idx": idx})
     return (time.perf_counter() - start) / job.epochs
 
 
-def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) -> float:
+def train(
+    job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any, val_step: float = 0.0
+) -> float:
     """Adam on the model (and the objective's parameters), ``job.epochs`` epochs of shuffled
-    batches; the seconds per epoch."""
+    batches; the seconds per epoch. ``val_step``: the arm ``nu`` on val steps ``nu`` by it on the
+    violation of a val batch after every step (the objective's own default step)."""
     (x, y), (x_val, y_val) = data["train"], data["val"]
     alone = job.arm in ALONE
     ce_weight, alpha = (0.0, 1.0) if alone else (1.0, float(job.arm.partition("@")[2] or 0))
@@ -123,10 +127,8 @@ def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) ->
         reg.attach(opt)
     g = torch.Generator().manual_seed(job.seed)
     start = time.perf_counter()
-    for _ in range(job.epochs):
-        perm = torch.randperm(len(y), generator=g)
-        for i in range(0, len(y), BATCH):
-            idx = perm[i : i + BATCH]
+    for batches in epochs_of_batches(len(y), job.epochs, g):
+        for idx in batches:
             u = model(x[idx]).squeeze(1)
             loss = ce_weight * torch.nn.functional.binary_cross_entropy_with_logits(
                 u, y[idx].float()
@@ -141,8 +143,7 @@ def train(job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any) ->
                 with torch.no_grad():
                     u_val = model(x_val[pick]).squeeze(1)
                     violation = val_violation(job.target, u_val, y_val[pick] == 1)
-                    step = DEFAULT_NU_STEP * math.sqrt(reg.multiplier_scale) * violation
-                    reg.nu.copy_((reg.nu + step).clamp_min(0))
+                    reg.nu.copy_((reg.nu + val_step * violation).clamp_min(0))
         if reg is not None:
             reg.end_epoch_()
     return (time.perf_counter() - start) / job.epochs
