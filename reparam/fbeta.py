@@ -214,6 +214,7 @@ class FBetaRegularizer(ReparamRegularizer):
         return batch_lagrangian(
             eps, tau, u, lam, mu, is_pos, slots, beta=self.beta, scale=scale,
             cap=self.cap_scores, share=share, problem=problem, eps_weight=eps_weight,
+            columns=at is None,
         )  # fmt: skip
 
     @property

@@ -30,6 +30,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .layout import run_sums
+
 Terms = tuple[Tensor, Tensor, Tensor, Tensor, float]  # L_B, d_u, d_tau, dL/deps, their factor
 
 
@@ -48,6 +50,7 @@ def batch_lagrangian(
     share: Tensor | None = None,
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
+    columns: bool = False,
 ) -> Tensor:
     r"""``L_B`` of a whole batch (module docstring) in one autograd node; a 0-dim tensor.
 
@@ -81,6 +84,9 @@ def batch_lagrangian(
     (``w = eps_weight``, ``\ell_e`` the entry's term above), with the same closed-form
     derivatives per problem; with one problem, ``w = 1`` and a scalar ``s``, it is the form above.
 
+    ``columns``: the entries are ``(B, K)`` flattened, entry ``(b, j)`` in problem ``j`` (several
+    classes, no groups): the per-problem sums are then a reshape.
+
     ``slots`` ``None``: ``tau`` and ``lam`` are the batch's rows themselves, ``(B,)`` (the O(B)
     modes: a sparse ``tau``, ``"tracked"``); ``tau``'s gradient is then ``(B,)`` too.
     """
@@ -95,6 +101,7 @@ def batch_lagrangian(
         share,
         problem,
         eps_weight,
+        columns,
     )
     return _BatchLagrangian.apply(eps, tau, u, step)
 
@@ -112,6 +119,7 @@ class _Step(NamedTuple):
     share: Tensor | None
     problem: Tensor | None
     eps_weight: Tensor | None
+    columns: bool
 
 
 class _BatchLagrangian(torch.autograd.Function):
@@ -134,6 +142,7 @@ class _BatchLagrangian(torch.autograd.Function):
             step.share,
             step.problem,
             step.eps_weight,
+            step.columns,
         )
         # intermediates, not inputs or outputs: kept on ctx (no saved-variable bookkeeping)
         ctx.d_u, ctx.d_tau, ctx.d_eps, ctx.factor = d_u, d_tau, d_eps, factor
@@ -169,6 +178,7 @@ def lagrangian_terms(
     share: Tensor | None = None,
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
+    columns: bool = False,
 ) -> Terms:
     """The forward math of ``batch_lagrangian`` as one pure function: ``(L_B, d_u, d_tau, dL/deps, f)``: per unit of incoming
     gradient ``g``, ``dL/deps`` (shaped like ``eps``), and ``dL/du = f d_u``, ``dL/dtau = f d_tau``
@@ -176,7 +186,7 @@ def lagrangian_terms(
     if problem is None:
         return _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share)
     return _problems(
-        eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, eps_weight
+        eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, eps_weight, columns
     )
 
 
@@ -189,69 +199,96 @@ def _rows(tau: Tensor, lam: Tensor, slots: Tensor | None) -> tuple[Tensor, Tenso
 
 def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
     """``lagrangian_terms`` for one problem (``eps``, ``mu`` 0-dim or ``(1,)``, ``scale`` a
-    float): 16 operations on ``B``-long vectors; without clipping (``share`` ``None``), ``d_u`` and
-    ``d_tau`` per unit of ``scale`` (the backward multiplies the incoming gradient by it once)."""
+    float): about 20 operations on ``B``-long float vectors; without clipping (``share``
+    ``None``), ``d_u`` and ``d_tau`` per unit of ``scale`` (the backward multiplies the incoming
+    gradient by it once). The positives and negatives are told apart by multiplying with 0/1
+    floats, not by ``torch.where`` on a bool mask: the same values (every score is finite here),
+    and on the CPU a bool select costs about ten float operations."""
     clip = share is not None
     t, lam_b = _rows(tau, lam, slots)
+    p = as_float(is_pos, u.dtype)  # 1 for a positive, 0 for a negative
+    q = 1 - p
     z = u + eps
-    dphi = z > 0  # the hinge's derivative
+    dphi = greater(z, 0.0)  # the hinge's derivative
     mu_lam = lam_b + mu  # a positive row's dL/dtau per unit of s
     if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
         u_pos = torch.minimum(u, eps)
-        d_pos = lam_b * torch.heaviside(eps - u, u.new_full((), 0.5))
+        d_pos = lam_b * torch.sign(eps - u).add_(1).mul_(0.5)  # (heaviside with 1/2 at a tie)
     else:
         u_pos, d_pos = u, lam_b
-    d_u = torch.where(is_pos, d_pos.neg(), dphi)
-    # phi' of the negatives as floats, 0 for the positives (-d_pos + d_pos): eps's hinge count
-    counts = torch.addcmul(d_u, d_pos, is_pos)
+    counts = dphi * q  # phi' of the negatives, 0 for the positives: eps's hinge count
+    d_u = torch.addcmul(counts, d_pos, p, value=-1)  # -d_pos (positives), phi' (negatives)
     if clip:  # a positive row above eps is eps: its gradient goes to eps
-        over = (t > eps) & is_pos
+        over = greater(t, eps).mul_(p)
         t = torch.minimum(t, eps)  # a negative's t is not used
         counts = counts.addcmul_(mu_lam, over)
-    terms = torch.where(is_pos, torch.addcmul(mu_lam * t, lam_b, u_pos, value=-1), torch.relu(z))
+    pos_terms = torch.addcmul(mu_lam * t, lam_b, u_pos, value=-1)
+    terms = torch.addcmul(pos_terms.mul_(p), torch.relu(z), q)
     ones = terms.new_ones(1, terms.shape[0])
     # beta^2 eps + s sum(terms) and beta^2 + s sum(counts) as matrix-vector products: one op each
     loss = torch.addmv(eps, ones, terms, beta=beta2, alpha=scale).view(())
     d_eps = torch.addmv(eps.new_ones(1), ones, counts, beta=beta2, alpha=scale)
     if eps.dim() == 0:
         d_eps = d_eps.view(())
-    d_tau = mu_lam * is_pos
+    d_tau = mu_lam * p
     if not clip:
         return loss, d_u, d_tau, d_eps, scale
     # the clipped rows move with eps, as the active set moves with the projection's e*
-    d_tau = torch.where(over, d_eps * share, d_tau * scale)
+    d_tau = torch.addcmul((d_tau * scale).mul_(1 - over), d_eps * share, over)
     return loss, d_u * scale, d_tau, d_eps, 1.0
 
 
-def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, w):
+def as_float(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool ``mask`` as 0/1 floats (through its bytes: on the CPU a third of ``mask.to(dtype)``'s
+    time)."""
+    return mask.view(torch.uint8).to(dtype)
+
+
+def greater(a: Tensor, b: Tensor | float) -> Tensor:
+    """``a > b`` as 0/1 floats of ``a``'s dtype and shape, in one operation (a bool result and
+    its conversion take two, and the bool one is the slower on the CPU)."""
+    return torch.gt(a, b, out=torch.empty_like(a))
+
+
+def _problems(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share, problem, w, columns):
     """``lagrangian_terms`` for ``K`` problems: entry ``e`` in problem ``problem[e]`` (``-1``:
-    none, weight 0), ``eps``, ``mu``, ``scale``, ``eps_weight`` (``w``) per problem ``(K,)``."""
+    none, weight 0), ``eps``, ``mu``, ``scale``, ``eps_weight`` (``w``) per problem ``(K,)``.
+    ``columns``: the entries are ``(B, K)`` flattened, entry ``(b, j)`` in problem ``j`` (no
+    groups). The per-problem sums are a reshape then (``columns``) or sums over runs of equal
+    problems (``reparam.layout.run_sums``), not a scatter of every entry into few places."""
     clip = share is not None
     t, lam_b = _rows(tau, lam, slots)
     k = problem.clamp_min(0)
     eps_e, mu_e = eps.index_select(0, k), mu.index_select(0, k)
-    scale_e = torch.where(problem >= 0, scale.index_select(0, k), 0.0)
+    scale_e = scale.index_select(0, k).mul_(as_float(problem >= 0, u.dtype))
+    p = as_float(is_pos, u.dtype)  # 1 for a positive, 0 for a negative
+    q = 1 - p
     z = eps_e + u
-    dphi = (z > 0).to(z.dtype)
+    dphi = greater(z, 0.0)
     mu_lam = mu_e + lam_b
-    d_eps_neg = torch.where(is_pos, 0.0, dphi)
+    d_eps_neg = dphi * q
     if cap:  # a positive's score is min(u, eps): d/du = 1, 1/2, 0 below, at, above eps
         u_pos = torch.minimum(u, eps_e)
-        d_pos = -lam_b * torch.heaviside(eps_e - u, u.new_full((), 0.5))
+        d_pos = lam_b * torch.sign(eps_e - u).add_(1).mul_(-0.5)  # (-heaviside, 1/2 at a tie)
     else:
         u_pos, d_pos = u, -lam_b
     if clip:  # a positive row above eps is eps: its gradient goes to eps
-        over = is_pos & (t > eps_e)
-        t = torch.where(over, eps_e, t)
-        d_eps_neg = d_eps_neg + torch.where(over, mu_lam, 0.0)
-        is_row = is_pos & ~over
+        over = greater(t, eps_e).mul_(p)
+        t = torch.minimum(t, eps_e)  # a negative's t is not used
+        d_eps_neg = d_eps_neg.addcmul_(mu_lam, over)
+        is_row = p * (1 - over)
     else:
-        is_row = is_pos
-    terms = torch.where(is_pos, mu_lam * t - lam_b * u_pos, torch.relu(z))
-    d_u = torch.where(is_pos, d_pos, dphi) * scale_e
-    d_tau = torch.where(is_row, mu_lam * scale_e, 0.0)
-    d_eps = beta2 * w + torch.zeros_like(eps).index_add_(0, k, scale_e * d_eps_neg)
+        is_row = p
+    terms = torch.addcmul((mu_lam * t - lam_b * u_pos).mul_(p), torch.relu(z), q)
+    d_u = torch.addcmul(dphi * q, d_pos, p).mul_(scale_e)
+    d_tau = (mu_lam * scale_e).mul_(is_row)
+    counts = scale_e * d_eps_neg
+    if columns:
+        sums = counts.view(-1, eps.shape[0]).sum(0)
+    else:
+        sums = run_sums(counts, k, eps.shape[0]).to(eps.dtype)
+    d_eps = beta2 * w + sums
     loss = beta2 * (w * eps).sum() + (scale_e * terms).sum()
     if clip:  # the clipped rows move with eps, as the active set moves with the projection's e*
-        d_tau = torch.where(over, (d_eps * share).index_select(0, k), d_tau)
+        d_tau = torch.addcmul(d_tau.mul_(1 - over), (d_eps * share).index_select(0, k), over)
     return loss, d_u, d_tau, d_eps, 1.0

@@ -158,6 +158,9 @@ class ProblemLayout(nn.Module):
         order = torch.sort(g, stable=True).indices[g.numel() - int(valid.sum()) :]
         self.register_buffer("group_order", order.to(index_dtype(g.numel())), persistent=False)
         self.group_start = [0, *torch.cumsum(sizes, 0).tolist()]
+        # where a batch's entries elect their problem's slot (batch_slots; any content)
+        scratch = torch.zeros(self.n_problems + SPARE, dtype=index_dtype(self.n_problems + SPARE))
+        self.register_buffer("slot_scratch", scratch, persistent=False)
 
     @property
     def problem_comm(self) -> LocalComm:
@@ -241,9 +244,9 @@ class ProblemLayout(nn.Module):
         else:  # sharded: the mean over the processes of their losses is the global batch's
             total = self._comm.sum((g > 0).sum().reshape(1))[0]
             f = self.n_valid * self._comm.world / (total.clamp_min(1) * k)
-        slot, at = batch_slots(problem.reshape(-1))
+        slot, at = batch_slots(problem.reshape(-1), self.slot_scratch)
         kept = (slot >= 0).to(n_pos.dtype)
-        present = torch.zeros_like(kept).index_add_(0, slot.clamp_min(0), kept)
+        present = run_sums(kept, slot.clamp_min(0), slot.numel()).to(n_pos.dtype)
         scale = f / n_pos.index_select(0, at)
         return slot.view_as(problem), scale, f * present / self.problem_size.index_select(0, at), at
 
@@ -292,15 +295,53 @@ class ProblemLayout(nn.Module):
         return u[pos & seen], u[~pos & seen]
 
 
-def batch_slots(problem: Tensor) -> tuple[Tensor, Tensor]:
-    """``(slot, at)``: the ``E`` entries' problems (``-1``: none) numbered by the distinct
-    problems among them, in fixed shapes: ``slot`` per entry (``-1`` kept), ``at`` the problem of
-    each of ``E`` slots (those no entry uses: 0, and weight 0 where they are read). A sort, no
-    host read (compiled: one graph)."""
-    key, order = torch.sort(problem)
-    first = torch.ones_like(key, dtype=torch.bool)
-    first[1:] = key[1:] != key[:-1]
-    slot_sorted = torch.cumsum(first, 0) - 1
-    slot = torch.empty_like(slot_sorted).scatter_(0, order, slot_sorted)
-    at = torch.zeros_like(key).scatter_(0, slot_sorted, key.clamp_min(0))
+# slots of a scratch past its rows, where the entries that write nothing of use write
+SPARE = 1024
+
+
+def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
+    """``(slot, at)``: the ``E`` entries' problems (``-1``: none) in slots, fixed shapes, no sort
+    and no host read (compiled: one graph). The first entry of each run of equal problems writes
+    its position in its problem's place of ``scratch`` (``K + SPARE`` places, any content; the
+    other entries write past the problems, each to a place of its own modulo ``SPARE``), and every
+    entry reads its problem's place back: its slot is the position of an entry of its problem
+    (``-1`` kept). ``at`` is the problem of each of the ``E`` slots; a slot no entry uses reads
+    a problem of its own modulo ``K`` (weight 0 where it is read: its gradient, zero, is not added
+    to one problem by every such slot). A batch of whole images writes one place per image."""
+    e = problem.numel()
+    k = scratch.shape[0] - SPARE
+    position = torch.arange(e, device=problem.device, dtype=scratch.dtype)
+    head = torch.ones_like(problem, dtype=torch.bool)
+    head[1:] = problem[1:] != problem[:-1]
+    head &= problem >= 0
+    spare = k + position.long() % SPARE
+    scratch.index_copy_(0, torch.where(head, problem, spare), position)
+    mine = problem.clamp_min(0)
+    slot = scratch.index_select(0, mine).long()
+    used = slot == position  # (the entry whose position is its slot)
+    at = torch.where(used & (problem >= 0), mine, position.long() % k)
     return torch.where(problem >= 0, slot, -1), at
+
+
+def run_sums(values: Tensor, key: Tensor, size: int) -> Tensor:
+    """``zeros(size, ...).index_add_(0, key, values)`` in float64 (``values`` ``(B,)`` or
+    ``(B, c)``), with one add per run of equal
+    consecutive keys instead of one per entry: the sum over a run is a difference of the
+    running sum (``cumsum``) at its ends. Entries of a run's inside add nothing and go past
+    the ``size`` places (each to one of its own modulo ``SPARE``). On an accelerator, a scatter of
+    many entries into few places queues its atomic adds one behind another; a batch of whole
+    images is a few runs. Fixed shapes, O(B), no sort."""
+    v = values.double()
+    total = v.cumsum(0)
+    change = key[1:] != key[:-1]
+    head = torch.ones_like(key, dtype=torch.bool)
+    head[1:] = change
+    end = torch.ones_like(key, dtype=torch.bool)
+    end[:-1] = change
+    # + the running sum at a run's end, - the running sum before its head
+    shape = (-1, *([1] * (v.dim() - 1)))
+    part = torch.where(end.view(shape), total, 0.0) - torch.where(head.view(shape), total - v, 0.0)
+    position = torch.arange(key.numel(), device=key.device)
+    target = torch.where(head | end, key.long(), size + position % SPARE)
+    out = torch.zeros(size + SPARE, *v.shape[1:], dtype=torch.float64, device=values.device)
+    return out.index_add_(0, target, part)[:size]

@@ -50,10 +50,20 @@ def accumulate_(
     gradient, the number of contributions (``grad`` is 0 where not touched) and the summed
     ``follow`` weights (``None``: 0; the entries clipped at the tracked threshold, which take
     ``follow`` times ``eps``'s gradient at the step, ``sparse_step_``)."""
+    rows = spread(rows, touched, acc.shape[0])  # (an untouched entry adds zeros)
     if follow is None:  # (the first two columns: no operation for a column of zeros)
         add_rows_(acc.narrow(1, 0, 2), rows, torch.stack([grad, touched.to(grad.dtype)], 1))
     else:
         add_rows_(acc, rows, torch.stack([grad, touched.to(grad.dtype), follow.to(grad.dtype)], 1))
+
+
+def spread(rows: Tensor, keep: Tensor, n: int) -> Tensor:
+    """``rows`` where ``keep``, elsewhere the entry's position modulo ``n``: for a scatter in
+    which the entries not kept add zeros (a batch's negatives stand at row 0). On an accelerator
+    the atomic adds of a scatter into one row queue one behind another (2M of them took 3 ms on
+    an H200); spread over the rows, they run at the memory's speed. Fixed shapes, O(B)."""
+    position = torch.arange(rows.numel(), device=rows.device, dtype=rows.dtype)
+    return torch.where(keep, rows, position % n)
 
 
 def add_rows_(state: Tensor, rows: Tensor, values: Tensor) -> None:
@@ -93,10 +103,9 @@ def sparse_step_(
     row's whole update, 0 where not touched) for the caller to write once (mode ``"tracked"``:
     inductor copies all of ``tau`` when it is read, written and written again in one graph).
 
-    ``scratch``: an int32 ``(n,)`` buffer of the caller's (any content) in which one entry per
-    touched row is elected to carry the row's update (``_one_per_row``), whatever the number of
-    entries the row has; ``None``: each touched entry carries ``1 / count`` of it (``count``,
-    ``acc``'s second column, is then the row's number of touched entries).
+    ``scratch``: an int32 ``(n + SPARE,)`` buffer of the caller's (any content) in which one
+    entry per touched row is elected to carry the row's update (``_one_per_row``), whatever the
+    number of entries the row has; ``None``: one made here (O(n)).
 
     ``eps_grad``: per entry, the gradient of ``eps`` (of the row's problem) at this step, which
     a row clipped at the tracked threshold follows: the row's gradient is its summed gradient
@@ -111,10 +120,9 @@ def sparse_step_(
     # (several processes: skipped on all of them when one has one, so the step counts agree)
     ok = comm.all_of_flag(torch.isfinite(g).all())
     use = ok & touched & (count > 0)  # (count 0: a forward whose backward never ran)
-    if scratch is None:  # 1/count per occurrence: one update a row
-        share = torch.where(use, count.reciprocal(), 0.0)
-    else:  # the row's update once, on one of its entries
-        share = _one_per_row(rows, use, scratch).to(g.dtype)
+    if scratch is None:  # (O(n): the caller's, kept between steps, saves it)
+        scratch = torch.zeros(tau.shape[0] + SPARE, dtype=torch.int32, device=rows.device)
+    share = _one_per_row(rows, use, scratch).to(g.dtype)  # the row's update once, on one entry
     g = torch.where(ok, g, 0.0)
     old = moments.index_select(0, rows)
     coef = _coefficients(old.dtype).to(old.device) if coef is None else coef
@@ -128,15 +136,20 @@ def sparse_step_(
     ahead = _ahead_table(old.dtype).to(old.device) if ahead is None else ahead
     future = ahead.index_select(0, step.clamp_max(_AHEAD_STEPS).view(1))
     move = (a_old * torch.pow(_AHEAD_RATIO, k) - a_new / _AHEAD_RATIO) * future
-    add_rows_(moments, rows, (new - old) * share.unsqueeze(1))
+    # (the entries that carry no update add zeros, spread over the rows)
+    target = spread(rows, share > 0, moments.shape[0])
+    add_rows_(moments, target, (new - old) * share.unsqueeze(1))
     change = None
     if write:
-        tau.index_add_(0, rows, move * share * lr)
+        tau.index_add_(0, target, move * share * lr)
     else:
         change = torch.where(use, move, 0.0) * lr
-    _write_touched_(last, rows, use, (step + 1).to(last.dtype))
+    # each touched row's last touch moved to this step, by its one elected entry (an int add)
+    now = (step + 1).to(last.dtype)
+    elected = (share > 0).to(last.dtype)
+    last.index_add_(0, target, (now - last.index_select(0, rows)) * elected)
     step.add_(ok)
-    zero_rows_(acc, rows)
+    zero_rows_(acc, spread(rows, touched, acc.shape[0]))  # (zero outside the noted rows already)
     return change
 
 
@@ -168,31 +181,24 @@ def _ahead_table(dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.tensor(e[::-1], dtype=torch.float64)[: _AHEAD_STEPS + 1].to(dtype)
 
 
-def _write_touched_(state: Tensor, rows: Tensor, use: Tensor, value: Tensor) -> None:
-    """``state[rows[use]] = value`` with fixed shapes and one value per row: an entry not in use
-    writes the row of the first one in use with the same value (none in use: the first row its
-    own value). An ``index_copy_``, which inductor updates in place (a ``scatter_reduce_`` copied
-    all of ``state``: 0.84 ms at 1e6 rows, torch 2.13)."""
-    if rows.numel() == 0:  # (a shard with no row touched since the last step)
-        return
-    first = use.to(torch.uint8).argmax().view(1)
-    target = torch.where(use, rows, rows.index_select(0, first))
-    kept = torch.where(use.index_select(0, first), value, state.index_select(0, target[:1]))
-    state.index_copy_(0, target, torch.where(use, value, kept))
-
-
 def _one_per_row(rows: Tensor, use: Tensor, scratch: Tensor) -> Tensor:
     """bool per entry: one entry of each row ``rows[use]`` (the one whose position the row's slot
-    of ``scratch`` holds after every entry in use wrote its own there; an entry not in use
-    writes what the first in use writes). Fixed shapes, O(B), no host read: whichever entry is
-    elected, the row's update is the same (every entry of a row computes it alike)."""
+    of ``scratch`` holds after every entry in use wrote its own there). ``scratch`` has
+    ``SPARE`` slots past the rows, where the entries not in use write (each to a slot of its
+    own modulo ``SPARE``: no slot of a row, and no queue of writes to one address). Fixed
+    shapes, O(B), no host read: whichever entry is elected, the row's update is the same (every
+    entry of a row computes it alike)."""
     if rows.numel() == 0:
         return use
+    n = scratch.shape[0] - SPARE
     position = torch.arange(rows.numel(), device=rows.device, dtype=scratch.dtype)
-    first = use.to(torch.uint8).argmax().view(1)
-    target = torch.where(use, rows, rows.index_select(0, first))
-    scratch.index_copy_(0, target, torch.where(use, position, position.index_select(0, first)))
+    target = torch.where(use, rows, n + position.long() % SPARE)
+    scratch.index_copy_(0, target, position)
     return use & (scratch.index_select(0, rows) == position)
+
+
+# slots of the election's scratch past the rows, where the entries not in use write
+SPARE = 1024
 
 
 def zero_rows_(acc: Tensor, rows: Tensor) -> None:
@@ -259,7 +265,7 @@ class SparseRows(nn.Module):
         # Not a buffer: DDP broadcasts buffers at every forward, which would overwrite the sums
         # another process accumulates under no_sync (moved by _apply)
         self.acc = torch.zeros(n_pos, 3)
-        self.elect = torch.zeros(n_pos, dtype=torch.int32)  # scratch of the step (_one_per_row)
+        self.elect = torch.zeros(n_pos + SPARE, dtype=torch.int32)  # the step's (_one_per_row)
         # (rows, touched) of every forward since the last step that recorded a gradient, one
         # tensor each (a list would be guarded on its length by torch.compile: a graph per call)
         self._note_([])
@@ -431,7 +437,7 @@ class RowGradient(torch.autograd.Function):
         with torch.no_grad():
             g = grad if world == 1 else grad / world
             if follow:  # a clipped entry's row follows eps at the step (its gradient: the step's)
-                g = torch.where(follow[0] > 0, 0.0, g)
+                g = g * torch.le(follow[0], 0, out=torch.empty_like(g))
             if sparse.acc.shape[0] > 0:  # (a shard may hold no row)
                 accumulate_(
                     sparse.acc, *touched_only(rows, touched, g.to(sparse.acc.dtype), *follow)

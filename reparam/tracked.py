@@ -18,6 +18,8 @@ from torch import Tensor
 from projections import projection_root
 from projections.collective import LOCAL, LocalComm
 
+from .lagrangian import as_float, greater
+from .layout import run_sums
 from .schedules import Project, Schedule
 
 
@@ -98,9 +100,7 @@ class TrackedThreshold(Schedule):
         O(B)."""
         at = None if groups is None else groups.index_select(0, rows).long()
         e_star, share = self.threshold(eps.detach(), at)
-        if at is None:
-            e_star, share = e_star.expand_as(values), share.expand_as(values)
-        return torch.where(touched & (values > e_star), share, 0.0)
+        return greater(values, e_star).mul_(as_float(touched, values.dtype)).mul_(share)
 
     @staticmethod
     def eps_grad_of_rows(
@@ -143,7 +143,7 @@ class TrackedThreshold(Schedule):
         """``eps`` (detached) for the rows of ``A`` (stored as offsets above it), 0 elsewhere:
         what turns the stored rows into their values (O(B))."""
         eps_rows = _of_rows(eps.detach(), rows, groups)
-        return torch.where(self.tau_active.index_select(0, rows), eps_rows, 0.0)
+        return as_float(self.tau_active.index_select(0, rows), eps_rows.dtype) * eps_rows
 
     def values(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> Tensor:
         """Every row's value: its offset + ``eps`` on ``A`` (O(n))."""
@@ -256,15 +256,15 @@ def _of_rows(x: Tensor, rows: Tensor, groups: Tensor | None) -> Tensor:
 
 
 def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool, comm) -> None:
-    """``sums[group] += values`` (rows of ``values`` summed per problem; with one problem a sum:
-    inductor's CPU code generator fails on a scatter-add of float64 into one row, torch 2.13),
-    summed over the processes by ``comm``."""
+    """``sums[group] += values`` (rows of ``values`` summed per problem, over the runs of equal
+    ``group``: ``reparam.layout.run_sums``; with one problem a sum: inductor's CPU code generator
+    fails on a scatter-add of float64 into one row, torch 2.13), summed over the processes by
+    ``comm``."""
     if one:
         sums.add_(comm.sum(values.sum(0, keepdim=True)))
-    elif comm.world > 1:  # every problem's change, summed over the processes
-        sums.add_(comm.sum(torch.zeros_like(sums).index_add_(0, group, values)))
-    else:
-        sums.index_add_(0, group, values)
+    else:  # (the entries are sorted by row: a problem's rows are one run)
+        change = run_sums(values, group, sums.shape[0]).to(sums.dtype)
+        sums.add_(comm.sum(change) if comm.world > 1 else change)
 
 
 def _rows_once(
@@ -276,14 +276,13 @@ def _rows_once(
     carries the row's change (a placeholder carries none of its own; a touched row's entries
     all carry the same). The entries may be reordered (sorted by row), ``before`` with them;
     fixed shapes, no host read."""
-    b = rows.numel()
     # sorted by row, within a row the touched entries (which carry its change) first
     key, order = torch.sort(rows * 2 + ~touched)
     rows = key // 2
     first = torch.ones_like(rows, dtype=torch.bool)
     first[1:] = rows[1:] != rows[:-1]
-    position = torch.arange(b, device=rows.device)
-    head = torch.cummax(torch.where(first, position, 0), 0).values
+    # the first entry of each row's run: a binary search in the sorted rows (no scan with indices)
+    head = torch.searchsorted(rows, rows)
     kept = ((key % 2) == 0).index_select(0, head)  # the row's first entry is touched
     change = change.index_select(0, order).index_select(0, head)
     return rows, first & kept, before.index_select(0, order), change, kept

@@ -44,8 +44,10 @@ def batch_lagrangian(
     share: Tensor | None = None,
     problem: Tensor | None = None,
     eps_weight: Tensor | None = None,
+    columns: bool = False,
 ) -> Tensor:
-    """The pre-issue-31 ``reparam.functional.batch_lagrangian``, verbatim; ``slots`` ``None``
+    """``columns``: the production form's reshape of the per-problem sums (the same sums here).
+    The pre-issue-31 ``reparam.functional.batch_lagrangian``, verbatim; ``slots`` ``None``
     (``tau`` and ``lam`` are the batch's rows) as the identity."""
     if slots is None:
         slots = torch.arange(tau.numel(), device=tau.device)

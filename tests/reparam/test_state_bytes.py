@@ -9,6 +9,8 @@ import threading
 import pytest
 import torch
 
+import reparam.layout
+import reparam.sparse
 from reparam import (
     ROCAUC,
     DenseTau,
@@ -46,8 +48,14 @@ def _state_bytes(reg: torch.nn.Module) -> int:
     (attributes, not buffers: DDP broadcasts buffers)."""
     buffers = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
     sparse = getattr(reg, "sparse_tau", None)
-    work = [] if sparse is None else [sparse.acc, sparse.elect]
+    # (the scratches of the elections: one slot per row or problem, and SPARE past them, fixed)
+    work = [] if sparse is None else [sparse.acc, sparse.elect[: -reparam.sparse.SPARE]]
+    buffers = [b[: -reparam.layout.SPARE] if b is _scratch(reg) else b for b in buffers]
     return sum(t.numel() * t.element_size() for t in [*reg.parameters(), *buffers, *work])
+
+
+def _scratch(reg: torch.nn.Module) -> torch.Tensor | None:
+    return getattr(reg.layout, "slot_scratch", None)
 
 
 def test_smallest_exact_dtypes():

@@ -1,0 +1,42 @@
+"""``benchmarks.pixel_step`` and ``benchmarks.gpu``: the per-pixel step's table on a small batch,
+and the GPU command's one-line skip where there is no CUDA device."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks import gpu, pixel_step
+
+
+def test_pixel_step_table_quick(tmp_path):
+    argv = ["--side", "16", "--images", "2", "--rounds", "2", "--threads", "1"]
+    assert pixel_step.main([*argv, "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "pixel_step.md").read_text()
+    assert "layout (512 pixels, cpu)" in text
+    for layout in pixel_step.LAYOUTS:
+        assert f"| {layout} |" in text
+    assert (tmp_path / "pixel_step.png").stat().st_size > 0
+
+
+def test_pixel_batches_are_whole_images():
+    labels, groups, batches = pixel_step.pixel_batches(4, 2, 5, 3, "cpu")
+    assert labels.shape == groups.shape == (80,)
+    for u, idx in batches:
+        assert u.shape == idx.shape == (32,)
+        images = groups[idx].view(2, 16)
+        assert bool((images == images[:, :1]).all()) and images[0, 0] != images[1, 0]
+
+
+def test_gpu_command_says_one_line_without_cuda(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main([]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "[gpu] skipped: no CUDA device (torch.cuda.is_available() is False)"
+    ]
+
+
+def test_gpu_parts_start_with_the_cuda_tests(tmp_path):
+    (name, argv, limit_s, _), *rest = gpu.parts(tmp_path)
+    assert name == "CUDA tests" and argv[argv.index("-m", 2) + 1] == "cuda"
+    assert sum(part[2] for part in [(name, argv, limit_s, ()), *rest]) <= 8 * 60
+    assert any("benchmarks.pixel_step" in part[1] for part in rest)
