@@ -296,7 +296,7 @@ class ProblemLayout(nn.Module):
 
 
 # slots of a scratch past its rows, where the entries that write nothing of use write
-SPARE = 1024
+SPARE = 1 << 13
 
 
 def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
@@ -314,7 +314,7 @@ def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
     head = torch.ones_like(problem, dtype=torch.bool)
     head[1:] = problem[1:] != problem[:-1]
     head &= problem >= 0
-    spare = k + position.long() % SPARE
+    spare = k + (position.long() & (SPARE - 1))
     scratch.index_copy_(0, torch.where(head, problem, spare), position)
     mine = problem.clamp_min(0)
     slot = scratch.index_select(0, mine).long()
@@ -323,14 +323,25 @@ def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
     return torch.where(problem >= 0, slot, -1), at
 
 
-def run_sums(values: Tensor, key: Tensor, size: int) -> Tensor:
+def run_sums(values: Tensor, key: Tensor, size: int, keep: Tensor | None = None) -> Tensor:
     """``zeros(size, ...).index_add_(0, key, values)`` in float64 (``values`` ``(B,)`` or
     ``(B, c)``), with one add per run of equal
     consecutive keys instead of one per entry: the sum over a run is a difference of the
     running sum (``cumsum``) at its ends. Entries of a run's inside add nothing and go past
     the ``size`` places (each to one of its own modulo ``SPARE``). On an accelerator, a scatter of
     many entries into few places queues its atomic adds one behind another; a batch of whole
-    images is a few runs. Fixed shapes, O(B), no sort."""
+    images is a few runs. Fixed shapes, O(B), no sort.
+
+    ``keep``: the entries whose values count (the others are zeros, and their keys may break
+    the runs of the kept ones: a batch's negatives among its positives); the kept entries are
+    moved ahead of the others first, in their order (``kept_first``), so that theirs stay
+    runs."""
+    if keep is not None:
+        order = kept_first(keep)
+        position = torch.arange(key.numel(), device=key.device)
+        key = torch.where(keep.index_select(0, order), key.index_select(0, order).long(), -1)
+        key = torch.where(key >= 0, key, size + (position & (SPARE - 1)))
+        values = values.index_select(0, order)
     v = values.double()
     total = v.cumsum(0)
     change = key[1:] != key[:-1]
@@ -342,6 +353,18 @@ def run_sums(values: Tensor, key: Tensor, size: int) -> Tensor:
     shape = (-1, *([1] * (v.dim() - 1)))
     part = torch.where(end.view(shape), total, 0.0) - torch.where(head.view(shape), total - v, 0.0)
     position = torch.arange(key.numel(), device=key.device)
-    target = torch.where(head | end, key.long(), size + position % SPARE)
+    target = torch.where(head | end, key.long(), size + (position & (SPARE - 1)))
     out = torch.zeros(size + SPARE, *v.shape[1:], dtype=torch.float64, device=values.device)
     return out.index_add_(0, target, part)[:size]
+
+
+def kept_first(keep: Tensor) -> Tensor:
+    """The positions of the entries, those where ``keep`` first, each part in its order (a stable
+    partition): from two running counts (``cumsum``: a scan without indices) and one scatter to
+    distinct places. Fixed shapes, O(B), no sort."""
+    k = keep.long()
+    ahead = k.cumsum(0)  # kept entries up to and with each one
+    behind = (1 - k).cumsum(0) + ahead[-1:]  # the others after every kept one
+    place = torch.where(keep, ahead, behind) - 1
+    position = torch.arange(keep.numel(), device=keep.device)
+    return torch.empty_like(position).index_copy_(0, place, position)

@@ -49,8 +49,8 @@ def accumulate_(
     """``acc[rows] += [grad, touched, follow]``: ``acc`` is ``(n, 3)``, per row the summed
     gradient, the number of contributions (``grad`` is 0 where not touched) and the summed
     ``follow`` weights (``None``: 0; the entries clipped at the tracked threshold, which take
-    ``follow`` times ``eps``'s gradient at the step, ``sparse_step_``)."""
-    rows = spread(rows, touched, acc.shape[0])  # (an untouched entry adds zeros)
+    ``follow`` times ``eps``'s gradient at the step, ``sparse_step_``). An untouched entry
+    adds zeros (``touched_only`` spreads their rows)."""
     if follow is None:  # (the first two columns: no operation for a column of zeros)
         add_rows_(acc.narrow(1, 0, 2), rows, torch.stack([grad, touched.to(grad.dtype)], 1))
     else:
@@ -62,6 +62,8 @@ def spread(rows: Tensor, keep: Tensor, n: int) -> Tensor:
     which the entries not kept add zeros (a batch's negatives stand at row 0). On an accelerator
     the atomic adds of a scatter into one row queue one behind another (2M of them took 3 ms on
     an H200); spread over the rows, they run at the memory's speed. Fixed shapes, O(B)."""
+    if n == 0:  # (a shard holding no row: no entry)
+        return rows
     position = torch.arange(rows.numel(), device=rows.device, dtype=rows.dtype)
     return torch.where(keep, rows, position % n)
 
@@ -90,7 +92,7 @@ def sparse_step_(
     comm: LocalComm = LOCAL,
     scratch: Tensor | None = None,
     eps_grad: Tensor | None = None,
-) -> Tensor | None:
+) -> tuple[Tensor, Tensor, Tensor] | None:
     """One ``"sparse_adam_ahead"`` step (module docstring) on the rows ``rows[touched]`` of ``tau``
     and of Adam's state (``moments`` ``(n, 2)`` = ``[m, v]``, the step count ``step``, ``last``
     the step of each row's last touch; ``ahead`` and ``coef``, the tables of ``_ahead_table``
@@ -99,9 +101,11 @@ def sparse_step_(
     ``touched`` (their update is zero). In place; no host synchronization. Row-paired state
     (``[g, count]``, ``[m, v]``) halves the scattered reads and writes of a step.
 
-    ``write=False``: ``tau`` is left alone and the step returns each entry's row change (the
-    row's whole update, 0 where not touched) for the caller to write once (mode ``"tracked"``:
-    inductor copies all of ``tau`` when it is read, written and written again in one graph).
+    ``write=False``: ``tau`` is left alone and the step returns ``(change, elected, leader)``
+    per entry: the row's whole update on the one entry elected to carry it, that entry's 1 (0
+    elsewhere), and the position of the elected entry of the entry's row (its own where the row
+    has none), for the caller to write once (mode ``"tracked"``: inductor copies all of ``tau``
+    when it is read, written and written again in one graph).
 
     ``scratch``: an int32 ``(n + SPARE,)`` buffer of the caller's (any content) in which one
     entry per touched row is elected to carry the row's update (``_one_per_row``), whatever the
@@ -122,7 +126,8 @@ def sparse_step_(
     use = ok & touched & (count > 0)  # (count 0: a forward whose backward never ran)
     if scratch is None:  # (O(n): the caller's, kept between steps, saves it)
         scratch = torch.zeros(tau.shape[0] + SPARE, dtype=torch.int32, device=rows.device)
-    share = _one_per_row(rows, use, scratch).to(g.dtype)  # the row's update once, on one entry
+    chosen, leader = _one_per_row(rows, use, scratch)
+    share = chosen.to(g.dtype)  # the row's update once, on one entry
     g = torch.where(ok, g, 0.0)
     old = moments.index_select(0, rows)
     coef = _coefficients(old.dtype).to(old.device) if coef is None else coef
@@ -139,18 +144,16 @@ def sparse_step_(
     # (the entries that carry no update add zeros, spread over the rows)
     target = spread(rows, share > 0, moments.shape[0])
     add_rows_(moments, target, (new - old) * share.unsqueeze(1))
-    change = None
+    change = move * share * lr  # (the row's update on its elected entry, 0 elsewhere)
     if write:
-        tau.index_add_(0, target, move * share * lr)
-    else:
-        change = torch.where(use, move, 0.0) * lr
+        tau.index_add_(0, target, change)
     # each touched row's last touch moved to this step, by its one elected entry (an int add)
     now = (step + 1).to(last.dtype)
     elected = (share > 0).to(last.dtype)
     last.index_add_(0, target, (now - last.index_select(0, rows)) * elected)
     step.add_(ok)
     zero_rows_(acc, spread(rows, touched, acc.shape[0]))  # (zero outside the noted rows already)
-    return change
+    return None if write else (change, share, leader)
 
 
 # sparse_adam_ahead: r = b1 / sqrt(b2), the per-step decay of Adam's m / sqrt(v) without gradient;
@@ -181,24 +184,31 @@ def _ahead_table(dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.tensor(e[::-1], dtype=torch.float64)[: _AHEAD_STEPS + 1].to(dtype)
 
 
-def _one_per_row(rows: Tensor, use: Tensor, scratch: Tensor) -> Tensor:
-    """bool per entry: one entry of each row ``rows[use]`` (the one whose position the row's slot
-    of ``scratch`` holds after every entry in use wrote its own there). ``scratch`` has
-    ``SPARE`` slots past the rows, where the entries not in use write (each to a slot of its
-    own modulo ``SPARE``: no slot of a row, and no queue of writes to one address). Fixed
-    shapes, O(B), no host read: whichever entry is elected, the row's update is the same (every
-    entry of a row computes it alike)."""
-    if rows.numel() == 0:
-        return use
+def _one_per_row(rows: Tensor, use: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
+    """``(chosen, leader)``: bool per entry, one entry of each row ``rows[use]`` (the one whose
+    position the row's slot of ``scratch`` holds after every entry in use wrote its own there),
+    and per entry the position of its row's chosen entry (its own where the row has none).
+    ``scratch`` has ``SPARE`` slots past the rows, where the entries not in use write (each to a
+    slot of its own modulo ``SPARE``: no slot of a row, and no queue of writes to one address).
+    Fixed shapes, O(B), no host read: whichever entry is chosen, the row's update is the same
+    (every entry of a row computes it alike), and an entry that writes its row writes what the
+    chosen one does (``leader``: no write of a row is lost to another)."""
+    b = rows.numel()
+    if b == 0:
+        return use, rows
     n = scratch.shape[0] - SPARE
-    position = torch.arange(rows.numel(), device=rows.device, dtype=scratch.dtype)
-    target = torch.where(use, rows, n + position.long() % SPARE)
+    position = torch.arange(b, device=rows.device, dtype=scratch.dtype)
+    target = torch.where(use, rows, n + (position.long() & (SPARE - 1)))
     scratch.index_copy_(0, target, position)
-    return use & (scratch.index_select(0, rows) == position)
+    mine = scratch.index_select(0, rows)  # (a row no entry in use wrote: a stale position)
+    chosen = use & (mine == position)
+    at = mine.long().clamp(0, b - 1)
+    led = chosen.index_select(0, at) & (rows.index_select(0, at) == rows)
+    return chosen, torch.where(led, at, position.long())
 
 
-# slots of the election's scratch past the rows, where the entries not in use write
-SPARE = 1024
+# slots of the election's scratch past the rows, where the entries not in use write (a power of 2)
+SPARE = 1 << 13
 
 
 def zero_rows_(acc: Tensor, rows: Tensor) -> None:
@@ -213,14 +223,18 @@ def zero_rows_(acc: Tensor, rows: Tensor) -> None:
 COMPACT_FROM = 4096
 
 
-def touched_only(rows: Tensor, touched: Tensor, *more: Tensor) -> tuple[Tensor, ...]:
-    """A large batch's ``(rows, touched, *more)`` on the CPU reduced to its touched entries (a
-    batch of pixels is mostly negatives, which stand at row 0 with no gradient): the
-    accumulation, the sparse step and the tracked set then work on the positives. Elsewhere, or
-    below ``COMPACT_FROM`` entries, or inside ``torch.compile``, unchanged: on an accelerator the
-    size read from the data would synchronize every step (method note sec. 11)."""
-    if rows.device.type != "cpu" or rows.numel() < COMPACT_FROM or torch.compiler.is_compiling():
-        return (rows, touched, *more)  # (compiled: a size read from the data breaks the graph)
+def touched_only(rows: Tensor, touched: Tensor, *more: Tensor, n: int) -> tuple[Tensor, ...]:
+    """A batch's ``(rows, touched, *more)`` with its untouched entries (a batch of pixels is
+    mostly negatives, which stand at row 0 with no gradient) out of the way of the accumulation,
+    the sparse step and the tracked set. Eager on the CPU, from ``COMPACT_FROM`` entries: only
+    the touched entries are kept (``nonzero``: a size read from the data, which costs the CPU
+    nothing and saves it nine tenths of the work). Elsewhere (an accelerator, where such a read
+    would wait for the device at every step, or inside ``torch.compile``) the shapes stay and
+    the untouched entries' rows are spread over the ``n`` rows (``spread``): they add zeros and
+    write their rows' own values, so no write queues on one row (method note sec. 11)."""
+    compact = rows.device.type == "cpu" and rows.numel() >= COMPACT_FROM
+    if not compact or torch.compiler.is_compiling():
+        return (spread(rows, touched, n), touched, *more)
     keep = touched.nonzero().squeeze(1)
     return tuple(x.index_select(0, keep) for x in (rows, touched, *more))
 
@@ -354,7 +368,7 @@ class SparseRows(nn.Module):
         rows, touched = self.noted_rows, self.noted_touched
         self._note_([])
         self._forwarded = False
-        return touched_only(rows, touched)
+        return touched_only(rows, touched, n=self.acc.shape[0])
 
     @torch.no_grad()
     def exchange_(self, group: object, world: int) -> None:
@@ -440,6 +454,9 @@ class RowGradient(torch.autograd.Function):
                 g = g * torch.le(follow[0], 0, out=torch.empty_like(g))
             if sparse.acc.shape[0] > 0:  # (a shard may hold no row)
                 accumulate_(
-                    sparse.acc, *touched_only(rows, touched, g.to(sparse.acc.dtype), *follow)
+                    sparse.acc,
+                    *touched_only(
+                        rows, touched, g.to(sparse.acc.dtype), *follow, n=sparse.acc.shape[0]
+                    ),
                 )
         return None, None, None, None, None, None

@@ -203,44 +203,50 @@ class TrackedThreshold(Schedule):
         groups: Tensor | None,
         rows: Tensor,
         touched: Tensor,
-        step: Callable[..., Tensor | None],
+        step: Callable[..., tuple[Tensor, Tensor]],
     ) -> None:
         """Run the sparse ``step`` on ``rows`` (int, may repeat; ``touched``: the entries that
-        are positives) and keep ``A`` in step in O(B): each touched row counted once (sorted);
-        ``A``'s offset sum moves by its rows' exact change; then every touched row is re-tested
-        against the moved root ``r`` at the ``eps`` the optimizer left. The batch's negatives
-        stand at row 0 (``slots.clamp_min(0)``) untouched: only the touched rows are re-tested,
-        so the rows a step re-tests do not depend on how the batch is split (between processes,
-        or into accumulated micro-batches)."""
+        are positives) and keep ``A`` in step in O(B), on the one entry of each touched row that
+        the step elects to carry the row's update: ``A``'s offset sum moves by its rows' exact
+        change; then every touched row is re-tested against the moved root ``r`` at the ``eps``
+        the optimizer left. The batch's negatives stand at row 0 (``slots.clamp_min(0)``) and
+        are never elected: only the touched rows are re-tested, so the rows a step re-tests do not
+        depend on how the batch is split (between processes, or into accumulated micro-batches).
+        No sort: the rows and the membership change by adds of the elected entries' changes
+        (``reparam.sparse.spread``: the others add zeros)."""
+        rows = rows.long()
         before = tau.index_select(0, rows)
-        change = step(write=False)  # each entry's row change: tau written once, below
-        rows, first, before, change, kept = _rows_once(rows.long(), touched, before, change)
+        change, one, leader = step(write=False)  # each row's change on its elected entry
         # one problem: no gather from the (n,) problem index (at 1e8 rows each is a DRAM miss)
         group = torch.zeros_like(rows) if groups is None else groups.index_select(0, rows).long()
         t = before + change
         was = self.tau_active.index_select(0, rows)
-        moved = (t.double() - before.double()) * (was & first)
+        was_f = as_float(was, torch.float64)
+        moved = (t.double() - before.double()) * was_f * one
         # A's sums are over every process's rows: their moves summed over the processes
-        _add_per_problem(self.active_sums[:, 0], group, moved, groups is None, self._row_comm)
-        self._retest_(tau, eps, groups, (rows, first, kept, group, t, was))
+        _add_per_problem(
+            self.active_sums[:, 0], group, moved, groups is None, self._row_comm, one > 0
+        )
+        self._retest_(tau, eps, groups, (rows, one, leader, group, t, was))
 
     def _retest_(self, tau: Tensor, eps: Tensor, groups: Tensor | None, moved: tuple) -> None:
-        """``step_``'s re-test of the moved rows (``(rows, first, kept, group, t, was)``: sorted
-        entries, the first of each touched row, the entries of a touched row, their problems,
-        their stored values after the step and their membership): one that joins ``A`` stores
-        its offset, one that leaves its value (``+/-(offset, 1)`` on the sums)."""
-        rows, first, kept, group, t, was = moved
+        """``step_``'s re-test of the moved rows (``(rows, one, leader, group, t, was)``: the
+        entries, 1 on the elected entry of each touched row, the position of each entry's
+        elected one, their problems, their stored values after the step and their membership):
+        one that joins ``A`` stores its offset, one that leaves its value (``+/-(offset, 1)`` on
+        the sums). Every entry writes its row as the row's elected entry leaves it (an entry of a
+        row no step touched: as it was), so no write of a row is lost to another."""
+        rows, one, leader, group, t, was = moved
         eps_rows = _of_rows(eps.detach(), rows, groups)
-        values = torch.where(was, t + eps_rows, t)
-        now = (values > self.root(eps, group)) & kept | (was & ~kept)
+        values = t + eps_rows * as_float(was, t.dtype)  # (a member's stored offset + eps)
+        now = (values > self.root(eps, group)) & (one > 0) | was & (one == 0)
         offset = torch.where(was, t, values - eps_rows)  # the row's offset as a member of A
-        sign = (now.double() - was.double()) * first  # +1 joins, -1 leaves
+        sign = (now.double() - was.double()) * one  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        _add_per_problem(self.active_sums, group, delta, groups is None, self._row_comm)
+        _add_per_problem(self.active_sums, group, delta, groups is None, self._row_comm, one > 0)
         stored = torch.where(now == was, t, torch.where(now, offset, values))
-        # (an entry of a row no step touched writes the row's value back)
-        tau.index_copy_(0, rows, torch.where(kept, stored, tau.index_select(0, rows)))
-        self.tau_active.index_copy_(0, rows, now)
+        tau.index_copy_(0, rows, stored.index_select(0, leader))
+        self.tau_active.index_copy_(0, rows, now.index_select(0, leader))
 
 
 def _per_row(x: Tensor, groups: Tensor | None, n: int) -> Tensor:
@@ -255,34 +261,15 @@ def _of_rows(x: Tensor, rows: Tensor, groups: Tensor | None) -> Tensor:
     return x.index_select(0, groups.index_select(0, rows).long())
 
 
-def _add_per_problem(sums: Tensor, group: Tensor, values: Tensor, one: bool, comm) -> None:
+def _add_per_problem(
+    sums: Tensor, group: Tensor, values: Tensor, one: bool, comm, keep: Tensor
+) -> None:
     """``sums[group] += values`` (rows of ``values`` summed per problem, over the runs of equal
     ``group``: ``reparam.layout.run_sums``; with one problem a sum: inductor's CPU code generator
     fails on a scatter-add of float64 into one row, torch 2.13), summed over the processes by
-    ``comm``."""
+    ``comm``; ``keep``: the entries whose values count (the others add zeros)."""
     if one:
         sums.add_(comm.sum(values.sum(0, keepdim=True)))
-    else:  # (the entries are sorted by row: a problem's rows are one run)
-        change = run_sums(values, group, sums.shape[0]).to(sums.dtype)
+    else:  # (the kept entries' problems are runs: an image's rows, in its pixels' order)
+        change = run_sums(values, group, sums.shape[0], keep).to(sums.dtype)
         sums.add_(comm.sum(change) if comm.world > 1 else change)
-
-
-def _rows_once(
-    rows: Tensor, touched: Tensor, before: Tensor, change: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``(rows, first, before, change, kept)`` with each row's entries agreeing: ``first`` marks
-    one entry per touched row, ``kept`` every entry of a touched row (not a row only a
-    negative's placeholder stands at: it keeps its membership), and every entry of a row
-    carries the row's change (a placeholder carries none of its own; a touched row's entries
-    all carry the same). The entries may be reordered (sorted by row), ``before`` with them;
-    fixed shapes, no host read."""
-    # sorted by row, within a row the touched entries (which carry its change) first
-    key, order = torch.sort(rows * 2 + ~touched)
-    rows = key // 2
-    first = torch.ones_like(rows, dtype=torch.bool)
-    first[1:] = rows[1:] != rows[:-1]
-    # the first entry of each row's run: a binary search in the sorted rows (no scan with indices)
-    head = torch.searchsorted(rows, rows)
-    kept = ((key % 2) == 0).index_select(0, head)  # the row's first entry is touched
-    change = change.index_select(0, order).index_select(0, head)
-    return rows, first & kept, before.index_select(0, order), change, kept
