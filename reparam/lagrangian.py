@@ -207,7 +207,6 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
     clip = share is not None
     t, lam_b = _rows(tau, lam, slots)
     p = as_float(is_pos, u.dtype)  # 1 for a positive, 0 for a negative
-    q = 1 - p
     z = u + eps
     dphi = greater(z, 0.0)  # the hinge's derivative
     mu_lam = lam_b + mu  # a positive row's dL/dtau per unit of s
@@ -216,14 +215,15 @@ def _one_problem(eps, tau, u, lam, mu, is_pos, slots, beta2, scale, cap, share):
         d_pos = lam_b * torch.sign(eps - u).add_(1).mul_(0.5)  # (heaviside with 1/2 at a tie)
     else:
         u_pos, d_pos = u, lam_b
-    counts = dphi * q  # phi' of the negatives, 0 for the positives: eps's hinge count
+    counts = torch.addcmul(dphi, dphi, p, value=-1)  # phi' of the negatives, 0 for positives
     d_u = torch.addcmul(counts, d_pos, p, value=-1)  # -d_pos (positives), phi' (negatives)
     if clip:  # a positive row above eps is eps: its gradient goes to eps
         over = greater(t, eps).mul_(p)
         t = torch.minimum(t, eps)  # a negative's t is not used
         counts = counts.addcmul_(mu_lam, over)
     pos_terms = torch.addcmul(mu_lam * t, lam_b, u_pos, value=-1)
-    terms = torch.addcmul(pos_terms.mul_(p), torch.relu(z), q)
+    hinge = torch.relu(z)
+    terms = torch.addcmul(hinge, hinge, p, value=-1).addcmul_(pos_terms, p)  # (exact selects)
     ones = terms.new_ones(1, terms.shape[0])
     # beta^2 eps + s sum(terms) and beta^2 + s sum(counts) as matrix-vector products: one op each
     loss = torch.addmv(eps, ones, terms, beta=beta2, alpha=scale).view(())

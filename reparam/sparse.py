@@ -57,12 +57,18 @@ def accumulate_(
         add_rows_(acc, rows, torch.stack([grad, touched.to(grad.dtype), follow.to(grad.dtype)], 1))
 
 
+# entries of a scatter from which the ones that add nothing are spread over the rows (spread)
+SPREAD_FROM = 4096
+
+
 def spread(rows: Tensor, keep: Tensor, n: int) -> Tensor:
     """``rows`` where ``keep``, elsewhere the entry's position modulo ``n``: for a scatter in
     which the entries not kept add zeros (a batch's negatives stand at row 0). On an accelerator
     the atomic adds of a scatter into one row queue one behind another (2M of them took 3 ms on
-    an H200); spread over the rows, they run at the memory's speed. Fixed shapes, O(B)."""
-    if n == 0:  # (a shard holding no row: no entry)
+    an H200); spread over the rows, they run at the memory's speed. Fixed shapes, O(B). Below
+    ``SPREAD_FROM`` entries the rows are left as they are (the queue is short, and the three
+    operations cost more: S-MNIST's B = 100)."""
+    if n == 0 or rows.numel() < SPREAD_FROM:  # (a short queue: a few microseconds)
         return rows
     position = torch.arange(rows.numel(), device=rows.device, dtype=rows.dtype)
     return torch.where(keep, rows, position % n)
