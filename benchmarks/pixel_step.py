@@ -142,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():  # (steps past an epoch with no end_epoch_: timing only)
         warnings.simplefilter("ignore", RuntimeWarning)
         results = {layout: measure(layout, args) for layout in LAYOUTS}
-    text = f"{machine_line(args.device)}\n\n{table(results, args)}\n"
+    command = "python -m benchmarks.pixel_step " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    text = f"<!-- {command.strip()} -->\n{machine_line(args.device)}\n\n{table(results, args)}\n"
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

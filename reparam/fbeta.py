@@ -199,10 +199,11 @@ class FBetaRegularizer(ReparamRegularizer):
             u, idx, rows, self._batch_of(idx)
         )  # (groups: the batch's problems only, in slots: at[slot] is the problem, O(B))
         mu = self.mu if at is None else self.mu.index_select(0, at)
-        slots = rows.clamp_min(0)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)
             tau, lam = _batch_rows(self, tau, rows, touched, tracked, sparse)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
+        else:
+            slots = rows.clamp_min(0)
         if problem is not None:  # a sample's row serves every column
             slots = slots.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
         if tracked is not None:  # the loss sees e*
