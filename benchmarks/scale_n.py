@@ -44,7 +44,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from reparam import DenseTau, Inline
+from reparam import DenseTau, Inline, layout
 
 from ._processes import measure_in_fresh_processes, run_child
 from ._report import markdown_table, read_markdown_table, save_figure, subplots
@@ -124,9 +124,12 @@ def _measure(mode: int, n: int, batch: int, steps: int) -> dict[str, float]:
 
 
 def state_tensors(reg) -> list:
-    """The regularizer's state that grows with n: its parameters, its buffers but ``PER_BATCH``,
+    """The regularizer's state that grows with n: its parameters, its buffers but ``PER_BATCH``
+    (and the fixed ``SPARE`` places of the layout's scratch of a batch's slots),
     and the sparse ``tau``'s gradient accumulator (not a buffer: ``SparseRows.acc``)."""
     buffers = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
+    scratch = getattr(reg.layout, "slot_scratch", None)  # (its SPARE places: fixed, not per n)
+    buffers = [b[: -layout.SPARE] if b is scratch else b for b in buffers]
     acc = [reg.sparse_tau.acc] if reg.sparse_tau is not None else []
     return [*reg.parameters(), *buffers, *acc]
 
