@@ -212,8 +212,9 @@ class TrackedThreshold(Schedule):
         the optimizer left. The batch's negatives stand at row 0 (``slots.clamp_min(0)``) and
         are never elected: only the touched rows are re-tested, so the rows a step re-tests do not
         depend on how the batch is split (between processes, or into accumulated micro-batches).
-        No sort: the rows and the membership change by adds of the elected entries' changes
-        (``reparam.sparse.spread``: the others add zeros)."""
+        No sort: the sums move by the elected entries' changes (the others add zeros), and every
+        entry of a row copies the row's new value and membership from its elected entry
+        (``leader``)."""
         rows = rows.long()
         before = tau.index_select(0, rows)
         change, one, leader = step(write=False)  # each row's change on its elected entry
