@@ -245,8 +245,7 @@ class ProblemLayout(nn.Module):
             total = self._comm.sum((g > 0).sum().reshape(1))[0]
             f = self.n_valid * self._comm.world / (total.clamp_min(1) * k)
         slot, at = batch_slots(problem.reshape(-1), self.slot_scratch)
-        kept = (slot >= 0).to(n_pos.dtype)
-        present = run_sums(kept, slot.clamp_min(0), slot.numel()).to(n_pos.dtype)
+        present = run_sums(slot >= 0, slot.clamp_min(0), slot.numel()).to(n_pos.dtype)
         scale = f / n_pos.index_select(0, at)
         return slot.view_as(problem), scale, f * present / self.problem_size.index_select(0, at), at
 
@@ -265,6 +264,17 @@ class ProblemLayout(nn.Module):
             scale = self.n_total / (self.n_pos_list[0] * batch)
             return u, None, is_pos, is_pos, scale, None, None
         problem, scale, eps_weight, at = self.batch_problems(idx, batch)
+        if len(self.classes) == 1:  # (groups) a sample's row is in its group's one problem
+            is_pos = (rows >= 0).unsqueeze(1)
+            return (
+                u.reshape(-1),
+                problem.reshape(-1),
+                is_pos.view(-1),
+                is_pos[:, 0],
+                scale,
+                eps_weight,
+                at,
+            )
         tau_group = self.tau_group
         if tau_group.numel() == 0:  # a shard holding no positive: every entry is a negative
             tau_group = tau_group.new_full((1,), -1)
@@ -295,55 +305,69 @@ class ProblemLayout(nn.Module):
         return u[pos & seen], u[~pos & seen]
 
 
-# slots of a scratch past its rows, where the entries that write nothing of use write
+# places of a scratch past its rows, where the entries that write nothing of use write
 SPARE = 1 << 13
+
+
+def spare_places(position: Tensor, size: int) -> Tensor:
+    """A place past a scratch's ``size`` rows for each entry, its own modulo ``SPARE``
+    (``size + position mod SPARE``, in ``position``'s dtype): where an entry that writes nothing
+    of use writes, so that no row is written and no queue of writes forms on one address."""
+    return (position & (SPARE - 1)).add_(size)
 
 
 def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
     """``(slot, at)``: the ``E`` entries' problems (``-1``: none) in slots, fixed shapes, no sort
     and no host read (compiled: one graph). The first entry of each run of equal problems writes
     its position in its problem's place of ``scratch`` (``K + SPARE`` places, any content; the
-    other entries write past the problems, each to a place of its own modulo ``SPARE``), and every
-    entry reads its problem's place back: its slot is the position of an entry of its problem
-    (``-1`` kept). ``at`` is the problem of each of the ``E`` slots; a slot no entry uses reads
-    a problem of its own modulo ``K`` (weight 0 where it is read: its gradient, zero, is not added
-    to one problem by every such slot). A batch of whole images writes one place per image."""
+    other entries write to ``spare_places``), and every entry reads its problem's place back: its
+    slot is the position of an entry of its problem (``-1`` kept). ``at`` is the problem of each
+    of the ``E`` slots; a slot no entry uses reads a problem of its own, its position modulo the
+    largest power of two not above ``K`` (weight 0 where it is read: its gradient, zero, is not
+    added to one problem by every such slot). A batch of whole images writes one place per
+    image."""
     e = problem.numel()
     k = scratch.shape[0] - SPARE
     position = torch.arange(e, device=problem.device, dtype=scratch.dtype)
-    head = torch.ones_like(problem, dtype=torch.bool)
+    valid = problem >= 0
+    head = torch.ones_like(valid)
     head[1:] = problem[1:] != problem[:-1]
-    head &= problem >= 0
-    spare = k + (position.long() & (SPARE - 1))
-    scratch.index_copy_(0, torch.where(head, problem, spare), position)
+    head &= valid
+    scratch.index_copy_(0, torch.where(head, problem, spare_places(position, k)), position)
     mine = problem.clamp_min(0)
-    slot = scratch.index_select(0, mine).long()
-    used = slot == position  # (the entry whose position is its slot)
-    at = torch.where(used & (problem >= 0), mine, position.long() % k)
-    return torch.where(problem >= 0, slot, -1), at
+    slot = scratch.index_select(0, mine)
+    used = (slot == position) & valid  # (the entry whose position is its slot)
+    own = position & ((1 << (k.bit_length() - 1)) - 1)  # (a power of two: no division)
+    return torch.where(valid, slot, -1).long(), torch.where(used, mine, own)
 
 
-def run_sums(values: Tensor, key: Tensor, size: int, keep: Tensor | None = None) -> Tensor:
-    """``zeros(size, ...).index_add_(0, key, values)`` in float64 (``values`` ``(B,)`` or
-    ``(B, c)``), with one add per run of equal
-    consecutive keys instead of one per entry: the sum over a run is a difference of the
-    running sum (``cumsum``) at its ends. Entries of a run's inside add nothing and go past
-    the ``size`` places (each to one of its own modulo ``SPARE``). On an accelerator, a scatter of
-    many entries into few places queues its atomic adds one behind another; a batch of whole
-    images is a few runs. Fixed shapes, O(B), no sort.
+def kept_keys(keep: Tensor, key: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """``(order, key)`` for ``run_sums`` when only the entries where ``keep`` count (the others'
+    keys may break the kept ones' runs: a batch's negatives among its positives): the kept
+    entries ahead of the others, each part in its order (``kept_first``), and their keys in that
+    order, the others' at ``spare_places``. Computed once, it serves every sum over the same
+    entries."""
+    order = kept_first(keep)
+    position = torch.arange(key.numel(), device=key.device)
+    spare = spare_places(position, size)
+    return order, torch.where(keep.index_select(0, order), key.index_select(0, order).long(), spare)
 
-    ``keep``: the entries whose values count (the others are zeros, and their keys may break
-    the runs of the kept ones: a batch's negatives among its positives); the kept entries are
-    moved ahead of the others first, in their order (``kept_first``), so that theirs stay
-    runs."""
-    if keep is not None:
-        order = kept_first(keep)
-        position = torch.arange(key.numel(), device=key.device)
-        key = torch.where(keep.index_select(0, order), key.index_select(0, order).long(), -1)
-        key = torch.where(key >= 0, key, size + (position & (SPARE - 1)))
+
+def run_sums(values: Tensor, key: Tensor, size: int, order: Tensor | None = None) -> Tensor:
+    """``zeros(size, ...).index_add_(0, key, values)`` (``values`` ``(B,)`` or ``(B, c)``) with
+    one add per run of equal consecutive keys instead of one per entry: the sum over a run is a
+    difference of the running sum (``cumsum``) at its ends, in float64 (integer ``values``: in
+    int32, exact below ``2**31``, the sums' dtype). Entries of a run's inside add nothing and go
+    to ``spare_places``. On an accelerator, a scatter of many entries into few places queues
+    its atomic adds one behind another; a batch of whole images is a few runs. Fixed shapes,
+    O(B), no sort.
+
+    ``order``: ``values`` are taken in this order, ``key`` being theirs in it (``kept_keys``:
+    the entries that count first, so that their keys are runs)."""
+    if order is not None:
         values = values.index_select(0, order)
-    v = values.double()
-    total = v.cumsum(0)
+    v = values.double() if values.is_floating_point() else values.int()
+    total = v.cumsum(0, dtype=v.dtype)
     change = key[1:] != key[:-1]
     head = torch.ones_like(key, dtype=torch.bool)
     head[1:] = change
@@ -351,10 +375,10 @@ def run_sums(values: Tensor, key: Tensor, size: int, keep: Tensor | None = None)
     end[:-1] = change
     # + the running sum at a run's end, - the running sum before its head
     shape = (-1, *([1] * (v.dim() - 1)))
-    part = torch.where(end.view(shape), total, 0.0) - torch.where(head.view(shape), total - v, 0.0)
+    part = torch.where(end.view(shape), total, 0) - torch.where(head.view(shape), total - v, 0)
     position = torch.arange(key.numel(), device=key.device)
-    target = torch.where(head | end, key.long(), size + (position & (SPARE - 1)))
-    out = torch.zeros(size + SPARE, *v.shape[1:], dtype=torch.float64, device=values.device)
+    target = torch.where(head | end, key.long(), spare_places(position, size))
+    out = torch.zeros(size + SPARE, *v.shape[1:], dtype=v.dtype, device=values.device)
     return out.index_add_(0, target, part)[:size]
 
 

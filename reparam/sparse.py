@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from projections.collective import LOCAL, LocalComm
 
+from .layout import SPARE, spare_places
 from .memory import all_gather_rows
 
 TAU_UPDATES = ("dense", "sparse_adam_ahead")
@@ -194,8 +195,8 @@ def _one_per_row(rows: Tensor, use: Tensor, scratch: Tensor) -> tuple[Tensor, Te
     """``(chosen, leader)``: bool per entry, one entry of each row ``rows[use]`` (the one whose
     position the row's slot of ``scratch`` holds after every entry in use wrote its own there),
     and per entry the position of its row's chosen entry (its own where the row has none).
-    ``scratch`` has ``SPARE`` slots past the rows, where the entries not in use write (each to a
-    slot of its own modulo ``SPARE``: no slot of a row, and no queue of writes to one address).
+    ``scratch`` has ``SPARE`` slots past the rows, where the entries not in use write
+    (``reparam.layout.spare_places``).
     Fixed shapes, O(B), no host read: whichever entry is chosen, the row's update is the same
     (every entry of a row computes it alike), and an entry that writes its row writes what the
     chosen one does (``leader``: no write of a row is lost to another)."""
@@ -204,17 +205,13 @@ def _one_per_row(rows: Tensor, use: Tensor, scratch: Tensor) -> tuple[Tensor, Te
         return use, rows
     n = scratch.shape[0] - SPARE
     position = torch.arange(b, device=rows.device, dtype=scratch.dtype)
-    target = torch.where(use, rows, n + (position.long() & (SPARE - 1)))
+    target = torch.where(use, rows, spare_places(position, n))
     scratch.index_copy_(0, target, position)
     mine = scratch.index_select(0, rows)  # (a row no entry in use wrote: a stale position)
     chosen = use & (mine == position)
     at = mine.long().clamp(0, b - 1)
     led = chosen.index_select(0, at) & (rows.index_select(0, at) == rows)
     return chosen, torch.where(led, at, position.long())
-
-
-# slots of the election's scratch past the rows, where the entries not in use write (a power of 2)
-SPARE = 1 << 13
 
 
 def zero_rows_(acc: Tensor, rows: Tensor) -> None:

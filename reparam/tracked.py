@@ -19,7 +19,7 @@ from projections import projection_root
 from projections.collective import LOCAL, LocalComm
 
 from .lagrangian import as_float, greater
-from .layout import run_sums
+from .layout import kept_keys, run_sums
 from .schedules import Project, Schedule
 
 
@@ -81,7 +81,11 @@ class TrackedThreshold(Schedule):
         (``o_i = tau_i - eps_j`` the stored offsets): the exact projection's threshold and
         Jacobian when ``A_j`` is its active set ``{i : tau_i > r_j}`` (method note sec. 4).
         Autograd carries ``share`` to ``eps``: the block's move with ``eps`` is in the offsets,
-        not in this derivative (by design)."""
+        not in this derivative (by design). With no more problems than ``at`` has entries, it
+        is computed for every problem and gathered (two gathers, not one per operand)."""
+        if at is not None and self.active_sums.shape[0] <= at.numel():
+            e_star, share = self.threshold(eps)
+            return e_star.index_select(0, at), share.index_select(0, at)
         sums = self.active_sums if at is None else self.active_sums.index_select(0, at)
         eps = eps if at is None else eps.index_select(0, at)
         sums = sums.to(eps.dtype)
@@ -126,6 +130,8 @@ class TrackedThreshold(Schedule):
     def root(self, eps: Tensor, at: Tensor | None = None) -> Tensor:
         """The threshold ``r`` per problem, not clamped (``A = {tau_i > r}``), detached (``at``:
         of the problems ``at`` only)."""
+        if at is not None and self.active_sums.shape[0] <= at.numel():  # (as threshold)
+            return self.root(eps).index_select(0, at)
         sums = self.active_sums if at is None else self.active_sums.index_select(0, at)
         eps = eps.detach() if at is None else eps.detach().index_select(0, at)
         sums = sums.to(eps.dtype)
@@ -224,19 +230,22 @@ class TrackedThreshold(Schedule):
         was = self.tau_active.index_select(0, rows)
         was_f = as_float(was, torch.float64)
         moved = (t.double() - before.double()) * was_f * one
+        # the elected entries first, in runs of their problems (one problem: a plain sum)
+        runs = None if groups is None else kept_keys(one > 0, group, self.active_sums.shape[0])
         # A's sums are over every process's rows: their moves summed over the processes
-        _add_per_problem(
-            self.active_sums[:, 0], group, moved, groups is None, self._row_comm, one > 0
-        )
-        self._retest_(tau, eps, groups, (rows, one, leader, group, t, was))
+        _add_per_problem(self.active_sums[:, 0], moved, runs, self._row_comm)
+        self._retest_(tau, eps, groups, (rows, one, leader, group, t, was), runs)
 
-    def _retest_(self, tau: Tensor, eps: Tensor, groups: Tensor | None, moved: tuple) -> None:
+    def _retest_(
+        self, tau: Tensor, eps: Tensor, groups: Tensor | None, moved: tuple, runs: tuple | None
+    ) -> None:
         """``step_``'s re-test of the moved rows (``(rows, one, leader, group, t, was)``: the
         entries, 1 on the elected entry of each touched row, the position of each entry's
         elected one, their problems, their stored values after the step and their membership):
         one that joins ``A`` stores its offset, one that leaves its value (``+/-(offset, 1)`` on
         the sums). Every entry writes its row as the row's elected entry leaves it (an entry of a
-        row no step touched: as it was), so no write of a row is lost to another."""
+        row no step touched: as it was), so no write of a row is lost to another. ``runs``:
+        ``_add_per_problem``'s."""
         rows, one, leader, group, t, was = moved
         eps_rows = _of_rows(eps.detach(), rows, groups)
         values = t + eps_rows * as_float(was, t.dtype)  # (a member's stored offset + eps)
@@ -244,7 +253,7 @@ class TrackedThreshold(Schedule):
         offset = torch.where(was, t, values - eps_rows)  # the row's offset as a member of A
         sign = (now.double() - was.double()) * one  # +1 joins, -1 leaves
         delta = torch.stack([sign * offset.double(), sign], 1)
-        _add_per_problem(self.active_sums, group, delta, groups is None, self._row_comm, one > 0)
+        _add_per_problem(self.active_sums, delta, runs, self._row_comm)
         stored = torch.where(now == was, t, torch.where(now, offset, values))
         tau.index_copy_(0, rows, stored.index_select(0, leader))
         self.tau_active.index_copy_(0, rows, now.index_select(0, leader))
@@ -262,15 +271,14 @@ def _of_rows(x: Tensor, rows: Tensor, groups: Tensor | None) -> Tensor:
     return x.index_select(0, groups.index_select(0, rows).long())
 
 
-def _add_per_problem(
-    sums: Tensor, group: Tensor, values: Tensor, one: bool, comm, keep: Tensor
-) -> None:
-    """``sums[group] += values`` (rows of ``values`` summed per problem, over the runs of equal
-    ``group``: ``reparam.layout.run_sums``; with one problem a sum: inductor's CPU code generator
-    fails on a scatter-add of float64 into one row, torch 2.13), summed over the processes by
-    ``comm``; ``keep``: the entries whose values count (the others add zeros)."""
-    if one:
+def _add_per_problem(sums: Tensor, values: Tensor, runs: tuple | None, comm) -> None:
+    """``sums[group] += values`` for the entries' problems ``group`` (rows of ``values`` summed
+    per problem over the runs ``runs = kept_keys(keep, group, P)``, ``keep`` the entries whose
+    values count, the others adding zeros: ``reparam.layout.run_sums``; ``None``, one problem: a
+    sum, as inductor's CPU code generator fails on a scatter-add of float64 into one row, torch
+    2.13), summed over the processes by ``comm``."""
+    if runs is None:
         sums.add_(comm.sum(values.sum(0, keepdim=True)))
     else:  # (the kept entries' problems are runs: an image's rows, in its pixels' order)
-        change = run_sums(values, group, sums.shape[0], keep).to(sums.dtype)
+        change = run_sums(values, runs[1], sums.shape[0], runs[0]).to(sums.dtype)
         sums.add_(comm.sum(change) if comm.world > 1 else change)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import reparam.sparse
 from reparam import FBetaRegularizer
-from reparam.layout import batch_slots, run_sums
+from reparam.layout import batch_slots, kept_keys, run_sums
 
 pytestmark = [
     pytest.mark.filterwarnings(r"ignore:.*since the last end_epoch_\(\):RuntimeWarning"),
@@ -113,6 +113,10 @@ def test_batch_slots_and_run_sums_against_a_sort(seed):
     same = problem[kept].unsqueeze(0) == problem[kept].unsqueeze(1)
     assert torch.equal(slot[kept].unsqueeze(0) == slot[kept].unsqueeze(1), same)
     assert torch.equal(at[slot[kept]], problem[kept])
+    assert at.min() >= 0 and at.max() < k  # (a slot no entry uses: some problem's)
+    counts = run_sums(kept, problem.clamp_min(0), k)  # integers: exact, in int32
+    assert counts.dtype == torch.int32
+    assert torch.equal(counts.long(), torch.bincount(problem[kept], minlength=k))
     values = torch.randn(problem.numel(), 2, generator=gen, dtype=torch.float64)
     key = problem.clamp_min(0)
     expected = torch.zeros(k, 2, dtype=torch.float64).index_add_(0, key, values)
@@ -121,5 +125,6 @@ def test_batch_slots_and_run_sums_against_a_sort(seed):
     noise = torch.randint(0, k, (problem.numel(),), generator=gen)
     kept = torch.where(keep.unsqueeze(1), values, 0.0)
     expected = torch.zeros(k, 2, dtype=torch.float64).index_add_(0, key, kept)
-    got = run_sums(kept, torch.where(keep, key, noise), k, keep)
+    order, in_runs = kept_keys(keep, torch.where(keep, key, noise), k)
+    got = run_sums(kept, in_runs, k, order)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

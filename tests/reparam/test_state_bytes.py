@@ -49,7 +49,7 @@ def _state_bytes(reg: torch.nn.Module) -> int:
     buffers = [b for name, b in reg.named_buffers() if name not in PER_BATCH]
     sparse = getattr(reg, "sparse_tau", None)
     # (the scratches of the elections: one slot per row or problem, and SPARE past them, fixed)
-    work = [] if sparse is None else [sparse.acc, sparse.elect[: -reparam.sparse.SPARE]]
+    work = [] if sparse is None else [sparse.acc, sparse.elect[: -reparam.layout.SPARE]]
     buffers = [b[: -reparam.layout.SPARE] if b is _scratch(reg) else b for b in buffers]
     return sum(t.numel() * t.element_size() for t in [*reg.parameters(), *buffers, *work])
 
