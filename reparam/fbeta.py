@@ -240,11 +240,11 @@ class FBetaRegularizer(ReparamRegularizer):
         """After the optimizer's step: the sparse ``tau`` step (``reparam.sparse``) on the rows
         the backward passes since the last step touched, the tracked active set kept in step
         (``TrackedThreshold.step_``); a dense ``tau`` under ``"tracked"``, which the optimizer
-        moved everywhere: every row re-tested (O(n))."""
+        moved everywhere: ``A`` from the exact root (O(n))."""
         sparse, tau, tracked = self.sparse_tau, self.tau_param, self._tracked
         if sparse is None:
             if tracked is not None:
-                tracked.retest_all_(tau, self.eps_param, self.layout.row_groups)
+                tracked.refresh_(tau, self.eps_param, self.layout.row_groups)
                 self._forget_("constrained")
             return
         if not sparse.stepping:  # no forward since the last step: nothing moves

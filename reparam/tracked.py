@@ -183,22 +183,17 @@ class TrackedThreshold(Schedule):
         self.active_sums.copy_(self._comm.sum(self.active_sums))
 
     @torch.no_grad()
-    def retest_all_(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> None:
-        """Every row re-tested against the current root ``r`` (O(n); a dense ``tau``, which the
-        optimizer moves everywhere): ``A``'s sums, then ``A = {tau_i > r}``."""
-        self.resum_(tau, groups)
-        values = self.values(tau, eps, groups)
-        now = values > _per_row(self.root(eps), groups, tau.shape[0])
-        self.set_active_(tau, eps, groups, now, values)
-
-    @torch.no_grad()
     def refresh_(self, tau: Tensor, eps: Tensor, groups: Tensor | None) -> None:
-        """``A`` from the exact root of ``(eps, tau)`` (O(n), at the epoch end)."""
+        """``A`` from the exact root of ``(eps, tau)`` (O(n)): at the epoch end, and after every
+        step of a dense ``tau``, which the optimizer moves everywhere (one re-test of every row
+        against the old root is not the exact set after a large step)."""
         eps, values = eps.detach(), self.values(tau, eps, groups)
+        # compiled (a dense tau's step in the user's graph): the root by sort, no host read
+        how = {"method": "sort", "_checked": True} if torch.compiler.is_compiling() else {}
         if groups is None:  # (over every process's rows: the communicator's)
-            r = projection_root(eps[0], values, comm=self._comm).view(1)
+            r = projection_root(eps[0], values, comm=self._comm, **how).view(1)
         else:
-            r = projection_root(eps, values, groups=groups.long(), comm=self._row_comm)
+            r = projection_root(eps, values, groups=groups.long(), comm=self._row_comm, **how)
         self.set_active_(tau, eps, groups, values > _per_row(r, groups, tau.shape[0]), values)
 
     @torch.no_grad()
