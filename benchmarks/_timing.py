@@ -112,6 +112,27 @@ def machine_line(device: str = "cpu") -> str:
     )
 
 
+def keep_freed_memory() -> str:
+    """Ask glibc's ``malloc`` to keep freed blocks of up to 32 MiB for reuse (``mallopt``: the
+    ``mmap`` and trim thresholds), as ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` do,
+    or as jemalloc and tcmalloc do by design. By default glibc maps each large temporary afresh
+    and unmaps it when freed, so every step pays a page fault per 4 KiB of every temporary: on
+    the CPU a large share of a step of many multi-MB temporaries. The words for the table;
+    a ``RuntimeError`` where the C library is not glibc."""
+    import ctypes
+    import ctypes.util
+
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        done = libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30)
+    except (OSError, AttributeError) as e:
+        raise RuntimeError(f"--keep-freed needs glibc's mallopt: {e}") from e
+    if not done:
+        raise RuntimeError("--keep-freed: glibc's mallopt refused the thresholds")
+    return "glibc malloc keeps freed blocks up to 32 MiB (mallopt)"
+
+
 def fmt_ms(seconds: float | None) -> str:
     if seconds is None:
         return "n/a"

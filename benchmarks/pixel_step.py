@@ -1,6 +1,7 @@
 """The per-pixel F-beta regularizer's step against one elementwise pass over the same batch.
 
     python -m benchmarks.pixel_step --threads 1 --out docs/figures          # ~1 min on 2 cores
+    python -m benchmarks.pixel_step --threads 1 --keep-freed --out docs/figures
     python -m benchmarks.pixel_step --device cuda --side 512 --out docs/figures
 
 A segmentation batch of ``--images`` whole images of ``--side`` x ``--side`` pixels (8 of 16 by
@@ -12,6 +13,9 @@ sparse rows step there) with the library's defaults; the elementwise pass is the
 backward of ``(u * 2).sum()`` on the same batch. The arms are timed in turn (``--rounds`` rounds;
 a busy machine slows them alike); the table gives the median and the fastest of each and the ratio
 of the medians. The scores and the images of each step are drawn before the clock starts.
+``--keep-freed`` (glibc): freed temporaries are kept for reuse, not returned to the system and
+faulted in again at the next step (``benchmarks._timing.keep_freed_memory``); the table's first
+line says which.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 import torch
 
 from benchmarks._report import markdown_table, save_figure, subplots
-from benchmarks._timing import machine_line
+from benchmarks._timing import keep_freed_memory, machine_line
 
 LAYOUTS = ("one problem", "per image")
 
@@ -135,21 +139,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=8, help="whole images per batch")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--keep-freed",
+        action="store_true",
+        help="glibc malloc keeps freed temporaries for reuse (no page faults on each step's)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for the table and plot")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    memory = keep_freed_memory() if args.keep_freed else "glibc malloc's defaults"
     with warnings.catch_warnings():  # (steps past an epoch with no end_epoch_: timing only)
         warnings.simplefilter("ignore", RuntimeWarning)
         results = {layout: measure(layout, args) for layout in LAYOUTS}
     command = "python -m benchmarks.pixel_step " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
-    text = f"<!-- {command.strip()} -->\n{machine_line(args.device)}\n\n{table(results, args)}\n"
+    machine = f"{machine_line(args.device)}; {memory}"
+    text = f"<!-- {command.strip()} -->\n{machine}\n\n{table(results, args)}\n"
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        suffix = "" if args.device == "cpu" else "_cuda"
+        suffix = ("" if args.device == "cpu" else "_cuda") + ("_kept" if args.keep_freed else "")
         (args.out / f"pixel_step{suffix}.md").write_text(text)
         plot(results, args.out / f"pixel_step{suffix}.png")
     return 0

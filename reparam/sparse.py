@@ -226,7 +226,9 @@ def zero_rows_(acc: Tensor, rows: Tensor) -> None:
 COMPACT_FROM = 4096
 
 
-def touched_only(rows: Tensor, touched: Tensor, *more: Tensor, n: int) -> tuple[Tensor, ...]:
+def touched_only(
+    rows: Tensor, touched: Tensor, *more: Tensor, n: int, keep: Tensor | None = None
+) -> tuple[Tensor, ...]:
     """A batch's ``(rows, touched, *more)`` with its untouched entries (a batch of pixels is
     mostly negatives, which stand at row 0 with no gradient) out of the way of the accumulation,
     the sparse step and the tracked set. Eager on the CPU, from ``COMPACT_FROM`` entries: only
@@ -234,12 +236,21 @@ def touched_only(rows: Tensor, touched: Tensor, *more: Tensor, n: int) -> tuple[
     nothing and saves it nine tenths of the work). Elsewhere (an accelerator, where such a read
     would wait for the device at every step, or inside ``torch.compile``) the shapes stay and
     the untouched entries' rows are spread over the ``n`` rows (``spread``): they add zeros and
-    write their rows' own values, so no write queues on one row (method note sec. 11)."""
-    compact = rows.device.type == "cpu" and rows.numel() >= COMPACT_FROM
-    if not compact or torch.compiler.is_compiling():
-        return (spread(rows, touched, n), touched, *more)
-    keep = touched.nonzero().squeeze(1)
+    write their rows' own values, so no write queues on one row (method note sec. 11). ``keep``:
+    the positions of the touched entries, found already (``SparseRows.rows_``: one ``nonzero``
+    serves the notes and the backward)."""
+    if keep is None:
+        if not compacts(rows):
+            return (spread(rows, touched, n), touched, *more)
+        keep = touched.nonzero().squeeze(1)
     return tuple(x.index_select(0, keep) for x in (rows, touched, *more))
+
+
+def compacts(rows: Tensor) -> bool:
+    """Whether ``touched_only`` keeps the touched entries of a batch of ``rows`` only (eager on
+    the CPU, from ``COMPACT_FROM`` entries)."""
+    cpu = rows.device.type == "cpu"
+    return cpu and rows.numel() >= COMPACT_FROM and not torch.compiler.is_compiling()
 
 
 # noted entries, per row of tau, past which they are merged into one per row (SparseRows._compact_)
@@ -326,13 +337,18 @@ class SparseRows(nn.Module):
         if not torch.is_grad_enabled():
             return values
         self._forwarded = True
+        # the CPU's batch of many entries: its touched ones noted only, found once (touched_only)
+        keep = touched.nonzero().squeeze(1) if compacts(rows) else None
         if self.acc.shape[0] > 0:  # (a shard may hold no row: nothing to step there)
             many = self.noted_rows.numel() > MAX_NOTED * self.acc.shape[0]
             if many and not torch.compiler.is_compiling():
                 self._compact_()  # (forwards with no step between them: kept O(n))
-            self.noted_rows = torch.cat([self.noted_rows, rows.long()])
-            self.noted_touched = torch.cat([self.noted_touched, touched])
-        return RowGradient.apply(self.anchor, values, rows, touched, self, follow)
+            noted, hit = (
+                (rows, touched) if keep is None else touched_only(rows, touched, n=0, keep=keep)
+            )
+            self.noted_rows = torch.cat([self.noted_rows, noted.long()])
+            self.noted_touched = torch.cat([self.noted_touched, hit])
+        return RowGradient.apply(self.anchor, values, rows, touched, self, follow, keep)
 
     def _note_(self, parts: list[tuple[Tensor, Tensor]]) -> None:
         """The noted entries: ``parts`` concatenated (``[]``: none)."""
@@ -438,8 +454,10 @@ class RowGradient(torch.autograd.Function):
     ``torch.compile`` into the backward graph of the loss around it."""
 
     @staticmethod
-    def forward(ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse, follow):
-        ctx.sparse = sparse
+    def forward(
+        ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse, follow, keep
+    ):
+        ctx.sparse, ctx.keep = sparse, keep  # (keep: the touched entries' positions, or None)
         if follow is None:
             ctx.save_for_backward(rows, touched)
         else:
@@ -459,7 +477,12 @@ class RowGradient(torch.autograd.Function):
                 accumulate_(
                     sparse.acc,
                     *touched_only(
-                        rows, touched, g.to(sparse.acc.dtype), *follow, n=sparse.acc.shape[0]
+                        rows,
+                        touched,
+                        g.to(sparse.acc.dtype),
+                        *follow,
+                        n=sparse.acc.shape[0],
+                        keep=ctx.keep,
                     ),
                 )
-        return None, None, None, None, None, None
+        return None, None, None, None, None, None, None

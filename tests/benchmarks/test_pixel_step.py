@@ -18,6 +18,17 @@ def test_pixel_step_table_quick(tmp_path):
     assert (tmp_path / "pixel_step.png").stat().st_size > 0
 
 
+def test_keep_freed_runs_and_says_so(tmp_path):
+    """``--keep-freed`` in its own process (it changes the process's ``malloc``)."""
+    import subprocess
+    import sys
+
+    argv = ["--side", "8", "--images", "2", "--rounds", "1", "--keep-freed", "--out", str(tmp_path)]
+    subprocess.run([sys.executable, "-m", "benchmarks.pixel_step", *argv], check=True)
+    text = (tmp_path / "pixel_step_kept.md").read_text()
+    assert "glibc malloc keeps freed blocks up to 32 MiB" in text.splitlines()[1]
+
+
 def test_pixel_batches_are_whole_images():
     labels, groups, batches = pixel_step.pixel_batches(4, 2, 5, 3, "cpu")
     assert labels.shape == groups.shape == (80,)
