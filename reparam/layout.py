@@ -150,7 +150,9 @@ class ProblemLayout(nn.Module):
         table[torch.tensor(problem_class, dtype=torch.int64), groups_of_problems + 1] = (
             torch.arange(len(problem_class))
         )
-        self.register_buffer("problem_of", table, persistent=False)
+        # (in the index dtype of the problems: the batch's entries' problems and slots are int32)
+        index = index_dtype(self.n_problems + SPARE)
+        self.register_buffer("problem_of", table.to(index), persistent=False)
         self.n_neg_list = [
             float(every[gk]) - n for gk, n in zip(self.problem_group, self.n_pos_list, strict=True)
         ]
@@ -237,7 +239,7 @@ class ProblemLayout(nn.Module):
             # (``batch``: the caller's ``B``; routed, not how many entries reached this process)
             f = self.n_total / ((idx.numel() if batch is None else batch) * k)
             return problem, n_pos.reciprocal() * f, torch.full_like(n_pos, 1 / k), None
-        g = self.sample_group.index_select(0, idx).long() + 1
+        g = self.sample_group.index_select(0, idx).int() + 1
         problem = self.problem_of.index_select(1, g).t()
         if self._comm.world == 1:
             f = self.n_valid / ((g > 0).sum().clamp_min(1) * k)
@@ -317,8 +319,8 @@ def spare_places(position: Tensor, size: int) -> Tensor:
 
 
 def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
-    """``(slot, at)``: the ``E`` entries' problems (``-1``: none) in slots, fixed shapes, no sort
-    and no host read (compiled: one graph). The first entry of each run of equal problems writes
+    """``(slot, at)`` (in ``scratch``'s dtype): the ``E`` entries' problems (``-1``: none) in
+    slots, fixed shapes, no sort and no host read (compiled: one graph). The first entry of each run of equal problems writes
     its position in its problem's place of ``scratch`` (``K + SPARE`` places, any content; the
     other entries write to ``spare_places``), and every entry reads its problem's place back: its
     slot is the position of an entry of its problem (``-1`` kept). ``at`` is the problem of each
@@ -333,12 +335,13 @@ def batch_slots(problem: Tensor, scratch: Tensor) -> tuple[Tensor, Tensor]:
     head = torch.ones_like(valid)
     head[1:] = problem[1:] != problem[:-1]
     head &= valid
-    scratch.index_copy_(0, torch.where(head, problem, spare_places(position, k)), position)
+    place = torch.where(head, problem, spare_places(position, k)).long()  # (index_copy_: int64)
+    scratch.index_copy_(0, place, position)
     mine = problem.clamp_min(0)
     slot = scratch.index_select(0, mine)
     used = (slot == position) & valid  # (the entry whose position is its slot)
     own = position & ((1 << (k.bit_length() - 1)) - 1)  # (a power of two: no division)
-    return torch.where(valid, slot, -1).long(), torch.where(used, mine, own)
+    return torch.where(valid, slot, -1), torch.where(used, mine, own)
 
 
 def kept_keys(keep: Tensor, key: Tensor, size: int) -> tuple[Tensor, Tensor]:
@@ -348,9 +351,11 @@ def kept_keys(keep: Tensor, key: Tensor, size: int) -> tuple[Tensor, Tensor]:
     order, the others' at ``spare_places``. Computed once, it serves every sum over the same
     entries."""
     order = kept_first(keep)
-    position = torch.arange(key.numel(), device=key.device)
-    spare = spare_places(position, size)
-    return order, torch.where(keep.index_select(0, order), key.index_select(0, order).long(), spare)
+    index = index_dtype(size + SPARE)
+    spare = spare_places(torch.arange(key.numel(), device=key.device, dtype=index), size)
+    return order, torch.where(
+        keep.index_select(0, order), key.index_select(0, order).to(index), spare
+    )
 
 
 def run_sums(values: Tensor, key: Tensor, size: int, order: Tensor | None = None) -> Tensor:
@@ -376,8 +381,9 @@ def run_sums(values: Tensor, key: Tensor, size: int, order: Tensor | None = None
     # + the running sum at a run's end, - the running sum before its head
     shape = (-1, *([1] * (v.dim() - 1)))
     part = torch.where(end.view(shape), total, 0) - torch.where(head.view(shape), total - v, 0)
-    position = torch.arange(key.numel(), device=key.device)
-    target = torch.where(head | end, key.long(), spare_places(position, size))
+    index = index_dtype(size + SPARE)  # (int32: a third of int64's time in the select)
+    position = torch.arange(key.numel(), device=key.device, dtype=index)
+    target = torch.where(head | end, key.to(index), spare_places(position, size))
     out = torch.zeros(size + SPARE, *v.shape[1:], dtype=v.dtype, device=values.device)
     return out.index_add_(0, target, part)[:size]
 

@@ -298,6 +298,7 @@ class SparseRows(nn.Module):
         # tensor each (a list would be guarded on its length by torch.compile: a graph per call)
         self._note_([])
         self._forwarded = False  # a forward recording a gradient since the last step (stepping)
+        self._compacted = False  # one of them with entries, none of them noted (its negatives)
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -343,6 +344,7 @@ class SparseRows(nn.Module):
             many = self.noted_rows.numel() > MAX_NOTED * self.acc.shape[0]
             if many and not torch.compiler.is_compiling():
                 self._compact_()  # (forwards with no step between them: kept O(n))
+            self._compacted |= keep is not None
             noted, hit = (
                 (rows, touched) if keep is None else touched_only(rows, touched, n=0, keep=keep)
             )
@@ -370,10 +372,12 @@ class SparseRows(nn.Module):
         gradient ran since the last step, on every process alike (every process calls every
         forward), though its shard may have noted no row: every process steps (the tracked sums
         are summed over them), or none (a step with no forward leaves the rows and the step
-        count alone, as on one process)."""
+        count alone, as on one process). One process: whether a forward's batch had entries (a
+        batch with no positive steps too: its rows' step count moves, as Adam's does), whether or
+        not the CPU's compaction noted none of them."""
         if self._comm.world > 1:
             return self._forwarded
-        return self.noted_rows.numel() > 0
+        return self.noted_rows.numel() > 0 or self._compacted
 
     def lr_source(self, optimizer: torch.optim.Optimizer, eps: Tensor) -> dict | None:
         """The param group of ``optimizer`` that steps ``eps`` when ``lr`` was not given (the
@@ -386,7 +390,7 @@ class SparseRows(nn.Module):
         """``(rows, touched)`` of the forwards since the last step; cleared."""
         rows, touched = self.noted_rows, self.noted_touched
         self._note_([])
-        self._forwarded = False
+        self._forwarded = self._compacted = False
         return touched_only(rows, touched, n=self.acc.shape[0])
 
     @torch.no_grad()

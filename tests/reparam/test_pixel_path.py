@@ -56,6 +56,24 @@ def test_the_accelerators_path_ends_where_the_cpus_does(layout, monkeypatch):
             assert torch.equal(kept[name], value), name
 
 
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_batch_with_no_positive_counts_a_step_on_either_path(compact, monkeypatch):
+    """A batch of whole images with no positive: the CPU notes none of its rows, and still
+    counts the step (Adam's bias correction), as every entry kept does."""
+    if not compact:
+        monkeypatch.setattr(reparam.sparse, "COMPACT_FROM", 1 << 62)
+    hw = SIDE * SIDE
+    labels = torch.zeros(OF * hw, dtype=torch.long)
+    labels[:10] = 1  # image 0's only
+    reg = FBetaRegularizer(labels)
+    opt = torch.optim.Adam(reg.parameters(), lr=1e-2)
+    reg.attach(opt)
+    idx = torch.arange(hw, (IMAGES + 1) * hw)  # images 1-3
+    reg(torch.randn(idx.numel(), requires_grad=True), idx).backward()
+    opt.step()
+    assert int(reg.sparse_tau.step) == 1
+
+
 class _Watch(TorchDispatchMode):
     """The operations dispatched, and the most entries any scatter put on one row."""
 
