@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +34,7 @@ from torch import Tensor, nn
 from . import _checks
 
 Duties = Callable[[], tuple[bool, str | None, str]]
+Handle = TypeVar("Handle")
 # the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
 MASKED_SCORE = -1e6
 
@@ -47,6 +49,10 @@ class MisuseMonitor(nn.Module):
         # samples since the last end_epoch_(), since the last after_step_(): a list mutated in
         # place (an nn.Module's attribute store is its slow path, and these change every call)
         self.since = [0, 0]
+        # attached hooks that run after_step_ at every optimizer step (attach): while any is,
+        # nothing forgets it, and nothing is counted (a compiled optimizer step would guard on
+        # a Python counter it writes, and recompile at every step)
+        self.hooks = 0
         self.fingerprint: Tensor | None = None  # of the parameters after the last epoch end
         self.warned: set[str] = set()
         # inside torch.compile the counters are on the device: [samples since the last
@@ -61,36 +67,65 @@ class MisuseMonitor(nn.Module):
         """A forward call of ``batch`` samples (``n``: samples per epoch): ``on_forward``, or
         inside ``torch.compile`` a count on the device."""
         if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
-            self.calls_since.add_(batch)
+            if self.hooks:  # (attached: after_step_ runs at every step, nothing to count)
+                self.calls_since[0].add_(batch)
+            else:
+                self.calls_since.add_(batch)
             self.device_counted = True
         else:
             self.on_forward(batch, n, duties)
 
+    def hooked(self, handle: Handle) -> Handle:
+        """``handle`` of a hook that calls ``after_step_`` at every optimizer step (``attach``),
+        counted while it is attached: its ``remove()`` counts it off."""
+        self.hooks += 1
+        remove = handle.remove
+
+        def remove_once() -> None:
+            if handle.remove is remove_once:
+                self.hooks -= 1
+                handle.remove = remove
+            remove()
+
+        handle.remove = remove_once
+        return handle
+
     def count_after_step(self) -> None:
         """An ``after_step_()`` call: the counters since the last one restart (plain stores, also
-        inside ``torch.compile``)."""
+        inside ``torch.compile``); nothing while ``attach``'s hook calls it."""
+        if self.hooks:
+            return
         self.since[1] = 0
         if self.device_counted:  # (a flag set once, by the first compiled forward)
             self.calls_since[1].zero_()
 
     def mask_faults_(
-        self, u: Tensor, rows: Tensor, finite: Tensor, in_range: Tensor, batches: Tensor
+        self,
+        u: Tensor,
+        rows: Tensor,
+        finite: Tensor,
+        in_range: Tensor,
+        batches: Tensor,
+        record: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """Inside ``torch.compile`` or on an accelerator (``_checks.batch``): an entry with a
         non-finite score or an index out of range becomes a negative with a score of ``-1e6``
         (its loss term and every gradient of it are 0; the state takes nothing from it), and is
         counted in ``input_faults`` (with ``batches``, the forward call of the first) for
-        ``check_device_`` to report. O(B), no host read."""
+        ``check_device_`` to report (``record``: a training forward; others are masked only).
+        O(B), no host read."""
         ok = finite & in_range
-        with torch.no_grad():
-            counts = torch.stack([(~finite).sum(), (~in_range).sum()])
-            first = self.input_faults[2]
-            self.input_faults[2].copy_(
-                torch.where((first < 0) & (counts.sum() > 0), batches, first)
-            )
-            self.input_faults[:2].add_(counts)
+        if record:
+            self._count_faults_(finite, in_range, batches)
         keep = ok.view(-1, *([1] * (u.dim() - 1)))
         return torch.where(keep, u, MASKED_SCORE), torch.where(ok, rows, -1)
+
+    @torch.no_grad()
+    def _count_faults_(self, finite: Tensor, in_range: Tensor, batches: Tensor) -> None:
+        counts = torch.stack([(~finite).sum(), (~in_range).sum()])
+        first = self.input_faults[2]
+        self.input_faults[2].copy_(torch.where((first < 0) & (counts.sum() > 0), batches, first))
+        self.input_faults[:2].add_(counts)
 
     def check_device_(self, n: int, duties: Duties) -> None:
         """The device's side of the warnings and the input faults (one read; ``n``: samples per
@@ -128,7 +163,8 @@ class MisuseMonitor(nn.Module):
         counters: nothing else per call."""
         since = self.since
         since[0] += batch
-        since[1] += batch
+        if not self.hooks:  # (attached: after_step_ runs at every step)
+            since[1] += batch
         if since[0] <= n and since[1] <= n:
             return
         self._check(since[0], since[1], n, duties, stacklevel=7)

@@ -177,6 +177,8 @@ class ReparamRegularizer(ShapeObjective):
         )
 
         def after(*_) -> None:
+            if self.sparse_tau is not None and self.sparse_tau.cleared():
+                self.sparse_tau.drop_()  # (zero_grad() since the backward: no row moves)
             replicas = self._replicas()
             if replicas is not None:
                 self._share_(*replicas)
@@ -191,7 +193,12 @@ class ReparamRegularizer(ShapeObjective):
             for p in self.parameters()
             if self.shard is None  # (sharded: replicated parameters average themselves)
         ]
-        return _Handles(optimizer.register_step_post_hook(after), *averaging)
+        handles = [optimizer.register_step_post_hook(after), *averaging]
+        replicas, follow = self._replicas(), getattr(self.schedule, "dense_follow", None)
+        if replicas is not None and follow is not None:  # (reparam.follow)
+            follow.at_step = True  # a dense tracked tau: the counts summed at the step
+            handles.append(optimizer.register_step_pre_hook(lambda *_: follow.apply_(*replicas)))
+        return self._monitor.hooked(_Handles(*handles))
 
     @property
     def _eps_like(self) -> Tensor:

@@ -26,6 +26,7 @@ from .lagrangian import batch_lagrangian
 from .options import (
     DEFAULT_TAU_LR,
     PAPER,
+    RULE_NAME,
     TAU_STORAGES,
     DenseTau,
     EpochEnd,
@@ -91,12 +92,16 @@ class FBetaRegularizer(ReparamRegularizer):
         >>> from reparam import FBetaRegularizer
         >>> reg = FBetaRegularizer(torch.tensor([0, 1, 1, 0, 1]))
         >>> scores = torch.tensor([0.2, 0.9], requires_grad=True)  # samples 0 and 2
-        >>> opt = torch.optim.SGD([scores, *reg.parameters()], lr=0.1)
-        >>> _ = reg.attach(opt)  # the rows of tau step with opt.step()
+        >>> opt = torch.optim.Adam([scores, *reg.parameters()], lr=0.1)
+        >>> _ = reg.attach(opt)  # the rows of tau step with opt.step(), by Adam at its lr
         >>> reg(scores, torch.tensor([0, 2])).backward(); opt.step()
         >>> reg.end_epoch_()
         >>> int(reg.epoch), reg.n_problems, reg.options, int(reg.sparse_tau.step)
         (1, 1, (Tracked(), SparseTau(lr=None)), 1)
+        >>> reg.attach(torch.optim.SGD(reg.parameters(), lr=0.1))  # not the rows' rule
+        Traceback (most recent call last):
+        ...
+        ValueError: tau=SparseTau(lr=None) steps the rows of tau by its own rule, ...
     """
 
     _constrained_names = ("eps_param", "tau_param")
@@ -145,6 +150,9 @@ class FBetaRegularizer(ReparamRegularizer):
             self.register_buffer("tau_param", torch.ones(n_pos))
             lr = DEFAULT_TAU_LR if tau.lr is None else tau.lr  # None: attach follows the optimizer
             self.sparse_tau = SparseRows(n_pos, lr=lr, lr_given=tau.lr is not None, comm=self._comm)
+            self.sparse_tau.watch(self.eps_param)  # the rows' gradient lives with eps's
+        if isinstance(self.schedule, TrackedThreshold) and self.sparse_tau is None:
+            self.schedule.follow_dense(self.eps_param, self.tau_param, self.layout)
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -247,6 +255,8 @@ class FBetaRegularizer(ReparamRegularizer):
                 tracked.refresh_(tau, self.eps_param, self.layout.row_groups)
                 self._forget_("constrained")
             return
+        if sparse.dropped_(by_hand=not self._monitor.hooks):  # zero_grad() since the backward
+            return
         if not sparse.stepping:  # no forward since the last step: nothing moves
             return
         eps_grad = None
@@ -321,7 +331,7 @@ class FBetaRegularizer(ReparamRegularizer):
         problems = f"groups={lay.n_groups}, problems={lay.n_problems}, " if self.grouped else ""
         positives = int(lay.n_pos.sum()) if self.grouped else lay.n_pos.long().tolist()
         schedule, tau = self.options
-        lr = f" (lr {self.tau_lr:g})" if self.sparse_tau is not None else ""
+        lr = f" (rule {RULE_NAME}, lr {self.tau_lr:g})" if self.sparse_tau is not None else ""
         return (
             f"n={self.n_samples}, {problems}positives={positives}, "
             f"classes={self.classes}, beta={self.beta}, schedule={schedule}, tau={tau}{lr}, "
@@ -365,6 +375,8 @@ def _batch_rows(
         values = values + tracked.shift(rows, reg.eps_param, groups)
         if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
             follow = tracked.follow_weights(values, rows, touched, reg.eps_param, groups)
+        else:  # a dense row above e* takes the step's gradient of eps (follow_dense)
+            values = tracked.follow_rows(values, rows, touched, reg.eps_param, groups)
     if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
         values = sparse.rows_(values, rows, touched, follow)
     return values, reg.lam.index_select(0, rows)

@@ -1,8 +1,9 @@
 r"""``ShapeObjective``: what every objective on the shape node's scores shares.
 
 The reparameterized objectives (F-beta, P@R, R@P, ROC-AUC) and the minibatch alternatives of
-``reparam.baselines`` all take ``loss = reg(scores, idx)`` per step, ``reg.after_step_()`` after
-every optimizer step and ``reg.end_epoch_()`` per epoch. This base owns the training set's labels
+``reparam.baselines`` all take ``loss = reg(scores, idx)`` per step, ``reg.attach(optimizer)`` once
+(its hook runs the objective's step after every ``optimizer.step()``) and ``reg.end_epoch_()`` per
+epoch. A forward in ``eval()`` mode or under ``torch.no_grad()`` records nothing. This base owns the training set's labels
 and problems (``reg.layout``), the **score memory** (each sample's last score and its epoch, which
 the dual steps and ``stats()`` read: no extra pass over the data), the epoch counters,
 ``_merge_scores_``, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
@@ -87,6 +88,9 @@ class ShapeObjective(ShardedRows, nn.Module):
         """The objective's loss on the batch (for the reparameterized objectives the minibatch
         Lagrangian ``L_B``, method note sec. 3 and 8); remembers the batch's scores.
 
+        In ``eval()`` mode or under ``torch.no_grad()`` it returns the loss and changes no state
+        (no score remembered, nothing counted, no multiplier step): a validation loss.
+
         Args:
             scores: shape-head outputs, ``(B,)`` (one positive class) or ``(B, K)``: column ``c``
                 is the score of shape class ``c`` (``K = 1`` also for one class).
@@ -107,7 +111,10 @@ class ShapeObjective(ShardedRows, nn.Module):
             scores, idx, self.classes, self.shape_labels.numel(), self.shape_labels.device
         )
         batch = idx.numel()
-        self._monitor.count_forward(batch, self._samples_per_epoch, self._duties)
+        # a training forward records; in eval() or under no_grad the loss is all it returns
+        records = self._records = self.training and torch.is_grad_enabled()
+        if records:
+            self._monitor.count_forward(batch, self._samples_per_epoch, self._duties)
         if batch == 0 and self._comm.world == 1:  # (with several processes, every one steps)
             # nothing to estimate; keep a graph so backward() still works
             return sum((p * 0.0).sum() for p in self.parameters()) + (u * 0.0).sum()
@@ -115,8 +122,9 @@ class ShapeObjective(ShardedRows, nn.Module):
             rows = _checks.rows(self.layout.slot, idx)
         else:
             rows = self.layout.slot.index_select(0, idx)
-            u, rows = self._monitor.mask_faults_(u, rows, *ok, self.batches)
-        self._remember_(u, idx, ok)
+            u, rows = self._monitor.mask_faults_(u, rows, *ok, self.batches, records)
+        if records:
+            self._remember_(u, idx, ok)
         return self._loss(u, idx, rows)
 
     def _duties(self) -> tuple[bool, str | None, str]:
@@ -127,6 +135,7 @@ class ShapeObjective(ShardedRows, nn.Module):
         work = "dual step" + (" and no projection" if projects else "")
         return self._needs_end_epoch, self._needs_after_step, work
 
+    _records = True  # whether the forward running records its batch (training, with gradients)
     _track_writes = False  # replicated processes (ReparamRegularizer.attach): note written indices
 
     def _remember_(self, u: Tensor, idx: Tensor, ok: tuple[Tensor, Tensor] | None) -> None:
@@ -219,7 +228,9 @@ class ShapeObjective(ShardedRows, nn.Module):
         otherwise). Returns the hook's handle (``.remove()`` detaches it).
         """
         check_stepped(self, optimizer)
-        return optimizer.register_step_post_hook(lambda *_: self.after_step_())
+        return self._monitor.hooked(
+            optimizer.register_step_post_hook(lambda *_: self.after_step_())
+        )
 
     def epochs(self, last: int) -> Iterator[int]:
         """``for epoch in reg.epochs(E): <the epoch's steps>``: yields the epoch numbers from the
@@ -290,27 +301,7 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     def _apply(self, fn, recurse=True):  # keep the objective's floating state in float32
         modules = list(self.modules()) if recurse else [self]  # with its schedule, sparse tau
-        kept = {
-            (module, name): module._buffers[name]
-            for module in modules
-            for name in getattr(module, "_float64_buffers", ())
-        }
-        super()._apply(fn, recurse)
-        for (module, name), b in kept.items():  # the device only: a cast would lose their bits
-            module._buffers[name] = b.to(module._buffers[name].device)
-        for module in modules:
-            for p in module._parameters.values():
-                if p is not None and p.is_floating_point() and p.dtype != torch.float32:
-                    p.data = p.data.float()
-            for name, b in module._buffers.items():
-                if (module, name) in kept or b is None:
-                    continue
-                if b.is_floating_point() and b.dtype != torch.float32:
-                    module._buffers[name] = b.float()
-                elif b.requires_grad and b.grad_fn is not None:
-                    # a leaf that collects gradients (reparam.sparse's probe) stays a leaf
-                    module._buffers[name] = b.detach().requires_grad_()
-        return self
+        return _in_float32(self, modules, lambda: super(ShapeObjective, self)._apply(fn, recurse))
 
     def _warn_once(self, kind: str, message: str) -> None:
         self._monitor.warn_once(kind, message)
@@ -324,6 +315,32 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         raise NotImplementedError
+
+
+def _in_float32(objective: nn.Module, modules: list[nn.Module], apply: Callable) -> nn.Module:
+    """``apply()`` (``nn.Module._apply``) with the floating state of ``modules`` kept in float32:
+    parameters and buffers cast back, the ``_float64_buffers`` moved to the device only (a cast
+    would lose their bits), a leaf that collects gradients kept a leaf."""
+    kept = {
+        (module, name): module._buffers[name]
+        for module in modules
+        for name in getattr(module, "_float64_buffers", ())
+    }
+    apply()
+    for (module, name), b in kept.items():
+        module._buffers[name] = b.to(module._buffers[name].device)
+    for module in modules:
+        for p in module._parameters.values():
+            if p is not None and p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        for name, b in module._buffers.items():
+            if (module, name) in kept or b is None:
+                continue
+            if b.is_floating_point() and b.dtype != torch.float32:
+                module._buffers[name] = b.float()
+            elif b.requires_grad and b.grad_fn is not None:
+                module._buffers[name] = b.detach().requires_grad_()
+    return objective
 
 
 def check_stepped(objective: nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 # SparseTau(lr=None) without attach: the paper's primal step (sec. 4, Adam 1e-2 on eps and tau);
 # Adam's own 1e-3 was too small next to a head at 1e-2 (method note sec. 3b: LP gap 17-97 %)
 DEFAULT_TAU_LR = 1e-2
@@ -139,6 +141,42 @@ PAPER: dict[str, object] = {
     "dual_lr_mu": 1e-5,
     "cap_scores": False,
 }
+
+# SparseTau()'s rule: Adam (torch.optim.Adam / SparseAdam defaults), no weight decay
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+RULE = {"betas": ADAM_BETAS, "eps": ADAM_EPS, "weight_decay": 0.0, "amsgrad": False}
+RULE_NAME = f"adam(betas={ADAM_BETAS}, eps={ADAM_EPS:g})"
+
+
+def check_rule(optimizer: torch.optim.Optimizer, group: dict) -> None:
+    """``ValueError`` unless ``group`` of ``optimizer`` (the one that steps ``eps``) steps by the
+    rule the rows follow (``SparseTau(lr=None)``): ``torch.optim.Adam`` or ``AdamW`` with
+    ``RULE``'s betas and eps, no weight decay, no AMSGrad, not maximizing. The rows take the
+    group's lr at every step; any other rule would be ignored, so it is refused."""
+    differ = [
+        f"{key}={group.get(key)!r}"
+        for key, want in (*RULE.items(), ("maximize", False))
+        if key in group and _differs(group[key], want)
+    ]
+    adam = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+    if adam and not differ:
+        return
+    what = type(optimizer).__name__ + (f" with {', '.join(differ)}" if adam else "")
+    raise ValueError(
+        f"tau=SparseTau(lr=None) steps the rows of tau by its own rule, {RULE_NAME} with no "
+        f"weight decay, at the lr of the optimizer's group that steps eps; that group is "
+        f"{what}, whose rule the rows would not follow. Pass tau=DenseTau() (your optimizer "
+        f"steps tau, O(n) per step), or tau=SparseTau(lr=...) (the rows keep the {RULE_NAME} "
+        f"rule at that fixed lr, whatever optimizer steps the rest)"
+    )
+
+
+def _differs(value: object, want: object) -> bool:
+    if isinstance(want, tuple):
+        return tuple(float(v) for v in value) != want
+    return value != want
+
 
 SCHEDULES = (Tracked, EpochEnd, Inline)
 TAU_STORAGES = (SparseTau, DenseTau)

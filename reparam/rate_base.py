@@ -243,7 +243,8 @@ class RateObjective(ReparamRegularizer):
             violation /= replicas[1]
         # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
         # keeps the nu it saw (gradient accumulation)
-        self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
+        if self._records:  # (a validation forward: no step)
+            self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
         # lambda a copy: the next batch's in-place nu step leaves this batch's graph alone
         return R.capped(z), self._stationary_lambda().clone().expand_as(z)
 

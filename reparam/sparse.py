@@ -21,7 +21,9 @@ Adam skips a parameter with no gradient). A non-finite gradient skips the step.
 Several processes each holding the whole objective (replicated data parallelism): before the
 optimizer's step the processes' touched rows and their summed gradients are exchanged
 (``all_gather``), so every process steps the same rows on the mean gradient and the state stays
-equal on every process (``ReparamRegularizer`` runs it from ``attach``'s pre-step hook).
+equal on every process (``ReparamRegularizer`` runs it from ``attach``'s post-step hook, before the
+rows step). ``zero_grad()`` clears the rows' gradient with ``eps``'s (``SparseRows.watch``); the
+rule is Adam's (``RULE_NAME``): ``attach`` refuses an optimizer it is not (``check_rule``).
 """
 
 from __future__ import annotations
@@ -37,10 +39,9 @@ from projections.collective import LOCAL, LocalComm
 
 from .layout import SPARE, spare_places
 from .memory import all_gather_rows
+from .options import ADAM_BETAS, ADAM_EPS, check_rule
 
 TAU_UPDATES = ("dense", "sparse_adam_ahead")
-ADAM_BETAS = (0.9, 0.999)  # torch.optim.Adam / SparseAdam defaults
-ADAM_EPS = 1e-8
 _ONE_MINUS_BETAS = tuple(1 - b for b in ADAM_BETAS)
 
 
@@ -299,10 +300,109 @@ class SparseRows(nn.Module):
         self._note_([])
         self._forwarded = False  # a forward recording a gradient since the last step (stepping)
         self._compacted = False  # one of them with entries, none of them noted (its negatives)
+        # the gradient lives with eps's (watch): the sums of the backward passes before the
+        # last one, held apart (rows, sums; one entry per row) until the next pass shows whether
+        # zero_grad() cleared them since; `pending`: a pass accumulated since the last hold
+        self._hold_([])
+        self._pending = False
+        self._eps: list[Tensor] = []  # (the watched parameter; a list: not a child parameter)
+        self._seen_grad: Tensor | None = None  # eps.grad as the last backward pass left it
+
+    def watch(self, eps: Tensor) -> None:
+        """Tie the rows' gradient to ``eps``'s (a parameter of the same optimizer): when a
+        backward pass finds that ``eps.grad`` was cleared since the last one (``zero_grad()``
+        with its default ``set_to_none=True``), the rows' sums of the earlier passes are dropped
+        as well, and a step with no ``eps.grad`` moves no row. A backward whose
+        ``optimizer.step()`` was skipped (a guard that drops a batch, ``GradScaler`` skipping an
+        inf step) leaves no trace, as for a dense parameter. Each batch's rows enter the graph
+        with ``eps`` as an input (``RowGradient``), so their sums are in before ``eps``'s
+        gradient is accumulated (the hooks run after them)."""
+        self._eps = [eps]
+        eps.register_hook(self._before_pass)
+        eps.register_post_accumulate_grad_hook(self._after_pass)
+
+    def _before_pass(self, grad: Tensor) -> None:
+        """``eps``'s gradient hook, in each backward pass after the rows' sums came in: if
+        ``eps.grad`` was cleared since the last pass, the held sums are stale."""
+        eps = self._eps[0]
+        if eps.grad is not None and eps.grad is self._seen_grad:
+            return
+        if self._pending:  # this pass's sums and an earlier one's are in one accumulator
+            raise RuntimeError(
+                "the regularizer's rows got a backward pass after optimizer.zero_grad() while "
+                "the sums of an earlier backward pass, with no forward call between the two, "
+                "were not stepped: the two cannot be told apart. Call zero_grad() before the "
+                "forward calls of a step, or step after each backward pass"
+            )
+        if self.held_rows.numel() > 0:
+            self._hold_([])
+
+    def _after_pass(self, eps: Tensor) -> None:
+        """``eps``'s post-accumulate hook: the rows' sums of this pass are in the accumulator."""
+        self._seen_grad = eps.grad
+        self._pending = True
+
+    def _hold_(self, parts: list[tuple[Tensor, Tensor]]) -> None:
+        """The held sums: ``parts`` concatenated (``[]``: none)."""
+        device = self.moments.device
+        rows = [p[0] for p in parts] or [torch.zeros(0, dtype=torch.int64, device=device)]
+        sums = [p[1] for p in parts] or [torch.zeros(0, 3, device=device)]
+        self.held_rows, self.held_sums = torch.cat(rows), torch.cat(sums)
+
+    @torch.no_grad()
+    def _put_aside_(self) -> None:
+        """Before a forward after a backward pass: the accumulator's sums move to the held ones
+        (one entry per noted row carries its row's sums, the others zeros), the accumulator is
+        zero again. O(entries noted)."""
+        self._pending = False
+        rows = self.noted_rows
+        if rows.numel() == 0 or self.acc.shape[0] == 0:
+            return
+        chosen, _ = _one_per_row(rows, self.noted_touched, self.elect)
+        sums = self.acc.index_select(0, rows) * chosen.unsqueeze(1).to(self.acc.dtype)
+        zero_rows_(self.acc, rows)
+        self._hold_([(self.held_rows, self.held_sums), (rows, sums)])
+
+    @torch.no_grad()
+    def _take_held_(self) -> None:
+        """At the step: the held sums back into the accumulator."""
+        if self.held_rows.numel() > 0:
+            add_rows_(self.acc, self.held_rows, self.held_sums)
+            self._hold_([])
+
+    def cleared(self) -> bool:
+        """Whether the watched ``eps`` has no gradient (``zero_grad()`` since the last backward
+        pass): the rows' sums are stale, and the step moves no row."""
+        return bool(self._eps) and self._eps[0].grad is None
+
+    def dropped_(self, by_hand: bool) -> bool:
+        """At the step: whether the rows' gradient was cleared (``cleared``), then dropped
+        (``drop_``); ``by_hand`` (``after_step_()`` not from ``attach``'s hook): a
+        ``ValueError`` instead, as it comes after ``zero_grad()``."""
+        if not self.cleared():
+            return False
+        if by_hand:
+            raise ValueError(
+                "after_step_(): eps has no gradient, so the rows' gradient was cleared with it: "
+                "call after_step_() right after optimizer.step(), before optimizer.zero_grad() "
+                "(or reg.attach(optimizer) once, which does)"
+            )
+        self.drop_()
+        return True
+
+    @torch.no_grad()
+    def drop_(self) -> None:
+        """Forget every sum and note since the last step (their gradient was cleared)."""
+        rows, _ = self._noted(self.acc.device)
+        zero_rows_(self.acc, rows)
+        self._hold_([])
+        self._pending = False
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         self.acc = self.acc.to(self.moments.device)
+        self.held_rows = self.held_rows.to(self.moments.device)
+        self.held_sums = self.held_sums.to(self.moments.device)
         self.elect = self.elect.to(self.moments.device)
         self.noted_rows = self.noted_rows.to(self.moments.device)
         self.noted_touched = self.noted_touched.to(self.moments.device)
@@ -337,6 +437,8 @@ class SparseRows(nn.Module):
         entries clipped at the tracked threshold: ``share``; else 0). O(B)."""
         if not torch.is_grad_enabled():
             return values
+        if self._pending:  # a backward pass since the last forward: its sums held apart
+            self._put_aside_()
         self._forwarded = True
         # the CPU's batch of many entries: its touched ones noted only, found once (touched_only)
         keep = touched.nonzero().squeeze(1) if compacts(rows) else None
@@ -350,7 +452,8 @@ class SparseRows(nn.Module):
             )
             self.noted_rows = torch.cat([self.noted_rows, noted.long()])
             self.noted_touched = torch.cat([self.noted_touched, hit])
-        return RowGradient.apply(self.anchor, values, rows, touched, self, follow, keep)
+        order = self._eps[0] if self._eps else self.anchor  # (eps: accumulated after the rows)
+        return RowGradient.apply(order, values, rows, touched, self, follow, keep)
 
     def _note_(self, parts: list[tuple[Tensor, Tensor]]) -> None:
         """The noted entries: ``parts`` concatenated (``[]``: none)."""
@@ -384,10 +487,14 @@ class SparseRows(nn.Module):
         step a dense ``tau`` would take), else ``None``."""
         if self.lr_given:
             return None
-        return next(g for g in optimizer.param_groups if any(p is eps for p in g["params"]))
+        group = next(g for g in optimizer.param_groups if any(p is eps for p in g["params"]))
+        check_rule(optimizer, group)
+        return group
 
     def _noted(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """``(rows, touched)`` of the forwards since the last step; cleared."""
+        self._take_held_()
+        self._pending = False
         rows, touched = self.noted_rows, self.noted_touched
         self._note_([])
         self._forwarded = self._compacted = False

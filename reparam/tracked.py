@@ -13,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from projections import projection_root
 from projections.collective import LOCAL, LocalComm
 
+from .follow import DenseFollow
 from .lagrangian import as_float, greater
 from .layout import kept_keys, run_sums
 from .schedules import Project, Schedule
@@ -47,6 +48,24 @@ class TrackedThreshold(Schedule):
         self._row_comm = LOCAL if owned_here else comm  # a problem's rows: over these
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
         self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
+        self.dense_follow: DenseFollow | None = None  # a dense tau's (follow_dense)
+
+    def follow_dense(self, eps: Tensor, tau: Tensor, layout: nn.Module) -> None:
+        """A dense ``tau``: its rows clipped at ``e*`` take the step's gradient of ``eps``
+        (``reparam.follow.DenseFollow``)."""
+        self.dense_follow = DenseFollow(eps, tau, layout)
+
+    def follow_rows(
+        self, values: Tensor, rows: Tensor, touched: Tensor, eps: Tensor, groups: Tensor | None
+    ) -> Tensor:
+        """A dense ``tau``'s batch rows (``values``, at ``rows``; ``touched``: the positives) as the
+        loss sees them: the entries above ``e*`` counted to follow ``eps`` at the step."""
+        follow = self.dense_follow
+        if follow is None or not torch.is_grad_enabled():
+            return values
+        at = None if groups is None else groups.index_select(0, rows).long()
+        clipped = greater(values, self.threshold(eps.detach(), at)[0])
+        return follow.rows(values, rows, clipped.mul_(as_float(touched, values.dtype)), eps)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

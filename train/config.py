@@ -418,6 +418,14 @@ def _check_sparse_tau(cfg: Config) -> None:
     r = cfg.regularizer
     if r.name == "fbeta" and r.fbeta.tau_update != "dense" and cfg.train.precision == "fp16":
         raise ValueError(f"regularizer.fbeta.tau_update={r.fbeta.tau_update!r} {_NO_FP16}")
+    sparse = r.name == "fbeta" and r.fbeta.tau_update == "sparse_adam_ahead"
+    if sparse and r.fbeta.tau_lr is None and cfg.optim.name != "adam":
+        raise ValueError(
+            f"regularizer.fbeta.tau_update='sparse_adam_ahead' with tau_lr: null steps the rows "
+            f"of tau by Adam at the optimizer's lr, which optim.name={cfg.optim.name!r} does not "
+            "follow: set regularizer.fbeta.tau_lr (the rows keep their Adam rule at that lr) or "
+            "tau_update: dense (the optimizer steps tau)"
+        )
 
 
 def _check_pixel_target(cfg: Config) -> None:

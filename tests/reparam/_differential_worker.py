@@ -99,7 +99,7 @@ class Example:
     labels: str = ""
     features: str = ""
     batch: int = 0  # per process
-    loop: str = ""  # plain, summed, accumulate, noforward, resume, reshard
+    loop: str = ""  # plain, summed, accumulate, noforward, resume, reshard, skipped, validation
     steps: int = 0
     epochs: int = 0
     k_after: int = 0  # reshard: the processes of the second epoch
@@ -134,6 +134,11 @@ def draw(seed: int, kind: str) -> Example:
     # per-row parameter, the rate objectives' tau with EpochEnd(), is not resharded)
     if layout != "replicated" and cell.startswith("fbeta") and rng.random() < 0.2:
         loop = "reshard"
+    # a plain loop may get a step that is skipped after its backward (a NaN loss: the rows keep
+    # nothing of it) or a validation forward (no_grad: no state moves), drawn apart so that the
+    # other seeds keep their examples
+    if loop == "plain" and (side := random.Random(f"side {seed}")).random() < 0.8:
+        loop = side.choice(["skipped", "validation"])
     block = max(n // k, 1)
     batch = rng.choice([1, min(block, 1024), min(2 * block, 2048), rng.randint(2, 64)])
     if cell.startswith("fbeta-groups"):
@@ -427,6 +432,27 @@ def _process_step(run: Run, ex: Example, idx: torch.Tensor) -> None:
         loss.backward()
 
 
+def _side_pass(run: Run, ex: Example, batches: list[torch.Tensor]) -> None:
+    """Before a step, on the step's batches (a process's own; the reference: every process's,
+    each as a replica would call it, or their concatenation as routed): ``skipped``, a forward
+    and a backward of a non-finite loss whose step a guard skips (``zero_grad()``);
+    ``validation``, a forward under ``torch.no_grad()`` in ``eval()`` mode. Neither moves any
+    state but the skipped forward's remembered scores, alike in both runs."""
+    replicas = ex.layout == "replicated" or len(batches) == 1
+    calls = batches if replicas else [torch.cat(batches)]
+    if ex.loop == "validation":
+        run.reg.eval()
+        with torch.no_grad():
+            for idx in calls:
+                run.reg(run.scores(idx), idx)
+        run.reg.train()
+        return
+    run.opt.zero_grad()
+    loss = sum(run.reg(run.scores(idx), idx) for idx in calls) * float("nan")
+    loss.backward()
+    run.opt.zero_grad()
+
+
 def _average_head(run: Run, k: int, group) -> None:
     if k > 1:
         for p in run.head.parameters():
@@ -551,6 +577,10 @@ def run_train(ex: Example, rank: int, groups_by_k) -> dict | None:
                 if ref is not None:
                     ref.opt.zero_grad()
                     ref.opt.step()
+            if ex.loop in ("skipped", "validation") and s == ex.at:
+                _side_pass(run, ex, [step[rank]])
+                if ref is not None:
+                    _side_pass(ref, ex, step)
             _process_step(run, ex, step[rank])
             _average_head(run, k, group)
             run.opt.step()

@@ -121,7 +121,10 @@ def test_defaults_and_the_paper_options():
         0.0,
     )
     assert (ours.dual_lr_lambda, ours.dual_lr_mu, ours.cap_scores) == (0.1, 0.1, True)
-    assert "schedule=Tracked(), tau=SparseTau(lr=None) (lr 0.01)" in repr(ours)
+    assert (
+        "schedule=Tracked(), tau=SparseTau(lr=None) (rule adam(betas=(0.9, 0.999), eps=1e-08), lr 0.01)"
+        in repr(ours)
+    )
     assert PAPER == {
         "schedule": EpochEnd(),
         "tau": DenseTau(),
