@@ -22,7 +22,7 @@ from projections import project_onto_c, soft_project_onto_c
 from . import _checks, fbeta_report
 from . import functional as Fn
 from .base import ReparamRegularizer
-from .lagrangian import batch_lagrangian
+from .lagrangian import as_float, batch_lagrangian, greater
 from .options import (
     DEFAULT_TAU_LR,
     PAPER,
@@ -207,15 +207,18 @@ class FBetaRegularizer(ReparamRegularizer):
             u, idx, rows, self._batch_of(idx)
         )  # (groups: the batch's problems only, in slots: at[slot] is the problem, O(B))
         mu = self.mu if at is None else self.mu.index_select(0, at)
+        seen = None
+        if tracked is not None:  # the loss sees e* (computed once: the rows' follow reads it)
+            eps, share = tracked.threshold(self.eps_param, at)
+            seen = _rows_threshold(eps.detach(), share, at, problem, rows, lay.row_groups)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)
-            tau, lam = _batch_rows(self, tau, rows, touched, tracked, sparse)
+            tau, lam = _batch_rows(self, tau, rows, touched, tracked, sparse, seen)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
         else:
             slots = rows.clamp_min(0)
         if problem is not None:  # a sample's row serves every column
             slots = slots.unsqueeze(1).expand(-1, len(self.classes)).reshape(-1)
-        if tracked is not None:  # the loss sees e*
-            eps, share = tracked.threshold(self.eps_param, at)
+        if tracked is not None:
             if problem is None:
                 share = share.view(())
         elif at is not None:
@@ -355,12 +358,28 @@ def _check_pair(schedule: object, tau: object, sharded: bool) -> None:
         )
 
 
+def _rows_threshold(
+    e_star: Tensor, share: Tensor, at: Tensor | None, problem: Tensor | None, slots: Tensor, groups
+) -> tuple[Tensor, Tensor]:
+    """``(e*, share)`` of each batch entry's row (detached): of its problem, from the loss's
+    per-problem values (``at``: the batch's problems in slots, ``problem`` each entry's slot;
+    else every problem, ``groups`` each row's; one problem: a broadcast). O(B)."""
+    if at is not None:
+        k = problem.clamp_min(0)
+    elif groups is not None:
+        k = groups.index_select(0, slots.clamp_min(0)).long()
+    else:
+        return e_star, share.detach()
+    return e_star.index_select(0, k), share.detach().index_select(0, k)
+
+
 def _batch_rows(
-    reg: FBetaRegularizer, tau: Tensor, slots: Tensor, touched: Tensor, tracked, sparse
+    reg: FBetaRegularizer, tau: Tensor, slots: Tensor, touched: Tensor, tracked, sparse, seen
 ) -> tuple:
     """``reg``'s batch view for ``lagrangian.batch_lagrangian`` in O(B): its rows' values (the
     ``tracked`` schedule: plus ``eps`` for a row of ``A``; a ``sparse`` tau: through the node
-    that accumulates their gradient) and ``lambda``. ``touched``: the positives."""
+    that accumulates their gradient) and ``lambda``. ``touched``: the positives; ``seen``: the
+    rows' ``(e*, share)`` under ``tracked`` (``_rows_threshold``)."""
     rows = slots.clamp_min(0)
     if tau.shape[0] == 0:  # a shard holding no positive: every entry is a negative
         tau, lam = tau.new_zeros(1), reg.lam.new_zeros(1)
@@ -373,10 +392,12 @@ def _batch_rows(
     if tracked is not None:
         groups = reg.layout.row_groups
         values = values + tracked.shift(rows, reg.eps_param, groups)
+        e_star, share = seen
+        clipped = greater(values, e_star).mul_(as_float(touched, values.dtype))
         if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
-            follow = tracked.follow_weights(values, rows, touched, reg.eps_param, groups)
+            follow = clipped.mul_(share)
         else:  # a dense row above e* takes the step's gradient of eps (follow_dense)
-            values = tracked.follow_rows(values, rows, touched, reg.eps_param, groups)
+            values = tracked.follow_rows(values, rows, clipped, reg.eps_param)
     if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
         values = sparse.rows_(values, rows, touched, follow)
     return values, reg.lam.index_select(0, rows)

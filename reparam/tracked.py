@@ -19,7 +19,7 @@ from projections import projection_root
 from projections.collective import LOCAL, LocalComm
 
 from .follow import DenseFollow
-from .lagrangian import as_float, greater
+from .lagrangian import as_float
 from .layout import kept_keys, run_sums
 from .schedules import Project, Schedule
 
@@ -55,17 +55,12 @@ class TrackedThreshold(Schedule):
         (``reparam.follow.DenseFollow``)."""
         self.dense_follow = DenseFollow(eps, tau, layout)
 
-    def follow_rows(
-        self, values: Tensor, rows: Tensor, touched: Tensor, eps: Tensor, groups: Tensor | None
-    ) -> Tensor:
-        """A dense ``tau``'s batch rows (``values``, at ``rows``; ``touched``: the positives) as the
-        loss sees them: the entries above ``e*`` counted to follow ``eps`` at the step."""
-        follow = self.dense_follow
-        if follow is None or not torch.is_grad_enabled():
+    def follow_rows(self, values: Tensor, rows: Tensor, clipped: Tensor, eps: Tensor) -> Tensor:
+        """A dense ``tau``'s batch rows (``values``, at ``rows``; ``clipped``: 1 for a positive
+        above ``e*``) as the loss sees them: counted to follow ``eps`` at the step."""
+        if self.dense_follow is None or not torch.is_grad_enabled():
             return values
-        at = None if groups is None else groups.index_select(0, rows).long()
-        clipped = greater(values, self.threshold(eps.detach(), at)[0])
-        return follow.rows(values, rows, clipped.mul_(as_float(touched, values.dtype)), eps)
+        return self.dense_follow.rows(values, rows, clipped, eps)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -112,18 +107,6 @@ class TrackedThreshold(Schedule):
         share = 1 / denom
         r = eps * share + (eps * (1 - share) + sums[:, 0] / denom).detach()
         return r.clamp_min(0), (r.detach() > 0).to(r.dtype) * share
-
-    def follow_weights(
-        self, values: Tensor, rows: Tensor, touched: Tensor, eps: Tensor, groups: Tensor | None
-    ) -> Tensor:
-        """Per entry of a batch (its rows' ``values``, at ``rows``; ``touched``: the positives),
-        the weight with which its row follows ``eps`` at the step: ``share`` where the row is
-        above ``e*`` (the loss sees ``e*`` there, ``reparam.lagrangian``), else 0 (method note
-        sec. 3b: the step's gradient of ``eps``, not the call's, ``reparam.sparse.sparse_step_``).
-        O(B)."""
-        at = None if groups is None else groups.index_select(0, rows).long()
-        e_star, share = self.threshold(eps.detach(), at)
-        return greater(values, e_star).mul_(as_float(touched, values.dtype)).mul_(share)
 
     @staticmethod
     def eps_grad_of_rows(
