@@ -5,17 +5,18 @@ forms forced, against the eager forms (docs/method/cost.md sec. 11b).
 
 The loop is ``benchmarks.reg_loop``'s (S-MNIST's paper model in a user's loop, the F-beta
 defaults, Adam), eager, at ``B`` = 100 (S-MNIST's batch) and 8192 entries (a batch of pixels, past
-the CPU's compaction of large batches at 4096). The library asks ``torch.compiler.is_compiling()``
-where its eager and compiled forms differ; an arm makes that question answer ``True`` inside one
-module of the library, so that module runs its compiled forms eagerly, and nothing else changes:
+the CPU's compaction of large batches at 4096). The library's eager and compiled forms differ at
+named forks (``reparam.compiling.FORKS``); an arm makes some of them take their compiled form
+eagerly (``reparam.compiling.compiled_forms``), and nothing else changes:
 
 * ``_monitor``: the misuse counters on the device instead of in Python;
 * ``_checks``: the scores' check masked on the device instead of one host read;
 * ``sparse``: no compaction of large batches to their touched entries (a size read from the
   data).
 
-The objectives' entry points ask it once more (``ShapeObjective._dispatch``): not a second form
-of the step, but whether to call ``reg.compile()``'s compiled one.
+The objectives' entry points ask once more whether they are traced
+(``reparam.compiling.tracing``): not a second form of the step, but whether to call
+``reg.compile()``'s compiled one.
 
 Each arm's step is timed in rotating order with the others (drift hits all alike); the table gives
 the median step, the regularizer's own time (the step minus the step without it) and what the
@@ -25,59 +26,26 @@ compiled forms add to it, with the operations one regularized step dispatches.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import statistics
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
 from benchmarks._report import markdown_table
 from benchmarks._timing import OpCount, machine_line
 from benchmarks.reg_loop import Loop, _batches
+from reparam.compiling import compiled_forms
 
-# arm -> the modules whose compiled forms run eagerly in it
+# arm -> the library's forks (reparam.compiling.FORKS) whose compiled forms run eagerly in it
 FORKS = {
     "eager forms": (),
-    "_monitor": ("reparam._monitor",),
-    "_checks": ("reparam._checks",),
-    "sparse": ("reparam.sparse",),
+    "_monitor": ("monitor",),
+    "_checks": ("checks",),
+    "sparse": ("sparse",),
 }
-FORKS["all compiled forms"] = tuple(m for ms in FORKS.values() for m in ms)
-
-
-class _Compiling:
-    """``torch`` as one module sees it in an arm: ``torch.compiler.is_compiling()`` is ``True``."""
-
-    def __init__(self) -> None:
-        self.compiler = _CompilerAnswering()
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(torch, name)
-
-
-class _CompilerAnswering:
-    def is_compiling(self) -> bool:
-        return True
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(torch.compiler, name)
-
-
-@contextlib.contextmanager
-def compiled_forms(modules: tuple[str, ...]):
-    """Inside the block, ``modules`` take their compiled forms (their ``torch`` is swapped)."""
-    found: list[ModuleType] = [importlib.import_module(m) for m in modules]
-    for m in found:
-        m.torch = _Compiling()
-    try:
-        yield
-    finally:
-        for m in found:
-            m.torch = torch
+FORKS["all compiled forms"] = tuple(f for fs in FORKS.values() for f in fs)
 
 
 def time_forks(batch: int, steps: int) -> list[dict]:
@@ -89,14 +57,14 @@ def time_forks(batch: int, steps: int) -> list[dict]:
     order = list(arms)
     for k in range(steps + 10):
         for a in order[k % len(order) :] + order[: k % len(order)]:
-            with compiled_forms(FORKS.get(a, ())):
+            with compiled_forms(*FORKS.get(a, ())):
                 t0 = time.perf_counter()
                 arms[a].step(*batches[k % len(batches)])
                 if k >= 10:
                     times[a].append(time.perf_counter() - t0)
     ops = {}
     for a in FORKS:
-        with compiled_forms(FORKS[a]), OpCount() as count:
+        with compiled_forms(*FORKS[a]), OpCount() as count:
             arms[a].step(*batches[0])
         ops[a] = count.ops
     with OpCount() as count:

@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .compiling import eager_on_cpu
+
 
 def describe(x: object) -> str:
     if isinstance(x, Tensor):
@@ -148,7 +150,7 @@ def batch(
         )
     if u.shape[0] != b:
         raise ValueError(f"scores and idx must have the same batch size, got {u.shape[0]} and {b}")
-    if b and not torch.compiler.is_compiling() and u.device.type == "cpu":
+    if b and eager_on_cpu(u, "checks"):
         # One reduction instead of an elementwise test: a NaN/inf anywhere makes the sum
         # non-finite; under no_grad, no autograd node and no detach.
         with torch.no_grad():

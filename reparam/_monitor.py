@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _checks
+from .compiling import compiled_form
 
 Duties = Callable[[], tuple[bool, str | None, str]]
 Handle = TypeVar("Handle")
@@ -66,7 +67,7 @@ class MisuseMonitor(nn.Module):
     def count_forward(self, batch: int, n: int, duties: Duties) -> None:
         """A forward call of ``batch`` samples (``n``: samples per epoch): ``on_forward``, or
         inside ``torch.compile`` a count on the device."""
-        if torch.compiler.is_compiling():  # Python counters would be guarded on, step by step
+        if compiled_form("monitor"):  # Python counters would be guarded on, step by step
             if self.hooks:  # (attached: after_step_ runs at every step, nothing to count)
                 self.calls_since[0].add_(batch)
             else:

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from . import _checks
 from ._monitor import MisuseMonitor
+from .compiling import tracing
 from .layout import ProblemLayout, smallest_int
 from .memory import Memo, merge_, remember_
 from .sharding import Shard, ShardedRows
@@ -101,7 +102,7 @@ class ShapeObjective(ShardedRows, nn.Module):
     def _dispatch(self, compiled: Callable | None, eager: Callable, *args: Tensor) -> Tensor | None:
         """``reg.compile()``'s form of a step, or the eager one (also inside a caller's
         ``torch.compile``, which traces it into its own graph)."""
-        if compiled is not None and not torch.compiler.is_compiling():
+        if compiled is not None and not tracing():
             return compiled(self, *args)
         return eager(*args)
 

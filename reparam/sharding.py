@@ -39,6 +39,7 @@ from torch import Tensor
 from projections.collective import LOCAL, LocalComm, ProcessComm, routing
 
 from . import _checks
+from .compiling import compiled_form
 
 __all__ = ["LOCAL", "SAMPLINGS", "LocalComm", "ProcessComm", "Shard", "route"]
 
@@ -234,7 +235,7 @@ class ShardedRows:
         start, stop = shard.bounds()
         if not (isinstance(idx, Tensor) and idx.dtype == torch.int64 and idx.dim() == 1):
             return scores, idx  # the forward's own check names what is wrong
-        if idx.numel() and not torch.compiler.is_compiling():  # (compiled: an index of another
+        if idx.numel() and not compiled_form("owner"):  # (compiled: an index of another
             # block is out of this one's range, masked and reported at the epoch end, _monitor)
             lo, hi = (int(v) for v in idx.aminmax())
             if lo < start or hi >= stop:

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from projections.collective import LOCAL, LocalComm
 
+from .compiling import compiled_form, eager_on_cpu
 from .layout import SPARE, spare_places
 from .memory import all_gather_rows
 from .options import ADAM_BETAS, ADAM_EPS, check_rule
@@ -250,8 +251,7 @@ def touched_only(
 def compacts(rows: Tensor) -> bool:
     """Whether ``touched_only`` keeps the touched entries of a batch of ``rows`` only (eager on
     the CPU, from ``COMPACT_FROM`` entries)."""
-    cpu = rows.device.type == "cpu"
-    return cpu and rows.numel() >= COMPACT_FROM and not torch.compiler.is_compiling()
+    return rows.numel() >= COMPACT_FROM and eager_on_cpu(rows, "sparse")
 
 
 # noted entries, per row of tau, past which they are merged into one per row (SparseRows._compact_)
@@ -444,7 +444,7 @@ class SparseRows(nn.Module):
         keep = touched.nonzero().squeeze(1) if compacts(rows) else None
         if self.acc.shape[0] > 0:  # (a shard may hold no row: nothing to step there)
             many = self.noted_rows.numel() > MAX_NOTED * self.acc.shape[0]
-            if many and not torch.compiler.is_compiling():
+            if many and not compiled_form("notes"):
                 self._compact_()  # (forwards with no step between them: kept O(n))
             self._compacted |= keep is not None
             noted, hit = (

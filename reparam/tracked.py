@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from projections import projection_root
 from projections.collective import LOCAL, LocalComm
 
+from .compiling import compiled_form
 from .follow import DenseFollow
 from .lagrangian import as_float
 from .layout import kept_keys, run_sums
@@ -191,7 +192,7 @@ class TrackedThreshold(Schedule):
         against the old root is not the exact set after a large step)."""
         eps, values = eps.detach(), self.values(tau, eps, groups)
         # compiled (a dense tau's step in the user's graph): the root by sort, no host read
-        how = {"method": "sort", "_checked": True} if torch.compiler.is_compiling() else {}
+        how = {"method": "sort", "_checked": True} if compiled_form("root") else {}
         if groups is None:  # (over every process's rows: the communicator's)
             r = projection_root(eps[0], values, comm=self._comm, **how).view(1)
         else:

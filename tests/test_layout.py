@@ -205,3 +205,17 @@ def test_fbeta_takes_about_a_dozen_options():
     # 12 options and the data (shape_labels; groups, issue 30): the options' count is the point
     data = {"shape_labels", "groups", "shard"}  # shard: which block of the samples these are
     assert len(set(inspect.signature(FBetaRegularizer).parameters) - data) <= 12
+
+
+def test_the_compiled_forks_are_asked_in_one_module():
+    """Where the library's eager and compiled forms differ it asks ``reparam.compiling``'s named
+    predicates, and nowhere else asks ``torch.compiler.is_compiling()``."""
+    asked = [
+        f
+        for f in _tracked()
+        if f.endswith(".py")
+        and f.split("/")[0] in ("reparam", "projections")
+        and f != "reparam/compiling.py"
+        and "is_compiling(" in (ROOT / f).read_text()
+    ]
+    assert not asked, asked
