@@ -12,7 +12,6 @@ checkpoints carry all of it. Per step ``loss = task_loss + alpha * reg(scores, i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -210,7 +209,7 @@ class FBetaRegularizer(ReparamRegularizer):
         seen = None
         if tracked is not None:  # the loss sees e* (computed once: the rows' follow reads it)
             eps, share = tracked.threshold(self.eps_param, at)
-            seen = _rows_threshold(eps.detach(), share, at, problem, rows, lay.row_groups)
+            seen = (eps, share, at, problem)  # (the rows' share of it: _rows_threshold)
         if tracked is not None or sparse is not None:  # the batch's rows, O(B)
             tau, lam = _batch_rows(self, tau, rows, touched, tracked, sparse, seen)
             slots = None if problem is None else torch.arange(rows.numel(), device=rows.device)
@@ -258,16 +257,16 @@ class FBetaRegularizer(ReparamRegularizer):
                 tracked.refresh_(tau, self.eps_param, self.layout.row_groups)
                 self._forget_("constrained")
             return
-        if sparse.dropped_(by_hand=not self._monitor.hooks):  # zero_grad() since the backward
+        # (zero_grad() since the backward, or no forward since the last step: nothing moves)
+        if sparse.dropped_(by_hand=not self._monitor.hooks) or not sparse.stepping:
             return
-        if not sparse.stepping:  # no forward since the last step: nothing moves
-            return
-        eps_grad = None
-        if tracked is not None:  # A kept in step with the rows' change; clipped rows follow eps
-            groups = self.layout.row_groups
-            eps_grad = partial(tracked.eps_grad_of_rows, self.eps_param, groups, sparse.acc)
-            tracked = partial(tracked.step_, tau, self.eps_param, groups)
-        sparse.step_(tau, tracked, eps_grad)
+        rows, touched = sparse.take_noted_()
+        if tracked is None:
+            return sparse.step_(tau, rows, touched)
+        groups = self.layout.row_groups  # clipped rows follow eps; the change written once
+        eps_grad = tracked.eps_grad_of_rows(self.eps_param, groups, sparse.acc, rows)
+        step = sparse.step_(tau, rows, touched, eps_grad, write=False)
+        tracked.step_(tau, self.eps_param, groups, rows, step)
 
     @property
     def tau_lr(self) -> float | None:
@@ -359,18 +358,29 @@ def _check_pair(schedule: object, tau: object, sharded: bool) -> None:
 
 
 def _rows_threshold(
-    e_star: Tensor, share: Tensor, at: Tensor | None, problem: Tensor | None, slots: Tensor, groups
+    reg: FBetaRegularizer,
+    e_star: Tensor,
+    share: Tensor,
+    at: Tensor | None,
+    problem: Tensor | None,
+    rows: Tensor,
 ) -> tuple[Tensor, Tensor]:
-    """``(e*, share)`` of each batch entry's row (detached): of its problem, from the loss's
-    per-problem values (``at``: the batch's problems in slots, ``problem`` each entry's slot;
-    else every problem, ``groups`` each row's; one problem: a broadcast). O(B)."""
-    if at is not None:
+    """``(e*, share)`` of each batch entry's row (detached, O(B)), from the loss's per-problem
+    values (``at``: the batch's problems in slots, ``problem`` each entry's slot; else of every
+    problem, or of one: a broadcast). With several classes per group (an entry per class and
+    sample) they are computed for the rows' own problems."""
+    groups = reg.layout.row_groups
+    e_star, share = e_star.detach(), share.detach()
+    if at is None and groups is None:
+        return e_star, share
+    if at is not None and problem.numel() == rows.numel():
         k = problem.clamp_min(0)
-    elif groups is not None:
-        k = groups.index_select(0, slots.clamp_min(0)).long()
+    elif at is None:
+        k = groups.index_select(0, rows).long()
     else:
-        return e_star, share.detach()
-    return e_star.index_select(0, k), share.detach().index_select(0, k)
+        at = groups.index_select(0, rows).long()
+        return tuple(x.detach() for x in reg._tracked.threshold(reg.eps_param.detach(), at))
+    return e_star.index_select(0, k), share.index_select(0, k)
 
 
 def _batch_rows(
@@ -392,7 +402,7 @@ def _batch_rows(
     if tracked is not None:
         groups = reg.layout.row_groups
         values = values + tracked.shift(rows, reg.eps_param, groups)
-        e_star, share = seen
+        e_star, share = _rows_threshold(reg, *seen, rows)
         clipped = greater(values, e_star).mul_(as_float(touched, values.dtype))
         if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
             follow = clipped.mul_(share)

@@ -29,8 +29,6 @@ rule is Adam's (``RULE_NAME``): ``attach`` refuses an optimizer it is not (``che
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -523,19 +521,25 @@ class SparseRows(nn.Module):
         add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1, 1])).float())
         self._note_([(rows, touched)])
 
+    def take_noted_(self) -> tuple[Tensor, Tensor]:
+        """``(rows, touched)`` noted since the last step, to step now (cleared here; the held
+        sums back in the accumulator)."""
+        return self._noted(self.acc.device)
+
     def step_(
         self,
         tau: Tensor,
-        tracked: Callable[..., None] | None = None,
-        eps_grad: Callable[[Tensor], Tensor | None] | None = None,
-    ) -> None:
-        """The sparse step (``sparse_step_``) on the rows of ``tau`` noted since the last call;
-        ``tracked(rows, touched, step)`` runs it instead when the host keeps a tracked active
-        set in step with it (``reparam.tracked``). ``eps_grad(rows)``: the gradient of ``eps``
-        of each row's problem (``sparse_step_``), or ``None``."""
-        rows, touched = self._noted(tau.device)
-        step = partial(
-            sparse_step_,
+        rows: Tensor,
+        touched: Tensor,
+        eps_grad: Tensor | None = None,
+        write: bool = True,
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The sparse step (``sparse_step_``) on ``rows`` of ``tau`` (``take_noted_``'s);
+        ``eps_grad``: the gradient of ``eps`` of each row's problem, which a row clipped at the
+        tracked threshold follows (``sparse_step_``), or ``None``. ``write=False``: ``tau`` is
+        left alone and the step's ``(change, elected, leader)`` returned, for the tracked set's
+        owner to write (``TrackedThreshold.step_``)."""
+        return sparse_step_(
             tau,
             self.acc,
             rows,
@@ -546,14 +550,11 @@ class SparseRows(nn.Module):
             last=self.last,
             ahead=self.ahead,
             coef=self.coef,
+            write=write,
             comm=self._comm,
             scratch=self.elect,
-            eps_grad=None if eps_grad is None else eps_grad(rows),
+            eps_grad=eps_grad,
         )
-        if tracked is not None:
-            tracked(rows, touched, step)
-        else:
-            step()
 
 
 class RowGradient(torch.autograd.Function):

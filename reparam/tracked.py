@@ -10,8 +10,6 @@ clipped at it; each sparse step re-tests the touched rows, each epoch end recomp
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from torch import Tensor, nn
 
@@ -206,12 +204,12 @@ class TrackedThreshold(Schedule):
         eps: Tensor,
         groups: Tensor | None,
         rows: Tensor,
-        touched: Tensor,
-        step: Callable[..., tuple[Tensor, Tensor]],
+        step: tuple[Tensor, Tensor, Tensor],
     ) -> None:
-        """Run the sparse ``step`` on ``rows`` (int, may repeat; ``touched``: the entries that
-        are positives) and keep ``A`` in step in O(B), on the one entry of each touched row that
-        the step elects to carry the row's update: ``A``'s offset sum moves by its rows' exact
+        """Write the sparse step of ``rows`` (int, may repeat), ``step = (change, one, leader)``
+        (``SparseRows.step_(..., write=False)``: each row's change on the one entry of each
+        touched row that it elected to carry it, that entry's 1, each entry's elected one), and
+        keep ``A`` in step in O(B): ``A``'s offset sum moves by its rows' exact
         change; then every touched row is re-tested against the moved root ``r`` at the ``eps``
         the optimizer left. The batch's negatives stand at row 0 (``slots.clamp_min(0)``) and
         are never elected: only the touched rows are re-tested, so the rows a step re-tests do not
@@ -220,8 +218,8 @@ class TrackedThreshold(Schedule):
         entry of a row copies the row's new value and membership from its elected entry
         (``leader``)."""
         rows = rows.long()
-        before = tau.index_select(0, rows)
-        change, one, leader = step(write=False)  # each row's change on its elected entry
+        before = tau.index_select(0, rows)  # (the step wrote no row)
+        change, one, leader = step
         # one problem: no gather from the (n,) problem index (at 1e8 rows each is a DRAM miss)
         group = torch.zeros_like(rows) if groups is None else groups.index_select(0, rows).long()
         t = before + change
