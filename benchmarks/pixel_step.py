@@ -2,6 +2,7 @@
 
     python -m benchmarks.pixel_step --threads 1 --out docs/figures          # ~1 min on 2 cores
     python -m benchmarks.pixel_step --threads 1 --keep-freed --out docs/figures
+    python -m benchmarks.pixel_step --threads 1 --compile --out docs/figures   # + compiled steps
     python -m benchmarks.pixel_step --device cuda --side 512 --out docs/figures
 
 A segmentation batch of ``--images`` whole images of ``--side`` x ``--side`` pixels (8 of 16 by
@@ -15,7 +16,9 @@ a busy machine slows them alike); the table gives the median and the fastest of 
 of the medians. The scores and the images of each step are drawn before the clock starts.
 ``--keep-freed`` (glibc): freed temporaries are kept for reuse, not returned to the system and
 faulted in again at the next step (``benchmarks._timing.keep_freed_memory``); the table's first
-line says which.
+line says which. ``--compile``: a third arm, the same step with the user's ``torch.compile`` of the
+loss (``fullgraph=True``) and of ``opt.step``, on a regularizer of its own, and its ratio to the
+eager step.
 """
 
 from __future__ import annotations
@@ -49,33 +52,47 @@ def pixel_batches(side: int, images: int, of: int, steps: int, device: str) -> t
     return labels, groups, batches
 
 
-def arms(layout: str, side: int, images: int, device: str, steps: int) -> dict:
-    """The two arms of one layout: ``{"step": fn, "elementwise": fn}``, each taking the next
-    batch on every call."""
+def arms(
+    layout: str, side: int, images: int, device: str, steps: int, compiled: bool = False
+) -> dict:
+    """The arms of one layout: ``{"step": fn, "elementwise": fn}`` (and ``"compiled step"``:
+    the user's ``torch.compile`` of the loss, ``fullgraph=True``, and of ``opt.step``, on a
+    regularizer of its own), each taking the next batch on every call."""
     from reparam import FBetaRegularizer
 
     labels, groups, batches = pixel_batches(side, images, 2 * images, steps, device)
-    reg = FBetaRegularizer(labels, groups=groups if layout == "per image" else None).to(device)
-    opt = torch.optim.Adam(reg.parameters(), lr=1e-3)
-    reg.attach(opt)
-    turn = {"step": 0, "elementwise": 0}
+    turn = {"step": 0, "elementwise": 0, "compiled step": 0}
 
     def take(arm: str) -> tuple:
         turn[arm] += 1
         u, idx = batches[turn[arm] % len(batches)]
         return u.clone().requires_grad_(), idx
 
-    def step() -> None:
-        u, idx = take("step")
-        reg(u, idx).backward()
-        opt.step()
-        opt.zero_grad()
+    def stepper(arm: str, compile_: bool):
+        reg = FBetaRegularizer(labels, groups=groups if layout == "per image" else None)
+        reg = reg.to(device)
+        opt = torch.optim.Adam(reg.parameters(), lr=1e-3)
+        reg.attach(opt)
+        loss = torch.compile(reg, fullgraph=True) if compile_ else reg
+        opt_step = torch.compile(opt.step) if compile_ else opt.step
+
+        def step() -> None:
+            u, idx = take(arm)
+            loss(u, idx).backward()
+            opt_step()
+            opt.zero_grad()
+
+        step.reg = reg  # (the arm's regularizer: a test compares the arms' states)
+        return step
 
     def elementwise() -> None:
         u, _ = take("elementwise")
         (u * 2).sum().backward()
 
-    return {"step": step, "elementwise": elementwise}
+    out = {"step": stepper("step", False), "elementwise": elementwise}
+    if compiled:
+        out["compiled step"] = stepper("compiled step", True)
+    return out
 
 
 def measure(layout: str, args: argparse.Namespace) -> dict:
@@ -83,11 +100,11 @@ def measure(layout: str, args: argparse.Namespace) -> dict:
     import statistics
     import time
 
-    calls = arms(layout, args.side, args.images, args.device, 4)
+    calls = arms(layout, args.side, args.images, args.device, 4, args.compile)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for fn in calls.values():  # warm-up: the first steps allocate
-        fn(), fn()
+    for fn in calls.values():  # warm-up: the first steps allocate (and compile)
+        fn(), fn(), fn()
     for _ in range(args.rounds):
         for name, fn in calls.items():
             sync()
@@ -103,14 +120,16 @@ def table(results: dict, args: argparse.Namespace) -> str:
     rows = []
     for layout, arm in results.items():
         (step, step_min), (pass_, pass_min) = arm["step"], arm["elementwise"]
-        rows.append(
-            [
-                layout,
-                f"{step * 1e3:.2f} ({step_min * 1e3:.2f})",
-                f"{pass_ * 1e3:.2f} ({pass_min * 1e3:.2f})",
-                f"{step / pass_:.1f}",
-            ]
-        )
+        row = [
+            layout,
+            f"{step * 1e3:.2f} ({step_min * 1e3:.2f})",
+            f"{pass_ * 1e3:.2f} ({pass_min * 1e3:.2f})",
+            f"{step / pass_:.1f}",
+        ]
+        if "compiled step" in arm:
+            compiled, compiled_min = arm["compiled step"]
+            row += [f"{compiled * 1e3:.2f} ({compiled_min * 1e3:.2f})", f"{compiled / step:.2f}"]
+        rows.append(row)
     pixels = args.images * args.side**2
     header = [
         f"layout ({pixels:,} pixels, {args.device})",
@@ -118,6 +137,8 @@ def table(results: dict, args: argparse.Namespace) -> str:
         "elementwise pass ms",
         "step / pass",
     ]
+    if args.compile:
+        header += ["compiled step ms, median (fastest)", "compiled / eager step"]
     return markdown_table(header, rows)
 
 
@@ -144,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="glibc malloc keeps freed temporaries for reuse (no page faults on each step's)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also a compiled step: the loss (fullgraph) and opt.step under torch.compile",
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for the table and plot")
     args = parser.parse_args(argv)
     if args.threads:
@@ -161,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         suffix = ("" if args.device == "cpu" else "_cuda") + ("_kept" if args.keep_freed else "")
+        suffix += "_compiled" if args.compile else ""
         (args.out / f"pixel_step{suffix}.md").write_text(text)
         plot(results, args.out / f"pixel_step{suffix}.png")
     return 0

@@ -3,6 +3,7 @@ and the GPU command's one-line skip where there is no CUDA device."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from benchmarks import gpu, pixel_step
@@ -16,6 +17,24 @@ def test_pixel_step_table_quick(tmp_path):
     for layout in pixel_step.LAYOUTS:
         assert f"| {layout} |" in text
     assert (tmp_path / "pixel_step.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_compiled_arm_steps_as_the_eager_one(tmp_path):
+    """``--compile``: the user's compiled loss (``fullgraph``) and ``opt.step`` on a regularizer
+    of their own, its column and ratio in the table; both steps end at the same ``tau``."""
+    argv = ["--side", "8", "--images", "2", "--rounds", "1", "--threads", "1", "--compile"]
+    assert pixel_step.main([*argv, "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "pixel_step_compiled.md").read_text()
+    assert "compiled / eager step" in text
+    for layout in pixel_step.LAYOUTS:
+        calls = pixel_step.arms(layout, 8, 2, "cpu", 4, compiled=True)
+        for _ in range(3):
+            calls["step"]()
+            calls["compiled step"]()
+        eager, compiled = calls["step"].reg, calls["compiled step"].reg
+        assert int(eager.sparse_tau.step) == int(compiled.sparse_tau.step) == 3
+        torch.testing.assert_close(compiled.tau, eager.tau, rtol=1e-5, atol=1e-6)
 
 
 def test_keep_freed_runs_and_says_so(tmp_path):
