@@ -434,11 +434,13 @@ def _process_step(run: Run, ex: Example, idx: torch.Tensor) -> None:
 
 def _side_pass(run: Run, ex: Example, batches: list[torch.Tensor]) -> None:
     """Before a step, on the step's batches (a process's own; the reference: every process's,
-    each as a replica would call it, or their concatenation as routed): ``skipped``, a forward
+    each as a replica would call it, or their concatenation as routed, and for the rate
+    objectives, whose multiplier steps on the global batch's estimate): ``skipped``, a forward
     and a backward of a non-finite loss whose step a guard skips (``zero_grad()``);
     ``validation``, a forward under ``torch.no_grad()`` in ``eval()`` mode. Neither moves any
     state but the skipped forward's remembered scores, alike in both runs."""
-    replicas = ex.layout == "replicated" or len(batches) == 1
+    rates = ex.cell.startswith(("precision", "recall", "roc"))  # (as _reference_step calls)
+    replicas = (ex.layout == "replicated" and not rates) or len(batches) == 1
     calls = batches if replicas else [torch.cat(batches)]
     if ex.loop == "validation":
         run.reg.eval()
