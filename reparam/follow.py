@@ -38,8 +38,16 @@ class DenseFollow(nn.Module):
         self._fresh = True  # eps.grad cleared before this pass: the counts start from it
         self._seen_grad: Tensor | None = None  # eps.grad as the last pass left it
         self._eps_grad: Tensor | None = None  # (a copy of it: the part tau.grad holds)
+        self._watch(eps)
+
+    def _watch(self, eps: Tensor) -> None:
         eps.register_hook(self._before_pass)
         eps.register_post_accumulate_grad_hook(self._after_pass)
+
+    def __setstate__(self, state: dict) -> None:
+        # a copy (copy.deepcopy, pickle, torch.save of the module) has an eps without hooks
+        super().__setstate__(state)
+        self._watch(self._refs[0])
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)

@@ -307,21 +307,23 @@ class SparseRows(nn.Module):
         self._seen_grad: Tensor | None = None  # eps.grad as the last backward pass left it
 
     def watch(self, eps: Tensor) -> None:
-        """Tie the rows' gradient to ``eps``'s (a parameter of the same optimizer): when a
-        backward pass finds that ``eps.grad`` was cleared since the last one (``zero_grad()``
-        with its default ``set_to_none=True``), the rows' sums of the earlier passes are dropped
-        as well, and a step with no ``eps.grad`` moves no row. A backward whose
-        ``optimizer.step()`` was skipped (a guard that drops a batch, ``GradScaler`` skipping an
-        inf step) leaves no trace, as for a dense parameter. Each batch's rows enter the graph
-        with ``eps`` as an input (``RowGradient``), so their sums are in before ``eps``'s
-        gradient is accumulated (the hooks run after them)."""
+        """Tie the rows' gradient to ``eps``'s: a backward pass that finds ``eps.grad`` cleared
+        since the last one (``zero_grad()``, ``set_to_none=True``) drops the earlier passes'
+        sums, and a step with no ``eps.grad`` moves no row, so a skipped step leaves no trace.
+        The rows enter the graph with ``eps`` as an input (``RowGradient``): their sums are in
+        before ``eps``'s gradient is accumulated, and its hooks run."""
         self._eps = [eps]
         eps.register_hook(self._before_pass)
         eps.register_post_accumulate_grad_hook(self._after_pass)
 
+    def __setstate__(self, state: dict) -> None:
+        # a copy (copy.deepcopy, pickle, torch.save of the module) has an eps without hooks
+        super().__setstate__(state)
+        if self._eps:
+            self.watch(self._eps[0])
+
     def _before_pass(self, grad: Tensor) -> None:
-        """``eps``'s gradient hook, in each backward pass after the rows' sums came in: if
-        ``eps.grad`` was cleared since the last pass, the held sums are stale."""
+        """``eps``'s gradient hook: with ``eps.grad`` cleared since the last pass, stale sums."""
         eps = self._eps[0]
         if eps.grad is not None and eps.grad is self._seen_grad:
             return
@@ -335,8 +337,7 @@ class SparseRows(nn.Module):
         if self.held_rows.numel() > 0:
             self._hold_([])
 
-    def _after_pass(self, eps: Tensor) -> None:
-        """``eps``'s post-accumulate hook: the rows' sums of this pass are in the accumulator."""
+    def _after_pass(self, eps: Tensor) -> None:  # (eps's post-accumulate hook)
         self._seen_grad = eps.grad
         self._pending = True
 
@@ -369,14 +370,12 @@ class SparseRows(nn.Module):
             self._hold_([])
 
     def cleared(self) -> bool:
-        """Whether the watched ``eps`` has no gradient (``zero_grad()`` since the last backward
-        pass): the rows' sums are stale, and the step moves no row."""
+        """Whether the watched ``eps`` has no gradient: the rows' sums are stale."""
         return bool(self._eps) and self._eps[0].grad is None
 
     def dropped_(self, by_hand: bool) -> bool:
-        """At the step: whether the rows' gradient was cleared (``cleared``), then dropped
-        (``drop_``); ``by_hand`` (``after_step_()`` not from ``attach``'s hook): a
-        ``ValueError`` instead, as it comes after ``zero_grad()``."""
+        """At the step: whether the rows' gradient was cleared, then dropped (``by_hand``, not
+        from ``attach``'s hook: a ``ValueError``, as it comes after ``zero_grad()``)."""
         if not self.cleared():
             return False
         if by_hand:

@@ -14,6 +14,7 @@ cell of ``tests/matrix.py`` where the property is the cell's.
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -24,10 +25,22 @@ from tests.matrix import CELLS
 X = torch.randn(400, 16, generator=torch.Generator().manual_seed(0))
 
 
-def _build(cell: str, seed: int = 0, optimizer=torch.optim.Adam, **options):
+def _copied(reg: torch.nn.Module, how: str | None) -> torch.nn.Module:
+    """``reg`` itself, or its copy by ``copy.deepcopy`` or ``torch.save`` / ``torch.load``."""
+    if how == "deepcopy":
+        return copy.deepcopy(reg)
+    if how == "torch.save":
+        buffer = io.BytesIO()
+        torch.save(reg, buffer)
+        buffer.seek(0)
+        return torch.load(buffer, weights_only=False)
+    return reg
+
+
+def _build(cell: str, seed: int = 0, optimizer=torch.optim.Adam, copied=None, **options):
     make, columns = CELLS[cell]
     torch.manual_seed(seed)
-    head, reg = ShapeHead(16, columns), make()
+    head, reg = ShapeHead(16, columns), _copied(make(), copied)
     opt = optimizer([*head.parameters(), *reg.parameters()], lr=1e-2, **options)
     reg.attach(opt)
     return head, reg, opt
@@ -47,11 +60,12 @@ def _loss(head, reg, idx: torch.Tensor) -> torch.Tensor:
     return reg(head(X[idx]), idx)
 
 
-def _train(cell: str, skip: str | None, readme_order: bool) -> dict:
+def _train(cell: str, skip: str | None, readme_order: bool, copied: str | None = None) -> dict:
     """Two good steps, each after a batch whose step is skipped: ``skip`` ``"nan"`` (a loss guard
     drops a non-finite batch, after its backward) or ``"finite"`` (a debug backward); ``None``:
-    that batch's forward only (it remembers its scores either way)."""
-    head, reg, opt = _build(cell)
+    that batch's forward only (it remembers its scores either way). ``copied``: the objective
+    is a copy (``_copied``)."""
+    head, reg, opt = _build(cell, copied=copied)
     g = torch.Generator().manual_seed(1)
     for _ in range(2):
         b = torch.randperm(400, generator=g)[:64]
@@ -80,6 +94,17 @@ def test_a_skipped_step_leaves_no_trace(cell: str, skip: str, readme_order: bool
     next good step dropped)."""
     clean = _train(cell, None, readme_order)
     _assert_same(_train(cell, skip, readme_order), clean)
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "torch.save"])
+@pytest.mark.parametrize("cell", ["fbeta-tracked-sparse", "fbeta-groups"])
+def test_a_copied_objective_keeps_the_contract(cell: str, copied: str) -> None:
+    """A copy of the objective (``copy.deepcopy``, ``torch.save`` of the module) ties its rows'
+    gradient to its own ``eps`` again (a copied parameter has no hooks): a skipped step leaves
+    no trace in it either."""
+    clean = _train(cell, None, False, copied)
+    _assert_same(_train(cell, "nan", False, copied), clean)
+    _assert_same(clean, _train(cell, None, False))
 
 
 def test_gradscaler_skipping_an_inf_step_leaves_no_trace() -> None:
@@ -279,12 +304,14 @@ def test_a_compiled_optimizer_step_compiles_once() -> None:
 # --- a step's batch split into calls, backward passes ----------------------------------------
 
 
-def _split_run(cell: str, parts: int, passes: bool, epochs: int = 3) -> dict:
+def _split_run(
+    cell: str, parts: int, passes: bool, epochs: int = 3, copied: str | None = None
+) -> dict:
     """``epochs`` epochs of batches of 60, each step's batch as ``parts`` calls whose mean is the
     loss (each call's ``L_B`` is its own batch's estimate, so their mean is the whole batch's;
     ``passes``: one backward pass per call, gradient accumulation); the epoch end after each
     epoch."""
-    head, reg, opt = _build(cell)
+    head, reg, opt = _build(cell, copied=copied)
     g = torch.Generator().manual_seed(1)
     for _ in range(epochs):
         for i in torch.randperm(360, generator=g).split(60):
@@ -313,3 +340,11 @@ def test_a_tracked_step_does_not_depend_on_how_its_batch_is_split(cell: str, pas
         for key in one:
             if one[key].is_floating_point():
                 torch.testing.assert_close(split[key], one[key], rtol=1e-4, atol=2e-5, msg=key)
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "torch.save"])
+def test_a_copied_dense_tracked_objective_still_follows_eps(copied: str) -> None:
+    """A copy of a dense ``tau`` under ``Tracked()`` counts its clipped rows and writes their
+    gradient, as the original does (a copied ``eps`` has no hooks: the copy registers its own)."""
+    original = _split_run("fbeta-tracked-dense", 2, True)
+    _assert_same(_split_run("fbeta-tracked-dense", 2, True, copied=copied), original)
