@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
     import torch
 
-    from reparam import FBetaRegularizer
+    from reparam import FBetaRegularizer, SparseTau
     from train.build import autocast_dtype
     from train.config import ModelConfig
     from train.loop import task_loss
@@ -47,7 +47,8 @@ def precision_steps(batch: int, steps: int, threads: int) -> dict[str, float]:
             (106, 160),
             92,
         )
-        reg = FBetaRegularizer(torch.arange(118287) % 2)
+        # (the rows' own Adam rule at SGD's lr: SparseTau(lr=None) refuses an SGD at attach)
+        reg = FBetaRegularizer(torch.arange(118287) % 2, tau=SparseTau(lr=1e-2))
         opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
         reg.attach(opt)  # the sparse tau steps at opt.step()
         trainers[precision] = (model, reg, opt)

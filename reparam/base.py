@@ -194,10 +194,6 @@ class ReparamRegularizer(ShapeObjective):
             if self.shard is None  # (sharded: replicated parameters average themselves)
         ]
         handles = [optimizer.register_step_post_hook(after), *averaging]
-        replicas, follow = self._replicas(), getattr(self.schedule, "dense_follow", None)
-        if replicas is not None and follow is not None:  # (reparam.follow)
-            follow.at_step = True  # a dense tracked tau: the counts summed at the step
-            handles.append(optimizer.register_step_pre_hook(lambda *_: follow.apply_(*replicas)))
         return self._monitor.hooked(_Handles(*handles))
 
     @property

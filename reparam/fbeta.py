@@ -150,8 +150,6 @@ class FBetaRegularizer(ReparamRegularizer):
             lr = DEFAULT_TAU_LR if tau.lr is None else tau.lr  # None: attach follows the optimizer
             self.sparse_tau = SparseRows(n_pos, lr=lr, lr_given=tau.lr is not None, comm=self._comm)
             self.sparse_tau.watch(self.eps_param)  # the rows' gradient lives with eps's
-        if isinstance(self.schedule, TrackedThreshold) and self.sparse_tau is None:
-            self.schedule.follow_dense(self.eps_param, self.tau_param, self.layout)
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))
@@ -402,12 +400,9 @@ def _batch_rows(
     if tracked is not None:
         groups = reg.layout.row_groups
         values = values + tracked.shift(rows, reg.eps_param, groups)
-        e_star, share = _rows_threshold(reg, *seen, rows)
-        clipped = greater(values, e_star).mul_(as_float(touched, values.dtype))
         if sparse is not None:  # a row above e* follows eps (sparse_step_): its weight
-            follow = clipped.mul_(share)
-        else:  # a dense row above e* takes the step's gradient of eps (follow_dense)
-            values = tracked.follow_rows(values, rows, clipped, reg.eps_param)
+            e_star, share = _rows_threshold(reg, *seen, rows)
+            follow = greater(values, e_star).mul_(as_float(touched, values.dtype)).mul_(share)
     if sparse is not None:  # the gradient to the rows' accumulator, the step at opt.step()
         values = sparse.rows_(values, rows, touched, follow)
     return values, reg.lam.index_select(0, rows)

@@ -11,13 +11,12 @@ clipped at it; each sparse step re-tests the touched rows, each epoch end recomp
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from projections import projection_root
 from projections.collective import LOCAL, LocalComm
 
 from .compiling import compiled_form
-from .follow import DenseFollow
 from .lagrangian import as_float
 from .layout import kept_keys, run_sums
 from .schedules import Project, Schedule
@@ -47,19 +46,6 @@ class TrackedThreshold(Schedule):
         self._row_comm = LOCAL if owned_here else comm  # a problem's rows: over these
         self.register_buffer("tau_active", torch.zeros(n_pos, dtype=torch.bool))
         self.register_buffer("active_sums", torch.zeros(problems, 2, dtype=torch.float64))
-        self.dense_follow: DenseFollow | None = None  # a dense tau's (follow_dense)
-
-    def follow_dense(self, eps: Tensor, tau: Tensor, layout: nn.Module) -> None:
-        """A dense ``tau``: its rows clipped at ``e*`` take the step's gradient of ``eps``
-        (``reparam.follow.DenseFollow``)."""
-        self.dense_follow = DenseFollow(eps, tau, layout)
-
-    def follow_rows(self, values: Tensor, rows: Tensor, clipped: Tensor, eps: Tensor) -> Tensor:
-        """A dense ``tau``'s batch rows (``values``, at ``rows``; ``clipped``: 1 for a positive
-        above ``e*``) as the loss sees them: counted to follow ``eps`` at the step."""
-        if self.dense_follow is None or not torch.is_grad_enabled():
-            return values
-        return self.dense_follow.rows(values, rows, clipped, eps)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs

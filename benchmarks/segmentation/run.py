@@ -97,7 +97,7 @@ def step_overhead(batch: int, steps: int, classes: int, threads: int) -> dict[st
 def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
     """Seconds per regularized training step (forward, backward, SGD) of the paper configs'
     models on this CPU at 106x160 (median of ``steps`` after one warm-up)."""
-    from reparam import FBetaRegularizer
+    from reparam import FBetaRegularizer, SparseTau
     from train.config import ModelConfig
     from train.loop import task_loss
     from train.models import build_model
@@ -109,7 +109,8 @@ def config_step_times(threads: int, steps: int = 3) -> list[tuple[str, float]]:
         model = build_model(
             ModelConfig(name=name, encoder=encoder, encoder_weights=None), (106, 160), classes
         )
-        reg = FBetaRegularizer(torch.arange(COCO_TRAIN_IMAGES) % 2)
+        # (the rows' own Adam rule at SGD's lr: SparseTau(lr=None) refuses an SGD at attach)
+        reg = FBetaRegularizer(torch.arange(COCO_TRAIN_IMAGES) % 2, tau=SparseTau(lr=1e-2))
         opt = torch.optim.SGD([*model.parameters(), *reg.parameters()], lr=1e-2, momentum=0.9)
         reg.attach(opt)  # the sparse tau steps at opt.step()
         x = torch.randint(0, 256, (batch, 3, 106, 160), dtype=torch.uint8)
