@@ -54,7 +54,7 @@ SHOWN = (
     | {arm: ("at_zero", "at_val", "at_own") for arm in SCHEDULES}
     | {arm: ("at_val",) for arm in (*STEPS, *COOPERS) if arm not in SCHEDULES}
 )
-RUNS = Path("benchmarks/compare/rates_runs")
+RUNS = Path("runs/compare_rates")  # the records (ignored by git; the command resumes from them)
 TABLE = Path("docs/figures/compare_rates.md")
 SCHEDULE_TABLE = Path("docs/figures/compare_rates_schedule.md")
 STEP_TABLE = Path("docs/figures/compare_rates_step.md")
