@@ -148,8 +148,9 @@ class FBetaRegularizer(ReparamRegularizer):
         else:
             self.register_buffer("tau_param", torch.ones(n_pos))
             lr = DEFAULT_TAU_LR if tau.lr is None else tau.lr  # None: attach follows the optimizer
-            self.sparse_tau = SparseRows(n_pos, lr=lr, lr_given=tau.lr is not None, comm=self._comm)
-            self.sparse_tau.watch(self.eps_param)  # the rows' gradient lives with eps's
+            self.sparse_tau = SparseRows(  # (the rows' gradient lives with eps's)
+                n_pos, lr=lr, lr_given=tau.lr is not None, comm=self._comm, eps=self.eps_param
+            )
         lambda_init = _checks.number("lambda_init", lambda_init, 0)
         self.register_buffer("lam", torch.full((n_pos,), lambda_init))
         self.register_buffer("mu", torch.full((p,), mu_init))

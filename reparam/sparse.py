@@ -271,15 +271,15 @@ class SparseRows(nn.Module):
 
     _row_state = ("moments", "last")  # one entry per row (reparam/resharding.py)
 
-    def __init__(self, n_pos: int, *, lr: float, lr_given: bool, comm: LocalComm) -> None:
+    def __init__(
+        self, n_pos: int, *, lr: float, lr_given: bool, comm: LocalComm, eps: Tensor
+    ) -> None:
         super().__init__()
         self.lr_given, self._comm = lr_given, comm
         # the step size as a tensor: a compiled step reads it (a float would be specialized, and
         # every change of it under an lr schedule would recompile)
         self.register_buffer("lr_value", torch.tensor(float(lr)), persistent=False)
         self._lr: float | None = float(lr)  # as given (lr_value holds it in the state's dtype)
-        # the leaf that makes a batch's rows differentiable (RowGradient): never stepped
-        self.register_buffer("anchor", torch.zeros((), requires_grad=True), persistent=False)
         # Adam's [m, v] per row, its step count and the step of each row's last touch
         self.register_buffer("moments", torch.zeros(n_pos, 2))
         self.register_buffer("step", torch.zeros((), dtype=torch.int64))
@@ -303,8 +303,8 @@ class SparseRows(nn.Module):
         # zero_grad() cleared them since; `pending`: a pass accumulated since the last hold
         self._hold_([])
         self._pending = False
-        self._eps: list[Tensor] = []  # (the watched parameter; a list: not a child parameter)
         self._seen_grad: Tensor | None = None  # eps.grad as the last backward pass left it
+        self.watch(eps)
 
     def watch(self, eps: Tensor) -> None:
         """Tie the rows' gradient to ``eps``'s: a backward pass that finds ``eps.grad`` cleared
@@ -312,7 +312,7 @@ class SparseRows(nn.Module):
         sums, and a step with no ``eps.grad`` moves no row, so a skipped step leaves no trace.
         The rows enter the graph with ``eps`` as an input (``RowGradient``): their sums are in
         before ``eps``'s gradient is accumulated, and its hooks run."""
-        self._eps = [eps]
+        self._eps = [eps]  # (a list: not a child parameter)
         eps.register_hook(self._before_pass)
         eps.register_post_accumulate_grad_hook(self._after_pass)
 
@@ -449,8 +449,8 @@ class SparseRows(nn.Module):
             )
             self.noted_rows = torch.cat([self.noted_rows, noted.long()])
             self.noted_touched = torch.cat([self.noted_touched, hit])
-        order = self._eps[0] if self._eps else self.anchor  # (eps: accumulated after the rows)
-        return RowGradient.apply(order, values, rows, touched, self, follow, keep)
+        # (eps as an input: its gradient is accumulated after the rows', and its hooks run)
+        return RowGradient.apply(self._eps[0], values, rows, touched, self, follow, keep)
 
     def _note_(self, parts: list[tuple[Tensor, Tensor]]) -> None:
         """The noted entries: ``parts`` concatenated (``[]``: none)."""
@@ -560,13 +560,13 @@ class RowGradient(torch.autograd.Function):
     """The identity on a batch's rows of ``tau`` whose backward adds their gradient to the
     accumulator of ``sparse`` (``SparseRows.acc``: ``[gradient, 1 per positive entry, follow weight]`` per row,
     ``index_add_``, O(B)) and gives no gradient to its inputs, as autograd adds to a dense
-    ``.grad``; the rows step at the optimizer's step. ``anchor``: a zero leaf that requires a
-    gradient, so that the rows (a buffer's, which do not) are part of the graph. Traced by
+    ``.grad``; the rows step at the optimizer's step. ``eps``: the watched parameter, so that
+    the rows (a buffer's, which need no gradient) are part of the graph. Traced by
     ``torch.compile`` into the backward graph of the loss around it."""
 
     @staticmethod
     def forward(
-        ctx, anchor: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse, follow, keep
+        ctx, eps: Tensor, values: Tensor, rows: Tensor, touched: Tensor, sparse, follow, keep
     ):
         ctx.sparse, ctx.keep = sparse, keep  # (keep: the touched entries' positions, or None)
         if follow is None:
