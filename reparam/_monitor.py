@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable
-from typing import TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +34,6 @@ from . import _checks
 from .compiling import compiled_form
 
 Duties = Callable[[], tuple[bool, str | None, str]]
-Handle = TypeVar("Handle")
 # the score a masked entry is given: a negative this far below 0 has a hinge of 0 at any eps
 MASKED_SCORE = -1e6
 
@@ -76,20 +74,14 @@ class MisuseMonitor(nn.Module):
         else:
             self.on_forward(batch, n, duties)
 
-    def hooked(self, handle: Handle) -> Handle:
-        """``handle`` of a hook that calls ``after_step_`` at every optimizer step (``attach``),
-        counted while it is attached: its ``remove()`` counts it off."""
+    def hooked(self, *handles: torch.utils.hooks.RemovableHandle) -> Handles:
+        """The handles of ``attach``'s hooks, which call ``after_step_`` at every optimizer
+        step: counted while attached, counted off by the returned handle's ``remove()``."""
         self.hooks += 1
-        remove = handle.remove
+        return Handles(*handles, on_remove=self._unhooked)
 
-        def remove_once() -> None:
-            if handle.remove is remove_once:
-                self.hooks -= 1
-                handle.remove = remove
-            remove()
-
-        handle.remove = remove_once
-        return handle
+    def _unhooked(self) -> None:
+        self.hooks -= 1
 
     def count_after_step(self) -> None:
         """An ``after_step_()`` call: the counters since the last one restart (plain stores, also
@@ -243,3 +235,20 @@ def _any_gradient(params: Iterable[Tensor]) -> Tensor:
     """Whether any parameter has a non-zero gradient, as a 0-d bool tensor (no device read)."""
     flags = [p.grad.ne(0).any() for p in params if p.grad is not None]
     return torch.stack(flags).any() if flags else torch.tensor(False)
+
+
+class Handles:
+    """The handles of several hooks, removed together (``attach``); ``on_remove``: called at the
+    first ``remove()``."""
+
+    def __init__(
+        self, *handles: torch.utils.hooks.RemovableHandle, on_remove: Callable[[], None]
+    ) -> None:
+        self.handles, self._on_remove = handles, on_remove
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        if self._on_remove is not None:
+            self._on_remove, on_remove = None, self._on_remove
+            on_remove()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import _checks
+from ._monitor import Handles
 from .compiling import compiled_steps
 from .memory import gather_written_
 from .objective import ShapeObjective, check_stepped
@@ -152,7 +153,7 @@ class ReparamRegularizer(ShapeObjective):
             return "the tracked active set is re-tested there, so the loss sees a stale threshold"
         return super()._needs_after_step
 
-    def attach(self, optimizer: torch.optim.Optimizer) -> _Handles:
+    def attach(self, optimizer: torch.optim.Optimizer) -> Handles:
         """Step the objective's per-row state with ``optimizer``, at every ``optimizer.step()``.
 
         After every step the rows of a sparse ``tau`` noted since the last step take their step
@@ -194,7 +195,7 @@ class ReparamRegularizer(ShapeObjective):
             if self.shard is None  # (sharded: replicated parameters average themselves)
         ]
         handles = [optimizer.register_step_post_hook(after), *averaging]
-        return self._monitor.hooked(_Handles(*handles))
+        return self._monitor.hooked(*handles)
 
     @property
     def _eps_like(self) -> Tensor:
@@ -328,17 +329,6 @@ def _fresh_sparse_moments(module, state_dict, prefix, *_args) -> None:
         return
     for name, value in sparse.state_dict().items():
         state_dict.setdefault(prefix + "sparse_tau." + name, torch.zeros_like(value))
-
-
-class _Handles:
-    """The handles of several hooks, removed together (``ReparamRegularizer.attach``)."""
-
-    def __init__(self, *handles: torch.utils.hooks.RemovableHandle) -> None:
-        self.handles = handles
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
 
 
 # the group of every process that attach made, per default group: (the default group, its group)

@@ -42,7 +42,7 @@ def tracing() -> bool:
 
 def compiled_form(fork: str) -> bool:
     """Whether fork ``fork`` (``FORKS``) takes its compiled form: while traced, or when forced."""
-    return torch.compiler.is_compiling() or fork in _FORCED
+    return tracing() or fork in _FORCED
 
 
 def eager_on_cpu(tensor: torch.Tensor, fork: str) -> bool:

@@ -1,13 +1,13 @@
 r"""``ShapeObjective``: what every objective on the shape node's scores shares.
 
 The reparameterized objectives (F-beta, P@R, R@P, ROC-AUC) and the minibatch alternatives of
-``reparam.baselines`` all take ``loss = reg(scores, idx)`` per step, ``reg.attach(optimizer)`` once
-(its hook runs the objective's step after every ``optimizer.step()``) and ``reg.end_epoch_()`` per
-epoch. A forward in ``eval()`` mode or under ``torch.no_grad()`` records nothing. This base owns the training set's labels
-and problems (``reg.layout``), the **score memory** (each sample's last score and its epoch, which
-the dual steps and ``stats()`` read: no extra pass over the data), the epoch counters,
-``_merge_scores_``, float32 state, the misuse monitor (``reg._monitor``) and the conveniences
-``attach`` and ``epochs``. A subclass provides ``_loss``, ``_end_epoch_body_``,
+``reparam.baselines`` all take ``loss = reg(scores, idx)`` per step, ``reg.attach(optimizer)``
+once (its hook runs the objective's step after every ``optimizer.step()``) and
+``reg.end_epoch_()`` per epoch; a forward in ``eval()`` mode or under ``torch.no_grad()``
+records nothing. This base owns the training set's labels and problems (``reg.layout``), the
+**score memory** (each sample's last score and its epoch, which the dual steps and ``stats()``
+read: no extra pass over the data), the epoch counters, ``_merge_scores_``, float32 state, the
+misuse monitor (``reg._monitor``) and the conveniences ``attach`` and ``epochs``. A subclass provides ``_loss``, ``_end_epoch_body_``,
 ``_after_step_body_`` and ``_objective_stats``.
 """
 
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from . import _checks
-from ._monitor import MisuseMonitor
+from ._monitor import Handles, MisuseMonitor
 from .compiling import tracing
 from .layout import ProblemLayout, smallest_int
 from .memory import Memo, merge_, remember_
@@ -222,7 +222,7 @@ class ShapeObjective(ShardedRows, nn.Module):
 
     # --- conveniences ---------------------------------------------------------------------------
 
-    def attach(self, optimizer: torch.optim.Optimizer) -> torch.utils.hooks.RemovableHandle:
+    def attach(self, optimizer: torch.optim.Optimizer) -> Handles:
         """Run ``after_step_`` after every ``optimizer.step()`` (a step post-hook).
 
         Checks first that the optimizer steps this regularizer's parameters (``ValueError``
@@ -321,7 +321,7 @@ class ShapeObjective(ShardedRows, nn.Module):
 def _in_float32(objective: nn.Module, modules: list[nn.Module], apply: Callable) -> nn.Module:
     """``apply()`` (``nn.Module._apply``) with the floating state of ``modules`` kept in float32:
     parameters and buffers cast back, the ``_float64_buffers`` moved to the device only (a cast
-    would lose their bits), a leaf that collects gradients kept a leaf."""
+    would lose their bits)."""
     kept = {
         (module, name): module._buffers[name]
         for module in modules
@@ -339,8 +339,6 @@ def _in_float32(objective: nn.Module, modules: list[nn.Module], apply: Callable)
                 continue
             if b.is_floating_point() and b.dtype != torch.float32:
                 module._buffers[name] = b.float()
-            elif b.requires_grad and b.grad_fn is not None:
-                module._buffers[name] = b.detach().requires_grad_()
     return objective
 
 

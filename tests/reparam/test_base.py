@@ -124,7 +124,10 @@ def test_attach_and_epochs_run_the_hooks():
         assert reg.stats()["projections"] == 4 * epoch
     assert seen == [1, 2, 3] and int(reg.epoch) == 3
     assert reg.stats()["projections_last_epoch"] == 4
+    assert reg._monitor.hooks == 1  # (attached: the misuse counters skip after_step_'s)
     handle.remove()
+    handle.remove()  # (a second remove counts nothing off)
+    assert reg._monitor.hooks == 0
     assert list(reg.epochs(5)) == [4, 5] and int(reg.epoch) == 5  # continues from the state
 
 
