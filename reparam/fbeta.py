@@ -263,7 +263,7 @@ class FBetaRegularizer(ReparamRegularizer):
         if tracked is None:
             return sparse.step_(tau, rows, touched)
         groups = self.layout.row_groups  # clipped rows follow eps; the change written once
-        eps_grad = tracked.eps_grad_of_rows(self.eps_param, groups, sparse.acc, rows)
+        eps_grad = tracked.eps_grad_of_rows(self.eps_param, groups, rows)
         step = sparse.step_(tau, rows, touched, eps_grad, write=False)
         tracked.step_(tau, self.eps_param, groups, rows, step)
 

@@ -319,8 +319,7 @@ class SparseRows(nn.Module):
     def __setstate__(self, state: dict) -> None:
         # a copy (copy.deepcopy, pickle, torch.save of the module) has an eps without hooks
         super().__setstate__(state)
-        if self._eps:
-            self.watch(self._eps[0])
+        self.watch(self._eps[0])
 
     def _before_pass(self, grad: Tensor) -> None:
         """``eps``'s gradient hook: with ``eps.grad`` cleared since the last pass, stale sums."""
@@ -371,7 +370,7 @@ class SparseRows(nn.Module):
 
     def cleared(self) -> bool:
         """Whether the watched ``eps`` has no gradient: the rows' sums are stale."""
-        return bool(self._eps) and self._eps[0].grad is None
+        return self._eps[0].grad is None
 
     def dropped_(self, by_hand: bool) -> bool:
         """At the step: whether the rows' gradient was cleared, then dropped (``by_hand``, not
@@ -390,10 +389,8 @@ class SparseRows(nn.Module):
     @torch.no_grad()
     def drop_(self) -> None:
         """Forget every sum and note since the last step (their gradient was cleared)."""
-        rows, _ = self._noted(self.acc.device)
+        rows, _ = self.take_noted_()
         zero_rows_(self.acc, rows)
-        self._hold_([])
-        self._pending = False
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
@@ -488,8 +485,9 @@ class SparseRows(nn.Module):
         check_rule(optimizer, group)
         return group
 
-    def _noted(self, device: torch.device) -> tuple[Tensor, Tensor]:
-        """``(rows, touched)`` of the forwards since the last step; cleared."""
+    def take_noted_(self) -> tuple[Tensor, Tensor]:
+        """``(rows, touched)`` noted since the last step, to step now (cleared here; the held
+        sums back in the accumulator)."""
         self._take_held_()
         self._pending = False
         rows, touched = self.noted_rows, self.noted_touched
@@ -505,7 +503,7 @@ class SparseRows(nn.Module):
         processes. Each process sends each of its touched rows once, with all of the row's sums
         (its noted entries may be fewer than the row's touches: ``_compact_`` merges them), so the
         gathered entries of a row sum to the processes' sums. O(world B) per step."""
-        noted, touched = self._noted(self.acc.device)
+        noted, touched = self.take_noted_()
         rows = torch.unique(noted[touched])  # (a size read from the data: so is the gather's)
         if rows.numel() == 0 and noted.numel() > 0:  # forwards with no positive: a step, as on
             rows = noted[:1]  # one process (row 0 as a negative's placeholder, its sums zero)
@@ -519,11 +517,6 @@ class SparseRows(nn.Module):
         # the gradient: the mean over the processes; the touches and follow weights: their sums
         add_rows_(self.acc, rows, (every[:, 2:] * every.new_tensor([1 / world, 1, 1])).float())
         self._note_([(rows, touched)])
-
-    def take_noted_(self) -> tuple[Tensor, Tensor]:
-        """``(rows, touched)`` noted since the last step, to step now (cleared here; the held
-        sums back in the accumulator)."""
-        return self._noted(self.acc.device)
 
     def step_(
         self,

@@ -94,22 +94,11 @@ class TrackedThreshold(Schedule):
         return r.clamp_min(0), (r.detach() > 0).to(r.dtype) * share
 
     @staticmethod
-    def eps_grad_of_rows(
-        eps: Tensor, groups: Tensor | None, acc: Tensor, rows: Tensor
-    ) -> Tensor | None:
+    def eps_grad_of_rows(eps: Tensor, groups: Tensor | None, rows: Tensor) -> Tensor:
         """The gradient of ``eps`` at this step, of each of ``rows``' problem, which the rows
-        clipped at ``e*`` follow (``None``: no gradient, and no row follows; ``acc``: the sparse
-        rows' accumulator, its third column the follow weights). A ``ValueError`` when a row
-        should follow a gradient that ``zero_grad()`` cleared already."""
+        clipped at ``e*`` follow (the sparse step runs only when ``eps`` has a gradient:
+        ``SparseRows.dropped_``)."""
         grad = eps.grad
-        if grad is None:
-            if bool(acc[:, 2].index_select(0, rows.long()).ne(0).any()):  # (misuse path only)
-                raise ValueError(
-                    "after_step_(): eps has no gradient, but rows clipped at the tracked "
-                    "threshold follow it: call after_step_() right after optimizer.step(), before "
-                    "optimizer.zero_grad() (or reg.attach(optimizer) once, which does)"
-                )
-            return None
         if groups is None:
             return grad.reshape(-1)[:1].expand(rows.shape[0])
         return grad.index_select(0, groups.index_select(0, rows.long()).long())

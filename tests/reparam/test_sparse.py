@@ -360,7 +360,7 @@ def test_a_large_cpu_batch_steps_its_touched_rows_only_with_the_same_result(
                 idx = torch.randperm(20000, generator=gen)[:5000]
                 reg(torch.randn(5000, generator=gen, requires_grad=True), idx).backward()
             if compact:
-                rows, touched = reg.sparse_tau._noted(reg.tau_param.device)
+                rows, touched = reg.sparse_tau.take_noted_()
                 assert bool(touched.all()) and rows.numel() <= 5000 * accumulate
                 reg.sparse_tau._note_([(rows, touched)])
             reg.after_step_()
