@@ -147,12 +147,15 @@ class RecallAtPrecision(PointRateObjective):
     On overlapping data the target may be out of reach: no linear head meets the precision under
     the hinge bounds (the LP is infeasible: ``tau_i <= u_i`` forbids the trivial ``tau = 0`` unless
     the negatives' scores are ``<= -1`` while the positives' sum stays ``>= 0``), so the constraint
-    stays violated while ``nu`` grows without limit. ``stats()["infeasible_suspected"]`` says so
+    stays violated while ``nu`` grows without limit. ``stats()["certificate_out_of_reach"]`` says so
     when for ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps no rescaling
-    ``c u + d`` of the remembered scores has certified the target (a warning is issued once). A
-    head still turning toward a feasible direction can be flagged too (on separable toys the
-    scores certified the target after up to ~200 steps): the margin in ``stats()`` tells. Remedies:
-    ``nu_max`` (caps ``nu``: the objective becomes a penalty) or a lower target. Same arguments as
+    ``c u + d`` of the remembered scores has certified the target. The target itself may still be
+    met at the learned ``decision_threshold`` (the certificate counts a positive fully only at
+    ``u >= 1``): only when it is not, ``stats()["infeasible_suspected"]`` is true and a warning
+    naming both is issued once. A head still turning toward a feasible direction can be flagged
+    too (on separable toys the scores certified the target after up to ~200 steps): the margin in
+    ``stats()`` tells. Remedies: ``nu_max`` (caps ``nu``: the objective becomes a penalty) or a
+    lower target. Same arguments as
     ``PrecisionAtRecall``, with ``precision`` the target ``a`` in (0, 1) (the stationary
     ``lambda_init`` is ``1 + nu_init (1 - a)``).
 
@@ -216,10 +219,9 @@ class RecallAtPrecision(PointRateObjective):
 
     def _dual_step_(self) -> None:
         """The ``nu`` step, then (after epoch 1, then every ``INFEASIBLE_CHECK_EVERY`` epochs) the
-        infeasibility watch:
-        can any rescaling ``c u + d`` of the remembered scores certify the precision
-        (``rate_functional.best_rescaled_precision_margin >= 0``)? When not for
-        ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps, say so (once)."""
+        certificate's watch: can any rescaling ``c u + d`` of the remembered scores certify the
+        precision (``rate_functional.best_rescaled_precision_margin >= 0``)? The warning waits
+        for the epoch's decision threshold (``_end_epoch_body_``)."""
         super()._dual_step_()
         done = int(self.epoch) + 1  # epochs completed, this one included
         if done > 1 and done % INFEASIBLE_CHECK_EVERY:
@@ -238,17 +240,29 @@ class RecallAtPrecision(PointRateObjective):
             self.uncertifiable_since.fill_(-1)
         elif int(self.uncertifiable_since[0]) < 0:
             self.uncertifiable_since.copy_(torch.stack([self.epoch, self.batches]))
-        if self._suspected(done, int(self.batches)):
-            self._warn_once(
-                "infeasible",
-                f"RecallAtPrecision: for {done - int(self.uncertifiable_since[0])} epochs no "
-                f"rescaling of the head's scores certifies precision {self.precision} under the "
-                f"hinge bounds (best margin {margin:.4g} < 0): the target may be out of reach for "
-                f"this model, and nu then grows without limit. Lower the target or cap nu (nu_max; "
-                f"method note sec. 8).",
-            )
 
-    def _suspected(self, epochs: int, batches: int) -> bool:
+    def _end_epoch_body_(self) -> None:
+        """The base's epoch end (the ``nu`` step and the certificate's watch, then the decision
+        threshold); then the alarm, once: the certificate out of reach and the target not met
+        at the learned threshold either."""
+        super()._end_epoch_body_()
+        done = int(self.epoch) + 1  # epochs completed, this one included
+        if bool(self.threshold_met) or not self._certificate_lost(done, int(self.batches)):
+            return
+        stats = self._threshold_stats()
+        self._warn_once(
+            "infeasible",
+            f"RecallAtPrecision: no cut of the head's remembered training scores reaches "
+            f"precision {self.precision} (the best: {stats['train_precision_at_threshold']:.4g} "
+            f"at recall {stats['train_recall_at_threshold']:.4g}), and for "
+            f"{done - int(self.uncertifiable_since[0])} epochs no rescaling of them "
+            f"certifies it under the hinge bounds either (best margin "
+            f"{float(self.certifiable_margin):.4g} < 0): the target may be out of reach for this "
+            f"model, and nu then grows without limit. Lower the target or cap nu (nu_max; method "
+            f"note sec. 8).",
+        )
+
+    def _certificate_lost(self, epochs: int, batches: int) -> bool:
         since_epoch, since_batches = (int(v) for v in self.uncertifiable_since)
         return (
             since_epoch >= 0
@@ -257,16 +271,23 @@ class RecallAtPrecision(PointRateObjective):
         )
 
     @property
-    def infeasible_suspected(self) -> bool:
-        """Whether the target looks infeasible: no rescaling of the scores has certified it.
+    def certificate_out_of_reach(self) -> bool:
+        """Whether no rescaling of the scores has certified the target under the hinge bounds.
 
-        Uncertified for ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps."""
-        return self._suspected(int(self.epoch), int(self.batches))
+        For ``INFEASIBLE_PATIENCE`` epochs and ``INFEASIBLE_MIN_BATCHES`` steps: ``nu`` then
+        grows without limit (cap it with ``nu_max``)."""
+        return self._certificate_lost(int(self.epoch), int(self.batches))
+
+    @property
+    def infeasible_suspected(self) -> bool:
+        """Whether the target looks out of reach: the certificate is, and no cut of the
+        remembered scores meets the target at the last epoch end (``threshold_met``)."""
+        return self.certificate_out_of_reach and not bool(self.threshold_met)
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         """As ``PrecisionAtRecall._objective_stats`` (the violation is the precision one),
         plus ``certifiable_margin`` (the best rescaled margin, ``>= 0``: the direction of the
-        scores can meet the target) and ``infeasible_suspected``."""
+        scores can meet the target), ``certificate_out_of_reach`` and ``infeasible_suspected``."""
         margin = float(self.certifiable_margin)
         return (
             recall_precision_stats(self)
@@ -274,6 +295,7 @@ class RecallAtPrecision(PointRateObjective):
             | self._rate_stats()
             | {
                 "certifiable_margin": None if margin == float("-inf") else margin,
+                "certificate_out_of_reach": self.certificate_out_of_reach,
                 "infeasible_suspected": self.infeasible_suspected,
             }
         )

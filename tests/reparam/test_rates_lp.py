@@ -134,12 +134,16 @@ def test_roc_auc_converges_to_the_lp_head_and_logistic_regression(dim, mean, see
     assert stats["certified_auc"] <= stats["train_auc"] and abs(stats["train_auc"] - auc) < 0.02
 
 
-def test_infeasible_precision_target_is_detected_and_nu_can_be_capped():
-    """2-D seed 3, precision 0.8: HiGHS proves (8b) infeasible; the regularizer says so."""
+def test_an_uncertifiable_precision_met_at_the_threshold_is_no_alarm_and_nu_can_be_capped():
+    """2-D seed 3, precision 0.8: HiGHS proves (8b) infeasible, and the regularizer says the
+    certificate is out of reach; the target itself is met at the learned threshold (precision
+    0.81 at recall 0.88 on the training scores), so no alarm: no warning,
+    ``infeasible_suspected`` false. ``nu`` grows without limit unless capped."""
     a, s = gaussian_toy(40, 60, 2, seed=3, mean=1.0)
     with pytest.raises(RuntimeError, match="infeasible"):
         solve_recall_at_precision(a, s, 0.8)
-    with pytest.warns(RuntimeWarning, match="no rescaling of the head's scores certifies"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no alarm
         _, reg, _ = train_head(
             a,
             s,
@@ -151,7 +155,9 @@ def test_infeasible_precision_target_is_detected_and_nu_can_be_capped():
             seed=3,
         )
     stats = reg.stats()
-    assert stats["infeasible_suspected"] and stats["certifiable_margin"] < 0
+    assert stats["certificate_out_of_reach"] and stats["certifiable_margin"] < 0
+    assert stats["threshold_met"] and stats["train_precision_at_threshold"] >= 0.8
+    assert not stats["infeasible_suspected"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         _, capped, _ = train_head(
@@ -167,3 +173,25 @@ def test_infeasible_precision_target_is_detected_and_nu_can_be_capped():
         )
     assert float(capped.nu) <= 2.0 and capped.stats()["nu_capped"]
     assert float(reg.nu) > 2.0  # uncapped, it keeps growing
+
+
+def test_a_precision_out_of_reach_of_the_certificate_and_of_every_cut_is_an_alarm():
+    """2-D seed 3 with overlapping classes (mean 0.3), precision 0.95: no rescaling certifies it
+    and no cut of the training scores reaches it: ``infeasible_suspected``, and one warning that
+    names both."""
+    a, s = gaussian_toy(40, 60, 2, seed=3, mean=0.3)
+    with pytest.warns(RuntimeWarning, match="no cut of the head's remembered training scores") as w:
+        _, reg, _ = train_head(
+            a,
+            s,
+            regularizer=RecallAtPrecision,
+            precision=0.95,
+            schedule=Inline(),
+            epochs=120,
+            batch_size=20,
+            seed=3,
+        )
+    assert "no rescaling of them certifies it" in str(w[0].message)
+    stats = reg.stats()
+    assert stats["infeasible_suspected"] and stats["certificate_out_of_reach"]
+    assert not stats["threshold_met"] and stats["train_precision_at_threshold"] < 0.95
