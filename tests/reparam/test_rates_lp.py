@@ -134,6 +134,22 @@ def test_roc_auc_converges_to_the_lp_head_and_logistic_regression(dim, mean, see
     assert stats["certified_auc"] <= stats["train_auc"] and abs(stats["train_auc"] - auc) < 0.02
 
 
+def _rap_on_toy(a, s, precision: float, **options):
+    """``RecallAtPrecision`` trained on a 2-D toy as the watch's tests do (120 epochs of 5
+    steps, seed 3): ``(head, regularizer, scores)``."""
+    return train_head(
+        a,
+        s,
+        regularizer=RecallAtPrecision,
+        precision=precision,
+        schedule=Inline(),
+        epochs=120,
+        batch_size=20,
+        seed=3,
+        **options,
+    )
+
+
 def test_an_uncertifiable_precision_met_at_the_threshold_is_no_alarm_and_nu_can_be_capped():
     """2-D seed 3, precision 0.8: HiGHS proves (8b) infeasible, and the regularizer says the
     certificate is out of reach; the target itself is met at the learned threshold (precision
@@ -144,33 +160,14 @@ def test_an_uncertifiable_precision_met_at_the_threshold_is_no_alarm_and_nu_can_
         solve_recall_at_precision(a, s, 0.8)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no alarm
-        _, reg, _ = train_head(
-            a,
-            s,
-            regularizer=RecallAtPrecision,
-            precision=0.8,
-            schedule=Inline(),
-            epochs=120,
-            batch_size=20,
-            seed=3,
-        )
+        _, reg, _ = _rap_on_toy(a, s, 0.8)
     stats = reg.stats()
     assert stats["certificate_out_of_reach"] and stats["certifiable_margin"] < 0
     assert stats["threshold_met"] and stats["train_precision_at_threshold"] >= 0.8
     assert not stats["infeasible_suspected"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        _, capped, _ = train_head(
-            a,
-            s,
-            regularizer=RecallAtPrecision,
-            precision=0.8,
-            nu_max=2.0,
-            schedule=Inline(),
-            epochs=120,
-            batch_size=20,
-            seed=3,
-        )
+        _, capped, _ = _rap_on_toy(a, s, 0.8, nu_max=2.0)
     assert float(capped.nu) <= 2.0 and capped.stats()["nu_capped"]
     assert float(reg.nu) > 2.0  # uncapped, it keeps growing
 
@@ -181,16 +178,7 @@ def test_a_precision_out_of_reach_of_the_certificate_and_of_every_cut_is_an_alar
     names both."""
     a, s = gaussian_toy(40, 60, 2, seed=3, mean=0.3)
     with pytest.warns(RuntimeWarning, match="no cut of the head's remembered training scores") as w:
-        _, reg, _ = train_head(
-            a,
-            s,
-            regularizer=RecallAtPrecision,
-            precision=0.95,
-            schedule=Inline(),
-            epochs=120,
-            batch_size=20,
-            seed=3,
-        )
+        _, reg, _ = _rap_on_toy(a, s, 0.95)
     assert "no rescaling of them certifies it" in str(w[0].message)
     stats = reg.stats()
     assert stats["infeasible_suspected"] and stats["certificate_out_of_reach"]
