@@ -186,6 +186,34 @@ def fault_message(faults: Sequence[int], n_total: int) -> str | None:
     )
 
 
+def held_out(scores: object, labels: object, columns: int, positives: Sequence[int]) -> tuple:
+    """``calibrate``'s input: ``scores`` ``(M,)`` (one column) or ``(M, columns)``, finite, and
+    their ``(M,)`` integer ``labels``, with a sample of each class of ``positives``. Returns the
+    scores ``(M, columns)`` (detached) and the labels; a ``ValueError`` naming what is wrong."""
+    if isinstance(scores, np.ndarray):
+        scores = torch.from_numpy(scores)
+    if not isinstance(scores, Tensor) or not scores.is_floating_point():
+        raise ValueError(f"scores must be a floating tensor (M,), got {describe(scores)}")
+    u = scores.detach()
+    if u.dim() == 1 and columns == 1:
+        u = u.unsqueeze(1)
+    if u.dim() != 2 or u.shape[1] != columns or u.numel() == 0:
+        want = "(M,) or (M, 1)" if columns == 1 else f"(M, {columns})"
+        raise ValueError(f"scores must have shape {want} with M > 0, got {tuple(scores.shape)}")
+    y = _int_vector("labels", labels, "class ids")
+    if y.numel() != u.shape[0]:
+        raise ValueError(f"labels must have one entry per score ({u.shape[0]}), got {y.numel()}")
+    if not bool(torch.isfinite(u).all()):
+        raise ValueError(f"scores must be finite, got {int((~torch.isfinite(u)).sum())} non-finite")
+    missing = [c for c in positives if not bool((y == c).any())]
+    if missing:
+        raise ValueError(
+            f"labels must contain positives (positive classes {missing}) to calibrate on, got "
+            f"labels {sorted(set(y.tolist()))[:10]}"
+        )
+    return u, y.to(u.device)
+
+
 def rows(slot: Tensor, idx: Tensor) -> Tensor:
     """``slot[idx]``: the batch's rows of ``tau`` (``-1``: a negative). On the CPU the gather's
     own bounds check is the check of ``idx``'s range (no extra operation per step): an index out

@@ -52,23 +52,18 @@ class FBetaRegularizer(ReparamRegularizer):
         positive_classes: the shape classes with an F-beta term of their own (binary: ``(1,)``);
             the loss is the mean of their terms, each against all other samples.
         schedule: where ``Pi_C`` is applied (method note sec. 3b; ``reparam.options``):
-            ``Tracked()`` (the loss sees the exact projection's threshold
-            ``e* = (eps + sum_A tau) / (1 + |A|)`` over an active set ``A`` kept in O(B) per step;
-            ``A``'s rows are stored as offsets above ``eps``: read ``reg.tau``), ``EpochEnd()``
-            (in place once per epoch, Algorithm 3) or ``Inline(strength)`` (the loss takes
-            ``Pi_C(eps, tau)``, differentiated through; ``strength > 0``: the smooth
-            projection of method note sec. 5).
-        tau: who steps ``tau`` (method note sec. 11): ``SparseTau(lr)`` (the rows a batch touched
-            step at the optimizer's step on dense Adam's trajectory, O(B); ``lr=None``: the lr of
-            the optimizer's group that steps ``eps`` after ``attach``, else 1e-2) or
-            ``DenseTau()`` (a parameter your optimizer steps, O(n) per step). ``Inline()``
-            couples every row in each step: it needs ``DenseTau()``.
-        dual_lr_lambda: ``lambda``'s constant dual step; a plain attribute: a decaying schedule
-            is ``reg.dual_lr_lambda = c / epoch``.
+            ``Tracked()`` (the loss sees the exact projection's threshold over an active set
+            kept in O(B) per step; read ``reg.tau``), ``EpochEnd()`` (in place once per epoch,
+            Algorithm 3) or ``Inline(strength)`` (the loss takes ``Pi_C(eps, tau)``,
+            differentiated through; ``strength > 0``: the smooth projection, sec. 5).
+        tau: who steps ``tau`` (method note sec. 11): ``SparseTau(lr)`` (the rows a batch touched,
+            at the optimizer's step, by Adam, O(B); ``lr=None``: the lr of the group that steps
+            ``eps`` after ``attach``, else 1e-2) or ``DenseTau()`` (your optimizer steps it, O(n)
+            per step); ``Inline()`` needs ``DenseTau()``.
+        dual_lr_lambda: ``lambda``'s constant dual step (a plain attribute: ``c / epoch`` decays).
         dual_lr_mu: ``mu``'s constant dual step.
         mu_init: initial ``mu``; default ``-beta^2`` (the optimal ``mu`` on separable data).
-        lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init`` makes every ``tau_i``
-            stationary, so the positives are pulled up from the first step).
+        lambda_init: initial ``lambda`` (0: the paper's; ``-mu_init``: every ``tau_i`` stationary).
         cap_scores: dualize ``tau_i <= min(u_i, eps)`` (``eps`` detached) instead of
             ``tau_i <= u_i``: the same constraint in C, whose term stops pulling a score up at
             ``eps`` (method note sec. 10).
@@ -81,10 +76,9 @@ class FBetaRegularizer(ReparamRegularizer):
             objective (replicated data parallelism; ``None``: the default group once initialized,
             if any). ``attach`` keeps their states equal at every step.
 
-    The defaults are the library's (chosen on the evidence of the comparison); the paper's
-    Algorithm 3 as published is ``FBetaRegularizer.paper(shape_labels)``. After every
-    ``end_epoch_`` ``reg.decision_threshold`` holds the exact F-beta-optimal threshold
-    of the remembered scores per problem, and ``stats()`` the F-beta of ``u > threshold``.
+    The paper's Algorithm 3 as published is ``FBetaRegularizer.paper(shape_labels)``. After every
+    ``end_epoch_`` ``reg.decision_threshold`` holds the F-beta-optimal threshold of the remembered
+    scores per problem (``calibrate``: of fresh ones), ``stats()`` the F-beta of ``u > it``.
 
     Examples:
         >>> import torch
@@ -97,6 +91,8 @@ class FBetaRegularizer(ReparamRegularizer):
         >>> reg.end_epoch_()
         >>> int(reg.epoch), reg.n_problems, reg.options, int(reg.sparse_tau.step)
         (1, 1, (Tracked(), SparseTau(lr=None)), 1)
+        >>> reg.calibrate(torch.tensor([2.0, 1.0, 0.5, -1.0]), torch.tensor([1, 0, 1, 0]))
+        tensor([-0.2500])
         >>> reg.attach(torch.optim.SGD(reg.parameters(), lr=0.1))  # not the rows' rule
         Traceback (most recent call last):
         ...
@@ -104,9 +100,7 @@ class FBetaRegularizer(ReparamRegularizer):
     """
 
     _constrained_names = ("eps_param", "tau_param")
-    # 3: the sparse tau's state in its own module (sparse_tau.moments, .step, .last); 4: the
-    # tracked active set in the schedule's (schedule.tau_active, .active_sums); 5: the layout's
-    _version = 5
+    _version = 5  # 3: sparse_tau.*; 4: schedule.tau_active / active_sums; 5: the layout's
 
     def __init__(
         self,
@@ -326,6 +320,13 @@ class FBetaRegularizer(ReparamRegularizer):
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
         return fbeta_report.figures(self)
+
+    def calibrate(self, scores: object, labels: object) -> Tensor:
+        """The F-beta-optimal threshold of each positive class on fresh scores, ``(P,)``.
+
+        ``scores`` ``(M,)`` / ``(M, P)`` (held out, or the training set scored by the head as it
+        ends: ``decision_threshold``'s scores lag it), ``labels`` ``(M,)``; no state changes."""
+        return fbeta_report.calibrate(self, scores, labels)
 
     def extra_repr(self) -> str:
         lay = self.layout

@@ -9,9 +9,26 @@ from __future__ import annotations
 
 import torch
 
+from . import _checks
 from . import functional as Fn
 from .base import ReparamRegularizer
 from .options import PAPER
+
+
+def calibrate(reg: ReparamRegularizer, scores: object, labels: object) -> torch.Tensor:
+    """``FBetaRegularizer.calibrate``: per positive class ``c_k`` (column ``k`` of ``scores``),
+    ``functional.best_fbeta_threshold`` of its positives' and the other samples' scores."""
+    if reg.grouped:
+        raise ValueError(
+            "calibrate: the objective has groups (one problem per (class, group)), and scores and "
+            "labels carry no groups; call reparam.functional.best_fbeta_threshold per group"
+        )
+    u, y = _checks.held_out(scores, labels, len(reg.classes), reg.classes)
+    cuts = [
+        Fn.best_fbeta_threshold(u[y == c, k], u[y != c, k], reg.beta)[0]
+        for k, c in enumerate(reg.classes)
+    ]
+    return torch.tensor(cuts, dtype=reg.decision_threshold.dtype)
 
 
 def figures(reg: ReparamRegularizer) -> dict[str, float | int | list | bool | None]:

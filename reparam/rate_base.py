@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -329,32 +328,8 @@ class PointRateObjective(RateObjective):
             scores: the shape node's scores ``(M,)`` (or ``(M, 1)``), finite.
             labels: ``(M,)`` integer shape labels; ``positive_class`` is the positive.
         """
-        if isinstance(scores, np.ndarray):
-            scores = torch.from_numpy(scores)
-        if not isinstance(scores, Tensor) or not scores.is_floating_point():
-            raise ValueError(
-                f"scores must be a floating tensor (M,), got {_checks.describe(scores)}"
-            )
-        u = scores.detach()
-        if u.dim() == 2 and u.shape[1] == 1:
-            u = u[:, 0]
-        if u.dim() != 1 or u.numel() == 0:
-            raise ValueError(
-                f"scores must have shape (M,) or (M, 1) with M > 0, got {tuple(scores.shape)}"
-            )
-        y = _checks._int_vector("labels", labels, "class ids")
-        if y.numel() != u.numel():
-            raise ValueError(f"labels must have one entry per score ({u.numel()}), got {y.numel()}")
-        if not bool(torch.isfinite(u).all()):
-            raise ValueError(
-                f"scores must be finite, got {int((~torch.isfinite(u)).sum())} non-finite"
-            )
-        pos = (y == self.positive_class).to(u.device)
-        if not bool(pos.any()):
-            raise ValueError(
-                f"labels must contain positives (positive_class={self.positive_class}) to "
-                f"calibrate on, got labels {sorted(set(y.tolist()))[:10]}"
-            )
+        u, y = _checks.held_out(scores, labels, 1, (self.positive_class,))
+        u, pos = u[:, 0], y == self.positive_class
         return self._select_threshold(u[pos], u[~pos])
 
     def _threshold_stats(self) -> dict[str, float | bool | None]:

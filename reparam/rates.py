@@ -280,8 +280,10 @@ class RecallAtPrecision(PointRateObjective):
 
     @property
     def infeasible_suspected(self) -> bool:
-        """Whether the target looks out of reach: the certificate is, and no cut of the
-        remembered scores meets the target at the last epoch end (``threshold_met``)."""
+        """Whether the target looks out of reach, not only its certificate.
+
+        ``certificate_out_of_reach``, and no cut of the remembered scores met the target at the
+        last epoch end (``threshold_met`` false)."""
         return self.certificate_out_of_reach and not bool(self.threshold_met)
 
     def _objective_stats(self) -> dict[str, float | int | list | bool | None]:
