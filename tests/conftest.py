@@ -25,6 +25,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 ensure_torchvision_importable()  # before any test module imports torchvision, timm or smp
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist's workers share the cores: one thread
+    torch.set_num_threads(1)  # each (two workers of two threads on two cores spin on each other)
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 

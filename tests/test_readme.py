@@ -138,6 +138,7 @@ def _command_lines(block: str) -> list[str]:
     return [line for line in lines if not line.lstrip().startswith("#")]
 
 
+@pytest.mark.slow  # (the default suite's time budget: tests/train/test_train_segmentation.py)
 def test_offline_segmentation_commands_run(tmp_path):
     """The segmentation guide's offline COCO-Stuff commands (synthetic data, prep, 2 epochs with the
     regularizer), run in a scratch folder."""
@@ -169,6 +170,7 @@ def test_offline_segmentation_commands_run(tmp_path):
 CAMVID = ROOT.parent / "shared" / "data" / "camvid"
 
 
+@pytest.mark.slow  # (default suite: tests/data_prep/test_camvid.py, tests/train/test_groups.py)
 @pytest.mark.skipif(not (CAMVID / "train").is_dir(), reason="no CamVid copy here")
 def test_camvid_commands_run_on_real_frames(tmp_path):
     """The segmentation guide's CamVid commands on the real frames (6 per split, 1 epoch), in a

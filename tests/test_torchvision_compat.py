@@ -73,17 +73,27 @@ def test_absent_torchvision_is_not_an_error():
     assert out == "absent"
 
 
-@pytest.mark.parametrize(
-    "module",
-    ["train", "train.loop", "train.data", "data_prep", "data_prep.smnist", "data_prep.cocostuff"],
+APPLICATION = (
+    "train",
+    "train.loop",
+    "train.data",
+    "data_prep",
+    "data_prep.smnist",
+    "data_prep.cocostuff",
 )
-def test_importing_the_application_has_no_side_effect(module):
-    """No cure on import (entry points call it explicitly) and no torchvision import either."""
+
+
+def test_importing_the_application_has_no_side_effect():
+    """No cure on import (entry points call it explicitly) and no torchvision import either:
+    each module imported in turn in one fresh interpreter (``sys.modules`` only grows, so the
+    first module that imported torchvision or cured is the first line that says so)."""
     out = _run(
-        f"import sys, {module}; from train.torchvision_compat import _has_op; "
-        f"print('torchvision' in sys.modules, _has_op('nms'))"
+        "import importlib, sys; from train.torchvision_compat import _has_op\n"
+        f"for module in {APPLICATION!r}:\n"
+        "    importlib.import_module(module)\n"
+        "    print(module, 'torchvision' in sys.modules, _has_op('nms'))"
     )
-    assert out == "False False"
+    assert out.splitlines() == [f"{module} False False" for module in APPLICATION]
 
 
 def test_the_entry_points_apply_the_cure(tmp_path):

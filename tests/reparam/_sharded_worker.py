@@ -11,6 +11,7 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
 from reparam import (
     ROCAUC,
@@ -427,9 +428,26 @@ def main(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> No
 
 
 def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -> None:
+    """Join the group of ``k`` gloo processes and run ``kind``; ``kind`` ``"pool"`` runs every
+    case of ``sampling`` (``"kind:sampling,..."``) in this one group, each written to
+    ``out/<kind>-<sampling>.pt`` (the default suite's cases: one start of the processes)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     torch.set_num_threads(1)
+    if kind == "pool":
+        for case in sampling.split(","):
+            one, _, how = case.partition(":")
+            counters.clear()  # (each case's graph breaks its own)
+            run_case(rank, k, one, how, f"{out}/{one}-{how}.pt")
+            dist.barrier()
+    else:
+        run_case(rank, k, kind, sampling, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_case(rank: int, k: int, kind: str, sampling: str, out: str) -> None:
+    """One case of the group's: its result written by rank 0 to ``out``."""
     if kind.startswith("reshard"):  # reshard_save[@objective], reshard_load:<k_from>[@objective]
         kind, _, objective = kind.partition("@")
         objective = objective or "fbeta"
@@ -437,15 +455,12 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
             reshard_save(rank, k, sampling, out, objective)
         else:
             reshard_load(rank, k, int(kind.split(":")[1]), sampling, out, objective)
-        dist.barrier()
-        dist.destroy_process_group()
         return
     if kind in ("statistics", "errors", "faults"):
         if kind == "faults":
             faults(rank, k, sampling, out)
         else:
             (statistics if kind == "statistics" else errors)(rank, k, out)
-        dist.destroy_process_group()
         return
     head, reg, opt = train(kind, k, rank, sampling)
     result = {"state": gathered(reg), "head": head.state_dict(), "stats": reg.stats()}
@@ -481,8 +496,6 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
             t.numel() * t.element_size() for t in ref_reg.state_dict().values()
         )
         result["ref_sample_bytes"] = per_sample_bytes(ref_reg)
-    from torch._dynamo.utils import counters
-
     breaks = dict(counters["graph_break"])  # compiled kinds: where the graphs broke, and how often
     results = [None] * k
     mine = {
@@ -495,8 +508,6 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
     if rank == 0:
         result["all"] = results
         torch.save(result, out)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

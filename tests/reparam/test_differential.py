@@ -15,9 +15,9 @@ exactly. A failure names the seed: rerun one example with
 ``python tests/reparam/_differential_worker.py train SEED 1 PORT out.pt`` (``DIFF_OVERRIDE``, a
 JSON of the example's fields, narrows it down).
 
-The default suite runs ``DEFAULT`` examples of each kind, the slow suite ``SLOW``; seeds that
-once differed are kept as named regressions (``REGRESSIONS``); the default suite's examples run in
-one group of processes.
+The default suite runs ``DEFAULT`` examples of each kind, the slow suite ``SLOW`` from another
+first seed; seeds that once differed are kept as named regressions (``REGRESSIONS``: those of the
+slow draw in the slow suite); the default suite's examples run in one group of processes.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ WORKER = Path(__file__).with_name("_differential_worker.py")
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 
-DEFAULT = {"stats": 140, "train": 60}
-SLOW = {"stats": 1000, "train": 1100}
+DEFAULT = {"stats": 40, "train": 20}
+SLOW = {"stats": 1100, "train": 1140}
+SLOW_FIRST = 100_000  # the slow suite's first seed
 # (seed, kind): what each found, now fixed
 REGRESSIONS = {
     "stats: a check of one process's rows raised there alone, the others hung (projection_root)": (
@@ -98,13 +99,15 @@ def _check(results: list[dict], count: int) -> None:
     assert not failed, f"{len(failed)} of {count} examples differ:\n{report}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def default_results(tmp_path_factory) -> dict[tuple[str, int], dict]:
     """The default suite's examples (``DEFAULT`` of each kind from ``DIFF_FIRST_SEED``, and the
     ``REGRESSIONS``) in one group of processes: ``(kind, seed)`` -> the example's result."""
     first = int(os.environ.get("DIFF_FIRST_SEED", 0))
     items = [(kind, first + i) for kind, count in DEFAULT.items() for i in range(count)]
-    items += [item[::-1] for item in REGRESSIONS.values() if item[::-1] not in items]
+    items += [
+        item[::-1] for item in REGRESSIONS.values() if _pooled(item) and item[::-1] not in items
+    ]
     listed = ",".join(f"{kind}:{seed}" for kind, seed in items)
     results = _run("list", listed, 0, tmp_path_factory.mktemp("differential") / "out.pt")
     assert len(results) == len(items)
@@ -121,14 +124,26 @@ def test_random_examples_match_one_process(default_results, kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["stats", "train"])
 def test_many_random_examples_match_one_process(tmp_path, kind):
-    first = 100_000 + int(os.environ.get("DIFF_FIRST_SEED", 0))  # (none of the default's seeds)
+    first = SLOW_FIRST + int(os.environ.get("DIFF_FIRST_SEED", 0))  # (none of the default's)
     _check(_run(kind, first, SLOW[kind], tmp_path / "out.pt"), SLOW[kind])
 
 
-@pytest.mark.parametrize("name", list(REGRESSIONS))
-def test_an_example_that_once_differed(default_results, name):
+def _pooled(regression: tuple[int, str]) -> bool:
+    """Whether the regression runs with the default suite's examples: the slow draw's seeds
+    (from ``SLOW_FIRST``, 1e5 rows and more) run on their own in the slow suite."""
+    return regression[0] < SLOW_FIRST
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if _pooled(r) else pytest.param(n, marks=pytest.mark.slow) for n, r in REGRESSIONS.items()],
+)
+def test_an_example_that_once_differed(request, tmp_path, name):
     seed, kind = REGRESSIONS[name]
-    _check([default_results[kind, seed]], 1)
+    if not _pooled(REGRESSIONS[name]):
+        _check(_run("list", f"{kind}:{seed}", 0, tmp_path / "out.pt"), 1)
+        return
+    _check([request.getfixturevalue("default_results")[kind, seed]], 1)
 
 
 # --- torch.compile(fullgraph=True) of a user's loss against eager, in this process -----------

@@ -112,7 +112,7 @@ def _grouped_toy(seed: int):
     return np.concatenate(parts), np.concatenate(labels), np.concatenate(groups)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(
     "opts, gap",
     [

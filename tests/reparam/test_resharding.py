@@ -12,7 +12,7 @@ from reparam import FBetaRegularizer
 from reparam.resharding import block, overlapping, reshard_state
 
 from ._sharded_worker import UNIT
-from .test_sharded import spawn
+from .sharded_processes import spawn
 
 SAME = ("scores", "score_epoch", "tau_param", "lam", "sparse_tau.moments", "sparse_tau.last")
 REPLICATED = ("eps_param", "mu", "epoch", "sparse_tau.step", "schedule.active_sums")

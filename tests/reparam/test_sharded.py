@@ -7,19 +7,15 @@ held twice; the per-problem state is replicated)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-WORKER = Path(__file__).with_name("_sharded_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
+from .sharded_processes import ENV, POOLED, ROOT, spawn
+
 # the state that is not per sample or compared elsewhere: forward calls are counted per process
-# the child processes: this checkout on the path, one thread each
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
 NOT_COMPARED = {
     "batches",
     "shape_labels",
@@ -30,30 +26,18 @@ NOT_COMPARED = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(k: int, kind: str, sampling: str, out: Path, env: dict | None = None) -> None:
-    """The worker's ``kind`` on ``k`` gloo processes, writing to ``out`` (``env``: more
-    environment variables)."""
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), str(k), str(_free_port()), kind, sampling, str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-        env=ENV | (env or {}),
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-
-
 def run(tmp_path: Path, k: int, kind: str, sampling: str = "global") -> dict:
     out = tmp_path / f"{kind}-{k}-{sampling}.pt"
     spawn(k, kind, sampling, out)
     return torch.load(out, weights_only=False)
+
+
+def result(request, tmp_path: Path, k: int, kind: str, sampling: str = "global") -> dict:
+    """The case's result: from the pooled group when it is one of ``POOLED``, else its own."""
+    if k == 2 and (kind, sampling) in POOLED:
+        folder = request.getfixturevalue("sharded_pool")
+        return torch.load(folder / f"{kind}-{sampling}.pt", weights_only=False)
+    return run(tmp_path, k, kind, sampling)
 
 
 def assert_matches_one_process(r: dict, k: int) -> None:
@@ -110,8 +94,8 @@ def assert_matches_one_process(r: dict, k: int) -> None:
         pytest.param("fbeta_epoch", 3, "global", marks=pytest.mark.slow),
     ],
 )
-def test_sharded_run_matches_one_process(tmp_path, kind, k, sampling):
-    r = run(tmp_path, k, kind, sampling)
+def test_sharded_run_matches_one_process(request, tmp_path, kind, k, sampling):
+    r = result(request, tmp_path, k, kind, sampling)
     assert_matches_one_process(r, k)
     for process in r["all"]:  # where a compiled step's graphs broke
         if sampling == "owner":
@@ -143,11 +127,13 @@ def test_epoch_end_selections_match_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("sampling", ["owner", pytest.param("global", marks=pytest.mark.slow)])
-def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(tmp_path, sampling):
+def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(
+    request, tmp_path, sampling
+):
     """Rank 1's rows get a NaN gradient at step 3: both ranks skip that sparse step (6 of the 7
     steps counted on each), and every replicated value (eps, the tracked sums, the step count) is
     equal on the two ranks afterwards, all finite."""
-    every = run(tmp_path, 2, "faults", sampling)
+    every = result(request, tmp_path, 2, "faults", sampling)
     first, second = (r["replicated"] for r in every)
     assert int(first["sparse_tau.step"]) == int(second["sparse_tau.step"]) == 6
     assert set(first) == set(second) and "schedule.active_sums" in first
@@ -156,8 +142,8 @@ def test_a_non_finite_gradient_on_one_rank_skips_the_step_on_every_rank(tmp_path
     assert all(r["finite"] for r in every)
 
 
-def test_errors(tmp_path):
-    messages = run(tmp_path, 2, "errors")
+def test_errors(request, tmp_path):
+    messages = result(request, tmp_path, 2, "errors")
     assert "shape_labels must hold this process's 120 samples [0, 120)" in messages["labels"]
     assert "idx must hold the samples this process owns, [0, 120)" in messages["owner_idx"]
     assert (

@@ -256,7 +256,7 @@ def _evaluate_fixed_model(data: str, rank: int = 0, world: int = 1) -> dict[str,
 # --- training: 2 processes == 1 process ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(digits_smnist, tmp_path_factory) -> dict[int, tuple[Path, list[dict[str, Any]]]]:
     """The same config trained under torch.distributed by 1 and by 2 processes: world ->
     (run folder, per-rank records)."""
@@ -386,7 +386,7 @@ def test_two_processes_train_like_one(runs):
 @pytest.mark.parametrize(
     "rule, projection",
     [
-        ("sparse_adam_ahead", "epoch"),
+        pytest.param("sparse_adam_ahead", "epoch", marks=pytest.mark.slow),
         # the defaults: tau and eps start equal (1, 1), at the kink of min(tau_k, e*), and there
         # one row's first gradient follows the 1e-7 rounding of eps between 1 and 2 processes
         # (measured: row 47 of 300, at every tau_lr), so that row may end elsewhere
@@ -459,6 +459,7 @@ def test_the_per_image_fbeta_on_two_processes_keeps_one_state(coco_cache_sky, tm
     assert float(rank0["sparse_tau.moments"].abs().sum()) > 0
 
 
+@pytest.mark.slow  # (default suite: test_two_processes_stop_and_resume_like_uninterrupted)
 def test_sparse_tau_two_processes_stop_and_resume_bit_for_bit(digits_smnist, tmp_path):
     """A sparse ``tau`` under 2 processes, stopped mid-epoch 2 (step 40 of 60) and resumed by 2 new
     processes: the same model and regularizer state (moments, step count and last touches

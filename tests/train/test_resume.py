@@ -60,6 +60,10 @@ def _stop_then_resume(args: list[str], out: Path, stop: int) -> dict:
     return stopped
 
 
+def _slow(*values: str) -> object:
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 STOPS = {  # where run B stops, from the steps per epoch
     "mid-epoch-1-then-across-the-epoch-boundary": lambda per_epoch: 5,
     "mid-epoch-2-after-a-dual-step": lambda per_epoch: per_epoch + 5,
@@ -70,12 +74,13 @@ STOPS = {  # where run B stops, from the steps per epoch
 @pytest.mark.parametrize(
     ("where", "projection", "objective"),
     [
-        ("mid-epoch-1-then-across-the-epoch-boundary", "inline", "fbeta"),
-        ("mid-epoch-2-after-a-dual-step", "epoch", "fbeta"),
+        # (the default suite: the defaults, a rate objective, the full projections)
+        _slow("mid-epoch-1-then-across-the-epoch-boundary", "inline", "fbeta"),
+        _slow("mid-epoch-2-after-a-dual-step", "epoch", "fbeta"),
         ("at-the-epoch-boundary", "null", "fbeta_full_projections"),
         ("mid-epoch-2-after-a-dual-step", "epoch", "roc_auc"),
-        ("mid-epoch-1-then-across-the-epoch-boundary", "inline", "recall_at_precision"),
-        ("mid-epoch-2-after-a-dual-step", "epoch", "fbeta-sparse_adam_ahead"),  # + shared_gemm
+        _slow("mid-epoch-1-then-across-the-epoch-boundary", "inline", "recall_at_precision"),
+        _slow("mid-epoch-2-after-a-dual-step", "epoch", "fbeta-sparse_adam_ahead"),  # shared_gemm
         ("mid-epoch-1-then-across-the-epoch-boundary", "tracked", "fbeta-sparse_adam_ahead"),
     ],
 )
