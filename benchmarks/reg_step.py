@@ -90,7 +90,7 @@ def _batches(n: int, batch: int, device: str = "cpu"):
     the caches the state that the timed step reads: at n = 2e6, 16 MB a step)."""
     gen = torch.Generator().manual_seed(0)
     order = torch.randperm(n, generator=gen)
-    per_epoch = n // batch
+    per_epoch = max(n // batch, 1)
     return lambda k: (
         torch.randn(batch, generator=gen).to(device),
         order[(k % per_epoch) * batch :][:batch],

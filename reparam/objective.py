@@ -7,8 +7,8 @@ once (its hook runs the objective's step after every ``optimizer.step()``) and
 records nothing. This base owns the training set's labels and problems (``reg.layout``), the
 **score memory** (each sample's last score and its epoch, which the dual steps and ``stats()``
 read: no extra pass over the data), the epoch counters, ``_merge_scores_``, float32 state, the
-misuse monitor (``reg._monitor``) and the conveniences ``attach`` and ``epochs``. A subclass provides ``_loss``, ``_end_epoch_body_``,
-``_after_step_body_`` and ``_objective_stats``.
+misuse monitor (``reg._monitor``) and the conveniences ``attach`` and ``epochs``. A subclass
+provides ``_loss``, ``_end_epoch_body_``, ``_after_step_body_`` and ``_objective_stats``.
 """
 
 from __future__ import annotations

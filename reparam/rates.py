@@ -155,9 +155,8 @@ class RecallAtPrecision(PointRateObjective):
     naming both is issued once. A head still turning toward a feasible direction can be flagged
     too (on separable toys the scores certified the target after up to ~200 steps): the margin in
     ``stats()`` tells. Remedies: ``nu_max`` (caps ``nu``: the objective becomes a penalty) or a
-    lower target. Same arguments as
-    ``PrecisionAtRecall``, with ``precision`` the target ``a`` in (0, 1) (the stationary
-    ``lambda_init`` is ``1 + nu_init (1 - a)``).
+    lower target. Same arguments as ``PrecisionAtRecall``, with ``precision`` the target ``a``
+    in (0, 1) (the stationary ``lambda_init`` is ``1 + nu_init (1 - a)``).
 
     Args:
         shape_labels: ``(N,)`` integer labels; ``positive_class`` is ``S+``, every other is ``S-``.

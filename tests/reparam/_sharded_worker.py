@@ -434,15 +434,14 @@ def run_kind(rank: int, k: int, port: int, kind: str, sampling: str, out: str) -
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=k)
     torch.set_num_threads(1)
+    cases = [(kind, sampling, out)]
     if kind == "pool":
-        for case in sampling.split(","):
-            one, _, how = case.partition(":")
-            counters.clear()  # (each case's graph breaks its own)
-            run_case(rank, k, one, how, f"{out}/{one}-{how}.pt")
-            dist.barrier()
-    else:
-        run_case(rank, k, kind, sampling, out)
-    dist.barrier()
+        pairs = [case.partition(":")[::2] for case in sampling.split(",")]
+        cases = [(one, how, f"{out}/{one}-{how}.pt") for one, how in pairs]
+    for case in cases:
+        counters.clear()  # (each case's graph breaks its own)
+        run_case(rank, k, *case)
+        dist.barrier()
     dist.destroy_process_group()
 
 
