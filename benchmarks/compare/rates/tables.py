@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from benchmarks._report import markdown_table, mean_and_sd, mean_sd
 
-from .spec import ARMS, COOPERS, DATASETS, MODELS, RARE, SCHEDULES, SHOWN, STEPS, TARGETS
+from .spec import (
+    ARMS,
+    COOPERS,
+    DATASETS,
+    MODELS,
+    NORMALIZED,
+    RARE,
+    SCHEDULES,
+    SHOWN,
+    STEPS,
+    TARGETS,
+)
+
+NORMALIZED_STEPS = [arm for arm in NORMALIZED if arm != "rate, normalized"]
 
 
 def table(records: list[dict]) -> str:
@@ -171,3 +184,101 @@ def _summary(means: dict[tuple[str, str], float], t: str) -> str:
             v, a = max(points)
             parts.append(f"best of {name} {v:.3f} ({a}): default {means['rate', t] - v:+.3f}")
     return f"- r = {t[3:]}: " + "; ".join(parts)
+
+
+RULES = {"additive": ("rate", STEPS), "normalized": ("rate, normalized", NORMALIZED_STEPS)}
+
+
+def rule_table(records: list[dict]) -> str:
+    """The rule study: per data set and target, the test precision (P@R) or recall (R@P) at the
+    val threshold (mean ± sd over seeds, [seeds that met the target on test]) of BCE, the tuned
+    logistic regression, each multiplier rule at its default and at the best point of its grid
+    (chosen on these means: an oracle's choice), and Cooper at the best point of its; the
+    default's seconds per epoch over BCE's; then each default against the best of its grid and
+    against the better of BCE and the logistic model, over the cells."""
+    by: dict[tuple, list[dict]] = {}
+    for rec in records:
+        j = rec["job"]
+        targets = rec.get("at_val", {}) if j["arm"] == "ce" else [j["target"]]
+        for t in targets:
+            by.setdefault((j["dataset"], t, j["arm"]), []).append(rec)
+    studied = {(d, t) for d, t, arm in by if arm != "ce"}
+    cells = sorted(studied, key=lambda c: (c[0], TARGETS.index(c[1])))
+    rows, gaps = [], {name: [] for name in RULES}
+    for dataset, t in cells:
+        rows.append(_rule_row(by, dataset, t, gaps))
+    header = ["data", "target", "BCE", "logistic, tuned"]
+    for name in RULES:
+        header += [f"{name} default (cost / BCE)", f"{name} best of grid"]
+    lines = [
+        "# The multiplier's rule: additive and normalized, each against its grid",
+        "",
+        " ".join(rule_table.__doc__.split("\n\n")[0].split()),
+        "",
+        markdown_table([*header, "Cooper best of grid"], rows),
+        "",
+    ]
+    for name, gap in gaps.items():
+        if gap:
+            lines.append(_rule_summary(name, gap))
+    return "\n".join(lines) + "\n"
+
+
+def _rule_row(by: dict[tuple, list[dict]], dataset: str, t: str, gaps: dict) -> list[str]:
+    """One cell's row of the rule table; appends each default's gaps to ``gaps``."""
+    key = "precision" if t.startswith("par") else "recall"
+
+    def stat(arm: str) -> tuple[float, str, float | None] | None:
+        recs = by.get((dataset, t, arm), [])
+        if not recs:
+            return None
+        vals = [r["at_val"][t][key] for r in recs]
+        held = sum(r["at_val"][t]["held"] for r in recs)
+        secs = [r["seconds_per_epoch"] for r in recs if r["seconds_per_epoch"]]
+        failed = sum("diverged" in r for r in recs)
+        text = f"{mean_sd(vals)} [{held}/{len(recs)}]" + (f" ({failed} diverged)" if failed else "")
+        return sum(vals) / len(vals), text, sum(secs) / len(secs) if secs else None
+
+    def best(grid) -> tuple | None:
+        return max(((s[0], arm, s) for arm in grid if (s := stat(arm)) is not None), default=None)
+
+    ce, logistic = stat("ce"), stat("logistic")
+    row = [dataset, t.replace("par", "P@R ").replace("rap", "R@P "), _cell(ce), _cell(logistic)]
+    baseline = max((x[0] for x in (ce, logistic) if x is not None), default=None)
+    for name, (default, grid) in RULES.items():
+        d, top = stat(default), best(grid)
+        cost = f", {d[2] / ce[2]:.1f}x" if d and ce and d[2] and ce[2] else ""
+        row += [_cell(d) + cost, _cell(top and top[2]) + _point(top)]
+        if d and top:
+            gaps[name].append(
+                (d[0] - top[0], None if baseline is None else d[0] - baseline, dataset, t)
+            )
+    top = best(COOPERS)
+    return [*row, _cell(top and top[2]) + _point(top)]
+
+
+def _point(top: tuple | None) -> str:
+    """`` (its step)`` of a grid's best point."""
+    return f" ({top[1].rsplit(' ', 1)[-1]})" if top else ""
+
+
+def _rule_summary(name: str, gap: list[tuple]) -> str:
+    """How a default stands against its grid's best and the better of the two baselines."""
+    within = sum(g[0] >= -0.01 for g in gap)
+    vs = [g for g in gap if g[1] is not None]
+    line = (
+        f"- {name} default: within 0.01 of the best of its grid in {within} of {len(gap)} "
+        f"cells (worst {min(g[0] for g in gap):+.3f})"
+    )
+    if vs:
+        worst = min(vs, key=lambda g: g[1])
+        line += (
+            f"; against the better of BCE and the logistic model "
+            f"{sum(g[1] for g in vs) / len(vs):+.3f} on average, worst {worst[1]:+.3f} "
+            f"({worst[2]}, {worst[3]})"
+        )
+    return line
+
+
+def _cell(stat: tuple | None) -> str:
+    return "" if stat is None else stat[1]
