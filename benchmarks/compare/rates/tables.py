@@ -201,7 +201,7 @@ def rule_table(records: list[dict]) -> str:
         j = rec["job"]
         targets = rec.get("at_val", {}) if j["arm"] == "ce" else [j["target"]]
         for t in targets:
-            by.setdefault((j["dataset"], t, j["arm"]), []).append(rec)
+            by.setdefault((_data_name(j), t, j["arm"]), []).append(rec)
     studied = {(d, t) for d, t, arm in by if arm != "ce"}
     cells = sorted(studied, key=lambda c: (c[0], TARGETS.index(c[1])))
     rows, gaps = [], {name: [] for name in RULES}
@@ -255,6 +255,11 @@ def _rule_row(by: dict[tuple, list[dict]], dataset: str, t: str, gaps: dict) -> 
             )
     top = best(COOPERS)
     return [*row, _cell(top and top[2]) + _point(top)]
+
+
+def _data_name(job: dict) -> str:
+    """A cell's data: the data set, and its model unless linear."""
+    return job["dataset"] + ("" if job["model"] == "linear" else f", {job['model']}")
 
 
 def _point(top: tuple | None) -> str:
