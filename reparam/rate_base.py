@@ -249,7 +249,9 @@ class RateObjective(ReparamRegularizer):
         is_pos = slots >= 0
         scale = self._scale_pos(self._batch_of(idx))
         if self._saddle:
-            tau, lam = self._saddle_rows(z, is_pos)
+            lam = self._saddle_rows(z, is_pos)
+            # (tau_i = min(z_i, 1), unless its coefficient lambda_i - c(nu) is exactly 0)
+            tau = None if self._saddle_tau_vanishes else R.capped(z.detach())
             return is_pos, tau, lam, scale
         slots = slots.clamp_min(0)
         tau, lam = self.tau_param, self.lam
@@ -258,17 +260,22 @@ class RateObjective(ReparamRegularizer):
         (rows,) = self.schedule.view((tau.index_select(0, slots),), self._project)
         return is_pos, rows, lam.index_select(0, slots), scale
 
+    # P@R: lambda_i = nu at the saddle, so the loss's (lambda_i - nu) tau_i is exactly 0 and the
+    # batch's tau is not computed (R@P's 1 + nu (1 - a) - 1 - nu (1 - a) rounds, so it keeps tau)
+    _saddle_tau_vanishes = False
+
     @torch.no_grad()
-    def _saddle_rows(self, z: Tensor, is_pos: Tensor) -> tuple[Tensor, Tensor]:
+    def _saddle_rows(self, z: Tensor, is_pos: Tensor) -> Tensor:
         r"""``dual_every="step"``, before the batch's loss: ``nu`` steps on the batch's estimate
         of the violation; then each positive's block takes its saddle point given its fresh
         score ``z_i`` (``u_i``, or ``u_i + b_k``) and the new ``nu``. ``L`` is linear in
         ``tau_i`` with the coefficient ``lambda_i - c(nu)`` (``c = nu`` for P@R,
         ``1 + nu (1 - a)`` for R@P, 1 for ROC-AUC), so the saddle is ``lambda_i = c(nu)``,
         ``tau_i = min(z_i, 1)`` (method note sec. 8): the slack sits on its score and the
-        score is pulled up with weight ``c(nu)``. Returns the batch's ``(tau, lambda)`` rows
-        (detached: ``L`` is flat in ``tau`` there, so no gradient flows to it), O(B)."""
-        z = z.detach().float()
+        score is pulled up with weight ``c(nu)``. Returns the batch's ``lambda``, ``(1,)`` or
+        ``(K,)`` (broadcast over the batch's rows; ``_batch_rows`` adds their ``tau``, detached:
+        ``L`` is flat in ``tau`` there, so no gradient flows to it), O(B)."""
+        z = z.float()  # (no_grad: no graph to cut)
         # the estimate of the global batch: the mean over the processes
         violation = self._comm.mean(self._batch_violation(z, is_pos))
         replicas = self._replicas()
@@ -283,7 +290,7 @@ class RateObjective(ReparamRegularizer):
         elif self._records:
             self.nu.copy_((self.nu + self.dual_lr_nu_step * violation).clamp(0, self.nu_max))
         # lambda a copy: the next batch's in-place nu step leaves this batch's graph alone
-        return R.capped(z), self._stationary_lambda().clone().expand_as(z)
+        return self._stationary_lambda().clone()
 
     def _normalized_nu_step_(self, violation: Tensor) -> None:
         r"""``nu_rule="normalized"``: ``nu`` moves by a relative step of the violation over its

@@ -230,11 +230,19 @@ def certified_auc(tpr_lower: Tensor, fpr_upper: Tensor) -> float:
 
 # --- minibatch Lagrangians (the training losses) ---------------------------------------------------
 def precision_at_recall_minibatch(
-    tau_b: Tensor, lam_b: Tensor, nu: Tensor, u: Tensor, is_pos: Tensor, scale: float, recall: float
+    tau_b: Tensor | None,
+    lam_b: Tensor,
+    nu: Tensor,
+    u: Tensor,
+    is_pos: Tensor,
+    scale: float,
+    recall: float,
 ) -> Tensor:
     r"""``L_B`` of (8a) on a batch: ``scale [sum_{B-} max(0, 1 + u_j) + sum_{B+} ((lambda_i - nu)
-    tau_i - lambda_i min(u_i, 1))] + nu r`` with ``scale = N / (n B)``; ``tau_b``, ``lam_b`` are the rows of
-    the batch's samples (any value for negatives), ``is_pos`` marks the positives.
+    tau_i - lambda_i min(u_i, 1))] + nu r`` with ``scale = N / (n B)``; ``tau_b``, ``lam_b`` are the
+    rows of the batch's samples (any value for negatives; ``lam_b`` may be one value for all),
+    ``is_pos`` marks the positives. ``tau_b=None``: the blocks are at their saddle, ``lambda_i =
+    nu``, where the ``tau`` term is 0 (the same value, bit for bit, as any finite ``tau_b``).
 
     Examples:
         >>> import torch
@@ -244,7 +252,8 @@ def precision_at_recall_minibatch(
         >>> round(R.precision_at_recall_minibatch(tau_b, lam_b, nu, u, is_pos, 1.0, 0.8).item(), 4)
         0.15
     """
-    terms = torch.where(is_pos, (lam_b - nu) * tau_b - lam_b * capped(u), hinge_fp(u))
+    pulled = -(lam_b * capped(u)) if tau_b is None else (lam_b - nu) * tau_b - lam_b * capped(u)
+    terms = torch.where(is_pos, pulled, hinge_fp(u))
     return scale * terms.sum() + nu * recall
 
 

@@ -82,6 +82,8 @@ class PrecisionAtRecall(PointRateObjective):
         (1, 0.8, (1,))
     """
 
+    _saddle_tau_vanishes = True  # (lambda_i - nu) tau_i = 0 at the saddle lambda_i = nu
+
     def __init__(self, shape_labels: object, *, recall: float, **options: Any) -> None:
         recall = _checks.number("recall", recall, 0, strict=True, hi=1, strict_hi=True)
         super().__init__(shape_labels, **options)
@@ -97,7 +99,7 @@ class PrecisionAtRecall(PointRateObjective):
     def _batch_violation(self, z: Tensor, is_pos: Tensor) -> Tensor:
         """``r - (N / (n B)) sum_{B+} min(u_i, 1)``."""
         tp = torch.where(is_pos, R.capped(z), 0).sum()
-        return (self.recall - self._scale_pos(self._batch_of(z)) * tp).reshape(1)
+        return self.recall - self._scale_pos(self._batch_of(z)) * tp  # (0-dim: broadcast)
 
     def _stationary_lambda(self) -> Tensor:
         return self.nu
@@ -197,7 +199,7 @@ class RecallAtPrecision(PointRateObjective):
         a = self.precision
         fp = torch.where(is_pos, 0, R.hinge_fp(z)).sum()
         tp = torch.where(is_pos, R.capped(z), 0).sum()
-        return (self._scale_pos(self._batch_of(z)) * (a * fp - (1 - a) * tp)).reshape(1)
+        return self._scale_pos(self._batch_of(z)) * (a * fp - (1 - a) * tp)  # (0-dim)
 
     def _stationary_lambda(self) -> Tensor:
         return 1 + self.nu * (1 - self.precision)

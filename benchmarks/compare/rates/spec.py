@@ -72,6 +72,7 @@ STEP_STUDY = {
 # and two more digits
 RULE_MNIST_STUDY = STEP_STUDY | {
     "data": [*STEP_STUDY["data"], *OTHER_DIGITS],
+    "targets": [*STEP_STUDY["targets"], "rap0.9"],
     "arms": ["ce", "rate", *STEPS, *NORMALIZED, *COOPERS],
 }
 # --study rule-mlp: the MLP where the additive default lost most (digit 9, r = 0.99), both rules
