@@ -293,25 +293,12 @@ class RateObjective(ReparamRegularizer):
         return self._stationary_lambda().clone()
 
     def _normalized_nu_step_(self, violation: Tensor) -> None:
-        r"""``nu_rule="normalized"``: ``nu`` moves by a relative step of the violation over its
-        running RMS (method note sec. 8, "The multiplier's rule"),
-
-        $$
-        s_t = \rho s_{t-1} + (1 - \rho) v_t^2,\quad
-        \nu_{t+1} = \mathrm{clip}\Big(\nu_t \exp\Big(\eta \frac{v_t}{\sqrt{s_t / (1 -
-        \rho^t)}}\Big), \nu_{\min}, \nu_{\max}\Big)
-        $$
-
-        (``rho = NU_RMS_DECAY``, ``eta = dual_lr_nu_step``, ``nu_max`` at most ``NU_CEILING``
-        times the multiplier's scale): scale-free in ``nu`` (its optimum is ``m / n`` times
-        larger at ``m / n`` negatives per positive) and in the violation (a recall's, a
-        precision's); it rests where the batches' mean violation is 0."""
-        self.nu_sq.mul_(NU_RMS_DECAY).add_(violation.square(), alpha=1 - NU_RMS_DECAY)
-        self.nu_sq_weight.mul_(NU_RMS_DECAY).add_(1 - NU_RMS_DECAY)
-        rms = (self.nu_sq / self.nu_sq_weight).sqrt()
-        step = (self.dual_lr_nu_step * violation / rms).nan_to_num(0.0, 0.0, 0.0)
+        """``nu_rule="normalized"``'s step (``normalized_nu_step_``), capped at ``nu_max`` and
+        at ``NU_CEILING`` times the multiplier's scale."""
         ceiling = min(self.nu_max, NU_CEILING * max(self.multiplier_scale, 1.0))
-        self.nu.copy_((self.nu * step.exp()).clamp(NU_FLOOR, ceiling))
+        normalized_nu_step_(
+            self.nu, self.nu_sq, self.nu_sq_weight, violation, self.dual_lr_nu_step, ceiling
+        )
 
     def _nu_now(self) -> Tensor:
         """``nu`` as the loss reads it: a copy, which the per-step dual step's in-place write of
@@ -428,3 +415,26 @@ def recall_precision_stats(reg: RateObjective) -> dict[str, float | None]:
         "train_recall": recall,
         "train_precision": precision,
     }
+
+
+@torch.no_grad()
+def normalized_nu_step_(
+    nu: Tensor, sq: Tensor, weight: Tensor, violation: Tensor, eta: float, ceiling: float
+) -> None:
+    r"""``nu_rule="normalized"`` (method note sec. 8, "The multiplier's rule"): ``nu`` moves by a
+    relative step of the violation ``v`` over its running RMS (``sq``, ``weight``: its running
+    mean square and that mean's weight, updated in place),
+
+    $$
+    s_t = \rho s_{t-1} + (1 - \rho) v_t^2,\quad
+    \nu_{t+1} = \mathrm{clip}\Big(\nu_t \exp\Big(\eta \frac{v_t}{\sqrt{s_t / (1 -
+    \rho^t)}}\Big), \nu_{\min}, \mathrm{ceiling}\Big)
+    $$
+
+    (``rho = NU_RMS_DECAY``, ``nu_min = NU_FLOOR``): scale-free in ``nu`` (its optimum is ``m / n``
+    times larger at ``m / n`` negatives per positive) and in the violation (a recall's, a
+    precision's); it rests where the batches' mean violation is 0."""
+    sq.mul_(NU_RMS_DECAY).add_(violation.square(), alpha=1 - NU_RMS_DECAY)
+    weight.mul_(NU_RMS_DECAY).add_(1 - NU_RMS_DECAY)
+    step = (eta * violation / (sq / weight).sqrt()).nan_to_num(0.0, 0.0, 0.0)
+    nu.copy_((nu * step.exp()).clamp(NU_FLOOR, ceiling))
