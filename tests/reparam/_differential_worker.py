@@ -356,8 +356,8 @@ def _build(ex: Example, y, groups, shard: Shard | None, group):
         g = groups if shard is None else shard.local_labels(groups)
         return FBetaRegularizer(labels, groups=g, **kw)
     schedule = {"schedule": EpochEnd()} if cell.endswith("-epoch") else {}
-    if ex.nu_rule != "additive":
-        schedule["nu_rule"] = ex.nu_rule
+    if ex.nu_rule != "additive" and cell.startswith(("precision", "recall")):  # (the draw's
+        schedule["nu_rule"] = ex.nu_rule  # cells: a compiled example may swap in ROC-AUC)
     if cell.startswith("precision-at-recall"):
         return PrecisionAtRecall(labels, recall=0.8, **schedule, **kw)
     if cell.startswith("recall-at-precision"):
